@@ -1,0 +1,132 @@
+"""Catalogs shipped in the package (models, GPUs) and loaders for user files.
+
+``load_model`` accepts a catalog name (``llama3-405b``), a Hugging Face ``config.json`` or a
+meshplan model YAML; ``load_gpu`` a catalog name. Unknown names and malformed files raise
+:class:`~meshplan.errors.InputError` naming the field and the rule.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meshplan.errors import InputError
+from meshplan.specs.base import input_error_from
+from meshplan.specs.hardware import GPUSpec, PeakFlops
+from meshplan.specs.model import ModelSpec
+from meshplan.units import GBPS, GiB, TFLOPS
+
+from pydantic import ValidationError
+
+
+@lru_cache(maxsize=None)
+def _data(name: str) -> dict[str, Any]:
+    text = resources.files("meshplan.catalog").joinpath("data", name).read_text()
+    return yaml.safe_load(text)
+
+
+def model_names() -> list[str]:
+    return list(_data("models.yaml"))
+
+
+def gpu_names() -> list[str]:
+    return list(_data("gpus.yaml"))
+
+
+def model_from_mapping(fields: dict[str, Any], name: str, where: str = "model") -> ModelSpec:
+    """A ModelSpec from meshplan's YAML fields (``head_dim`` defaults to hidden / n_heads,
+    ``n_kv_heads`` to n_heads)."""
+    if not isinstance(fields, dict):
+        raise InputError(where, "must be a mapping of model fields")
+    f = dict(fields)
+    f.setdefault("name", name)
+    try:
+        if "head_dim" not in f and "hidden" in f and "n_heads" in f:
+            if int(f["hidden"]) % int(f["n_heads"]):
+                raise InputError(f"{where}.head_dim", "give head_dim: hidden is not a multiple of n_heads")
+            f["head_dim"] = int(f["hidden"]) // int(f["n_heads"])
+        f.setdefault("n_kv_heads", f.get("n_heads"))
+    except (TypeError, ValueError):
+        raise InputError(f"{where}.n_heads", "hidden and n_heads must be positive integers") from None
+    return ModelSpec.build(where=where, **f)
+
+
+@lru_cache(maxsize=64)
+def _catalog_model(name: str) -> ModelSpec:
+    return model_from_mapping(_data("models.yaml")[name], name, where=f"model {name}")
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name, or a model from a Hugging Face ``config.json`` / meshplan YAML."""
+    key = str(name_or_path).strip()
+    if key.lower() in _data("models.yaml"):
+        return _catalog_model(key.lower())
+    path = Path(key)
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.exists():
+        return load_model_file(path)
+    raise InputError(
+        "model", f"unknown model '{key}' (catalog: {', '.join(model_names())}; or a config.json / .yaml path)"
+    )
+
+
+def load_model_file(path: Path) -> ModelSpec:
+    """Read a model from a file: JSON is taken as a Hugging Face config, YAML as meshplan's own."""
+    if not path.is_file():
+        raise InputError("model", f"no such file: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError("model", f"cannot read {path}: {exc.__class__.__name__}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError("model", f"{path.name} is not valid JSON (line {exc.lineno})") from None
+        from meshplan.catalog.hf_config import model_from_hf_config
+
+        return model_from_hf_config(config, name=path.parent.name or path.stem)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise InputError("model", f"{path.name} is not valid YAML") from None
+    if isinstance(data, dict) and "model_type" in data:
+        from meshplan.catalog.hf_config import model_from_hf_config
+
+        return model_from_hf_config(data, name=path.stem)
+    return model_from_mapping(data, name=(data or {}).get("name", path.stem) if isinstance(data, dict) else path.stem)
+
+
+@lru_cache(maxsize=64)
+def load_gpu(name: str) -> GPUSpec:
+    """A catalog GPU by name (``h100-sxm-80gb``); aliases such as ``h100`` resolve uniquely."""
+    key = str(name).strip().lower()
+    table = _data("gpus.yaml")
+    if key not in table:
+        matches = [n for n in table if n.startswith(key)]
+        if len(matches) != 1:
+            raise InputError("gpu", f"unknown GPU '{name}' (catalog: {', '.join(table)})")
+        key = matches[0]
+    d = table[key]
+    try:
+        peak = {k: (None if v is None else float(v) * TFLOPS) for k, v in d["peak_tflops"].items()}
+        return GPUSpec(
+            name=key,
+            vendor=d["vendor"],
+            generation=d["generation"],
+            peak_flops=PeakFlops(**peak),
+            hbm_bytes=float(d["hbm_gib"]) * GiB,
+            hbm_bandwidth=float(d["hbm_gbps"]) * GBPS,
+            sm_count=int(d["sm_count"]),
+            scale_up_size=int(d["scale_up_size"]),
+            scale_up_bandwidth=float(d["scale_up_gbps"]) * GBPS,
+            nic_bandwidth=float(d["nic_gbps"]) * GBPS,
+            tdp_watts=float(d["tdp_watts"]),
+            sources=dict(d.get("sources", {})),
+        )
+    except ValidationError as exc:  # a broken catalog entry is a packaging bug, but say where
+        raise input_error_from(exc, f"gpu {key}") from None

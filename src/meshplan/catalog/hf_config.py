@@ -1,0 +1,290 @@
+"""Read a Hugging Face ``config.json`` into a :class:`~meshplan.specs.model.ModelSpec`.
+
+Supported ``model_type`` values: ``gpt2``, ``gpt_neox``, ``llama``, ``mistral``, ``qwen2``.
+Any other value (``mixtral``, ``t5``, ``bert``...) is refused by name, not guessed at.
+
+Where the keys go (*a* = attention heads, *h* = hidden size; a default in parentheses applies
+when the key is absent or ``null``, as in ``transformers``):
+
+=================  ============================  ============================  =============================
+ModelSpec field    llama / mistral / qwen2       gpt2                          gpt_neox
+=================  ============================  ============================  =============================
+n_layers           num_hidden_layers             n_layer                       num_hidden_layers
+hidden             hidden_size                   n_embd                        hidden_size
+n_heads            num_attention_heads           n_head                        num_attention_heads
+n_kv_heads         num_key_value_heads (a)       = n_head                      = num_attention_heads
+head_dim           head_dim (h / a)              = n_embd / n_head             = hidden_size / heads
+ffn_hidden         intermediate_size             n_inner (4·n_embd)            intermediate_size
+vocab_size         vocab_size                    vocab_size                    vocab_size
+max_position       max_position_embeddings       n_positions                   max_position_embeddings
+mlp                hidden_act (silu): silu →     activation_function           hidden_act (gelu):
+                   swiglu, gelu family → geglu   (gelu_new): gelu family →     gelu family → gelu,
+                                                 gelu, relu → relu             relu → relu
+norm               rmsnorm                       layernorm                     layernorm
+position           rope                          learned                       rope
+tied_embeddings    tie_word_embeddings (false)   tie_word_embeddings (true)    tie_word_embeddings (false)
+qkv_bias           llama: attention_bias         true                          attention_bias (true), which
+                   (false); mistral: false;                                    must be true
+                   qwen2: true
+linear_bias        llama: attention_bias, which  true                          true
+                   must equal mlp_bias (false);
+                   mistral, qwen2: false
+parallel_residual  false                         false                         use_parallel_residual (true)
+dropout            attention_dropout (0) > 0     any of resid_pdrop,           attention_dropout (0) or
+                                                 embd_pdrop, attn_pdrop        hidden_dropout (0) > 0
+                                                 (0.1 each) > 0
+=================  ============================  ============================  =============================
+
+Shape keys (layers, width, heads, MLP width, vocabulary, positions) are required: a config
+without them is not a real model's, and filling in a library default would give a plausible
+but wrong size. Llama's ``attention_bias`` covers q, k, v *and* the output projection and
+``mlp_bias`` the three MLP matrices; ModelSpec has one switch for q/k/v (``qkv_bias``) and one
+for the output projection plus the MLP (``linear_bias``), so a Llama config whose two keys
+differ is refused, and so is a GPT-NeoX config with ``attention_bias: false`` (its MLP keeps
+its biases). A GPT-2 config with ``add_cross_attention: true`` is refused: cross-attention
+belongs to encoder-decoder models.
+
+Ignored keys, because they change no parameter shape and, at the planned sequence length, no
+training FLOP that meshplan counts: ``rope_theta``, ``rope_scaling`` and ``rotary_emb_base``
+(RoPE frequencies: elementwise work, not matmuls), ``rotary_pct`` (how many of each head's
+dimensions rotate), ``sliding_window``, ``use_sliding_window`` and ``max_window_layers``
+(meshplan counts full causal attention, which is exact while the planned sequence fits in the
+window and an upper bound on the attention-score FLOPs beyond it), norm epsilons,
+``initializer_range``, ``torch_dtype``, token ids, ``use_cache``, ``pretraining_tp``, GPT-2's
+``n_ctx`` and attention-scaling switches, and the legacy GPT-NeoX keys
+``attention_probs_dropout_prob`` / ``hidden_dropout_prob``, which ``transformers`` never reads.
+Every key the mapping does read is type-checked, and a refusal names the Hugging Face key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from meshplan.errors import InputError
+from meshplan.specs.model import ModelSpec
+
+#: Activation names of the GeLU family in ``transformers.activations.ACT2FN``.
+_GELU_ACTS = frozenset(
+    {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "gelu_accurate", "gelu_10", "quick_gelu"}
+)
+#: Llama-style MLPs are always gated: act(gate(x)) * up(x).
+_GATED_MLP = {"silu": "swiglu", "swish": "swiglu"} | dict.fromkeys(_GELU_ACTS, "geglu")
+#: GPT-2 / GPT-NeoX MLPs are two plain matrices around the activation.
+_PLAIN_MLP = dict.fromkeys(_GELU_ACTS, "gelu") | {"relu": "relu"}
+
+#: ModelSpec field -> the Hugging Face key it is read from, per key dialect.
+_LLAMA_KEYS = {
+    "n_layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "ffn_hidden": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "max_position": "max_position_embeddings",
+}
+_GPT2_KEYS = {
+    "n_layers": "n_layer",
+    "hidden": "n_embd",
+    "n_heads": "n_head",
+    "ffn_hidden": "n_inner",
+    "vocab_size": "vocab_size",
+    "max_position": "n_positions",
+}
+_NEOX_KEYS = {
+    "n_layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "ffn_hidden": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "max_position": "max_position_embeddings",
+}
+
+#: (qkv_bias, linear_bias) for the Llama-like types whose biases are fixed by the architecture.
+_FIXED_BIASES = {"mistral": (False, False), "qwen2": (True, False)}
+
+
+class _Config:
+    """Typed reads from a ``config.json`` mapping; each refusal names the Hugging Face key.
+
+    An absent key and a JSON ``null`` mean the same thing, as in ``transformers``: the default.
+    """
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self._raw = raw
+
+    def optional_count(self, key: str) -> int | None:
+        """A positive integer, or None when the key is absent or null."""
+        value = self._raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise InputError(key, f"must be a positive integer (got {value!r})")
+        return value
+
+    def count(self, key: str) -> int:
+        """A required positive integer."""
+        value = self.optional_count(key)
+        if value is None:
+            raise InputError(key, "is required")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._raw.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InputError(key, f"must be true or false (got {value!r})")
+        return value
+
+    def probability(self, key: str, default: float) -> float:
+        value = self._raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise InputError(key, f"must be a probability between 0 and 1 (got {value!r})")
+        return float(value)
+
+    def any_positive(self, keys: tuple[str, ...], default: float) -> bool:
+        """Whether any of these probabilities is above zero (all of them are checked)."""
+        return any([self.probability(key, default) > 0 for key in keys])
+
+    def activation(self, key: str, default: str, table: Mapping[str, str]) -> str:
+        """The ModelSpec ``mlp`` kind for the activation named under ``key``."""
+        value = self._raw.get(key)
+        if value is None:
+            value = default
+        if not isinstance(value, str) or value not in table:
+            raise InputError(key, f"{value!r} is not supported here (supported: {', '.join(sorted(table))})")
+        return table[value]
+
+
+def _split_heads(keys: Mapping[str, str], hidden: int, heads: int) -> int:
+    """The head dimension h / a, refused unless exact."""
+    if hidden % heads:
+        raise InputError(keys["n_heads"], f"must divide {keys['hidden']} ({hidden}) exactly (got {heads})")
+    return hidden // heads
+
+
+def _shape(cfg: _Config, keys: Mapping[str, str]) -> dict[str, int]:
+    """The integer fields every supported type reads the same way (through its own key names)."""
+    return {field: cfg.count(keys[field]) for field in ("n_layers", "hidden", "n_heads", "vocab_size", "max_position")}
+
+
+def _llama_like(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """Llama, Mistral and Qwen2: gated MLP, RMSNorm, RoPE, GQA; they differ only in biases."""
+    shape = _shape(cfg, keys)
+    hidden, heads = shape["hidden"], shape["n_heads"]
+    if model_type in _FIXED_BIASES:
+        qkv_bias, linear_bias = _FIXED_BIASES[model_type]
+    else:
+        qkv_bias = cfg.flag("attention_bias", False)
+        linear_bias = cfg.flag("mlp_bias", False)
+        if qkv_bias != linear_bias:
+            raise InputError(
+                "mlp_bias",
+                f"must equal attention_bias ({str(qkv_bias).lower()}): attention_bias also covers the "
+                "output projection, which meshplan counts together with the MLP biases (linear_bias)",
+            )
+    return shape | {
+        "n_kv_heads": cfg.optional_count(keys["n_kv_heads"]) or heads,
+        "head_dim": cfg.optional_count(keys["head_dim"]) or _split_heads(keys, hidden, heads),
+        "ffn_hidden": cfg.count(keys["ffn_hidden"]),
+        "mlp": cfg.activation("hidden_act", "silu", _GATED_MLP),
+        "norm": "rmsnorm",
+        "position": "rope",
+        "tied_embeddings": cfg.flag("tie_word_embeddings", False),
+        "qkv_bias": qkv_bias,
+        "linear_bias": linear_bias,
+        "dropout": cfg.probability("attention_dropout", 0.0) > 0,
+    }
+
+
+def _gpt2(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """GPT-2: learned positions, LayerNorm, biases on every linear, lm_head tied to wte."""
+    if cfg.flag("add_cross_attention", False):
+        raise InputError("add_cross_attention", "must be false: meshplan plans decoder-only models")
+    shape = _shape(cfg, keys)
+    hidden, heads = shape["hidden"], shape["n_heads"]
+    return shape | {
+        "n_kv_heads": heads,
+        "head_dim": _split_heads(keys, hidden, heads),
+        "ffn_hidden": cfg.optional_count(keys["ffn_hidden"]) or 4 * hidden,
+        "mlp": cfg.activation("activation_function", "gelu_new", _PLAIN_MLP),
+        "norm": "layernorm",
+        "position": "learned",
+        "tied_embeddings": cfg.flag("tie_word_embeddings", True),
+        "qkv_bias": True,
+        "linear_bias": True,
+        "dropout": cfg.any_positive(("resid_pdrop", "embd_pdrop", "attn_pdrop"), default=0.1),
+    }
+
+
+def _gpt_neox(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """GPT-NeoX / Pythia: RoPE, LayerNorm, biases everywhere, parallel residual by default."""
+    if not cfg.flag("attention_bias", True):
+        raise InputError(
+            "attention_bias",
+            "must be true: without it GPT-NeoX drops the attention biases but keeps the MLP ones, "
+            "a split meshplan's linear_bias cannot express",
+        )
+    shape = _shape(cfg, keys)
+    hidden, heads = shape["hidden"], shape["n_heads"]
+    return shape | {
+        "n_kv_heads": heads,
+        "head_dim": _split_heads(keys, hidden, heads),
+        "ffn_hidden": cfg.count(keys["ffn_hidden"]),
+        "mlp": cfg.activation("hidden_act", "gelu", _PLAIN_MLP),
+        "norm": "layernorm",
+        "position": "rope",
+        "tied_embeddings": cfg.flag("tie_word_embeddings", False),
+        "qkv_bias": True,
+        "linear_bias": True,
+        "parallel_residual": cfg.flag("use_parallel_residual", True),
+        "dropout": cfg.any_positive(("attention_dropout", "hidden_dropout"), default=0.0),
+    }
+
+
+_Reader = Callable[[_Config, Mapping[str, str], str], dict[str, Any]]
+
+#: model_type -> (reader, ModelSpec field -> Hugging Face key).
+_TYPES: dict[str, tuple[_Reader, Mapping[str, str]]] = {
+    "gpt2": (_gpt2, _GPT2_KEYS),
+    "gpt_neox": (_gpt_neox, _NEOX_KEYS),
+    "llama": (_llama_like, _LLAMA_KEYS),
+    "mistral": (_llama_like, _LLAMA_KEYS),
+    "qwen2": (_llama_like, _LLAMA_KEYS),
+}
+
+
+def supported_model_types() -> list[str]:
+    """The ``model_type`` values :func:`model_from_hf_config` reads, sorted."""
+    return sorted(_TYPES)
+
+
+def model_from_hf_config(config: Any, name: str) -> ModelSpec:
+    """A ModelSpec from a Hugging Face ``config.json`` mapping (see the module docstring).
+
+    Raises :class:`~meshplan.errors.InputError` naming the offending Hugging Face key.
+    """
+    if not isinstance(config, Mapping):
+        raise InputError("config", f"must be a JSON object of Hugging Face config keys (got {type(config).__name__})")
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise InputError("model_type", "is required (it names the architecture)")
+    if not isinstance(model_type, str):
+        raise InputError("model_type", f"must be a string (got {model_type!r})")
+    if model_type not in _TYPES:
+        raise InputError("model_type", f"'{model_type}' is not supported (supported: {', '.join(supported_model_types())})")
+    read, keys = _TYPES[model_type]
+    fields = read(_Config(config), keys, model_type)
+    try:
+        return ModelSpec.build(
+            name=name or model_type, source=f"Hugging Face config.json (model_type {model_type})", **fields
+        )
+    except InputError as exc:
+        # Bounds ModelSpec still checks (absurd sizes, n_kv_heads dividing n_heads) come back under
+        # ModelSpec's field names, or "input" for the cross-field rule: report the key the user wrote.
+        field = "n_kv_heads" if exc.field == "input" else exc.field
+        raise InputError(keys.get(field, exc.field), exc.rule) from None

@@ -1,0 +1,140 @@
+"""Activation memory of one transformer layer, from the list of tensors its backward needs.
+
+Per micro-batch of ``b`` sequences, each GPU holds ``n = b·s/c`` tokens (``c`` the context-parallel
+size). Every saved tensor is listed with its size; ``e`` is bytes per activation element
+(2 for 16-bit training). "rep" tensors are replicated across the TP group unless sequence
+parallelism shards them (÷t); "tp" tensors are split by TP (÷t).
+
+=====================  ==================================  =====  ===========================
+tensor                 bytes                               split  kept under recompute
+=====================  ==================================  =====  ===========================
+norm 1 input           n·h·e                               rep    none, selective
+Q/K/V input (normed)   n·h·e                               rep    none, selective
+Q, K, V                n·(a + 2g)·d·e                      tp     none, selective
+attention scores       b·a·(s/c)·s·e (softmax output)      tp     none (materialized only)
+ + dropout mask/out    b·a·(s/c)·s·(1 + e)                 tp     none (materialized, dropout)
+flash softmax stats    4·n·a  (fp32 log-sum-exp)           tp     none (flash only)
+out-proj input         n·a·d·e                             tp     none, selective
+attention dropout mask n·h                                 rep    none, selective (dropout)
+norm 2 input           n·h·e (not with parallel residual)  rep    none, selective
+MLP input (normed)     n·h·e                               rep    none, selective
+MLP hidden             3·n·f·e gated (gate|up, product)    tp     none, selective
+                       2·n·f·e (GeLU input, fc2 input)
+MLP dropout mask       n·h                                 rep    none, selective (dropout)
+layer input            n·h·e                               rep    full (the only one kept)
+=====================  ==================================  =====  ===========================
+
+For GPT (MHA, 4h GeLU MLP, dropout, materialized attention, e = 2) the list sums to Korthikanti
+et al. 2022, Table 2: ``sbh(34 + 5as/h)`` without parallelism, ``sbh(10 + 24/t + 5as/(ht))`` with
+TP, ``sbh(34/t + 5as/(ht))`` with TP+SP, ``sbh(10 + 24/t)`` TP+selective, ``34sbh/t``
+TP+SP+selective, and ``2sbh`` for full recompute (the tests assert each). Norm statistics
+(4–8 bytes per token) are left out, as in the paper (< 0.1 %).
+
+A gated MLP keeps the fused gate|up output (2·n·f·e, the SwiGLU input) and the down-projection
+input (n·f·e), as Megatron-LM's fused ``bias_swiglu`` does (it recomputes SiLU in backward);
+plain eager PyTorch also keeps SiLU's output, one n·f·e more.
+
+Full recompute keeps only the layer input but rebuilds one layer's full set of activations during
+its backward: that working set is reported separately (``working``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost.params import kv_heads_per_rank
+from meshplan.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one layer keeps for one micro-batch on one GPU, and its recompute working set."""
+
+    stored: float
+    working: float  # transient peak while a recomputed layer runs its backward
+    items: tuple[tuple[str, float], ...]  # what ``stored`` is made of (for explain)
+
+
+def layer_activation_items(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    cp: int,
+    sequence_parallel: bool,
+    attention: str,
+    act_bytes: int,
+) -> list[tuple[str, float, str]]:
+    """Every tensor a layer saves without recompute: (name, bytes per GPU, recompute class).
+    Class ``core`` is dropped by selective recompute; ``layer`` by full recompute too."""
+    e = act_bytes
+    n = micro_batch * seq_len / cp
+    h, f, d, a = model.hidden, model.ffn_hidden, model.head_dim, model.n_heads
+    rep = tp if sequence_parallel else 1
+    a_r = a / tp
+    g_r = kv_heads_per_rank(model, tp)
+    items: list[tuple[str, float, str]] = [
+        ("norm1_input", n * h * e / rep, "layer"),
+        ("qkv_input", n * h * e / rep, "layer"),
+        ("q_k_v", n * (a_r + 2 * g_r) * d * e, "layer"),
+    ]
+    if attention == "materialized":
+        scores = micro_batch * a_r * (seq_len / cp) * seq_len
+        items.append(("attention_scores", scores * e, "core"))
+        if model.dropout:
+            items.append(("attention_dropout", scores * (1 + e), "core"))
+    else:
+        items.append(("flash_softmax_stats", 4 * n * a_r, "core"))
+    items.append(("out_proj_input", n * a_r * d * e, "layer"))
+    if model.dropout:
+        items.append(("attention_out_dropout_mask", n * h / rep, "layer"))
+    if not model.parallel_residual:
+        items.append(("norm2_input", n * h * e / rep, "layer"))
+    items.append(("mlp_input", n * h * e / rep, "layer"))
+    items.append(("mlp_hidden", (3 if model.gated_mlp else 2) * n * (f / tp) * e, "layer"))
+    if model.dropout:
+        items.append(("mlp_dropout_mask", n * h / rep, "layer"))
+    return items
+
+
+def layer_activations(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    attention: str = "flash",
+    act_bytes: int = 2,
+) -> LayerActivations:
+    """Bytes one layer stores per micro-batch on one GPU under ``recompute`` (table above)."""
+    items = layer_activation_items(model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes)
+    full = sum(b for _, b, _ in items)
+    if recompute == "none":
+        kept = [(name, b) for name, b, _ in items]
+        return LayerActivations(full, 0.0, tuple(kept))
+    if recompute == "selective":
+        kept = [(name, b) for name, b, cls in items if cls != "core"]
+        core = sum(b for _, b, cls in items if cls == "core")
+        return LayerActivations(full - core, core, tuple(kept))
+    rep = tp if sequence_parallel else 1
+    layer_input = micro_batch * seq_len / cp * model.hidden * act_bytes / rep
+    return LayerActivations(layer_input, full, (("layer_input", layer_input),))
+
+
+def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, sp: bool) -> float:
+    """First stage, outside the layers: the embedding dropout mask (n·h bytes) when dropout is on;
+    the embedding output itself is layer 0's input and counted there."""
+    rep = tp if sp else 1
+    return micro_batch * seq_len / cp * model.hidden / rep if model.dropout else 0.0
+
+
+def head_activation_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, sp: bool, act_bytes: int
+) -> float:
+    """Last stage, outside the layers: final-norm input and LM-head input (n·h·e each, ÷t with SP)
+    and the fp32 logits kept for the loss, 4·n·V/t (Korthikanti et al. 2022, Sec. 4.3)."""
+    n = micro_batch * seq_len / cp
+    rep = tp if sp else 1
+    return 2 * n * model.hidden * act_bytes / rep + 4 * n * model.vocab_size / tp

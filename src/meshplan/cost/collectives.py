@@ -1,0 +1,174 @@
+"""Collective communication time per tier, following nccl-tests' conventions.
+
+A collective over a group of ``n`` GPUs moving a buffer of ``S`` bytes (nccl-tests' "size": the
+all-reduce buffer, the all-gather output, the reduce-scatter input, the all-to-all send buffer)
+takes ``t = steps·α + wire_bytes / B_eff`` on each tier it crosses, where ``α`` is the tier's
+per-step latency and ``B_eff = B·η`` its per-GPU, per-direction bandwidth times the calibrated
+efficiency. Reported like nccl-tests: ``algbw = S / t`` and ``busbw = algbw × factor`` with factor
+``2(n−1)/n`` for all-reduce, ``(n−1)/n`` for all-gather, reduce-scatter and all-to-all, 1 otherwise.
+
+Ring (Patarasuk & Yuan 2009): all-reduce sends ``2(n−1)/n·S`` per GPU in ``2(n−1)`` steps;
+all-gather and reduce-scatter ``(n−1)/n·S`` in ``n−1`` steps.
+Tree (NCCL's double binary tree): all-reduce in ``2⌈log₂ n⌉`` latency steps, each GPU sending
+about ``2·S``; faster than the ring only for small buffers.
+
+A group that spans scale-up domains (``k`` members per domain, ``g = n/k`` domains) runs
+hierarchically, as NCCL does with one NIC per GPU ("rail"): all-reduce = intra-domain
+reduce-scatter of S + inter-domain all-reduce of S/k over each GPU's own NIC + intra-domain
+all-gather of S. A group that spans ``P`` pods of a fabric oversubscribed ``o``:1 above the pods
+gets ``min(1, g/(o·P))`` of the NIC bandwidth across pods: each of the ``g``-member rings leaves a
+pod once, and the pod's uplinks (1/o of its NIC capacity) are shared by the rings crossing them.
+
+Which GPUs form a group follows the rank order (innermost axis first, Megatron's default
+tp, cp, dp, pp): axis ``x``'s groups are strided by the product of the sizes of the axes inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost.calibration import Calibration
+from meshplan.specs.hardware import ClusterSpec
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor for ``op`` over ``n`` ranks."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where the members of one group of an axis (or set of axes) sit."""
+
+    size: int  # n
+    per_node: int  # k: members inside one scale-up domain
+    nodes: int  # g = n / k scale-up domains spanned
+    pods: int  # pods spanned (1 without pods)
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.nodes > 1
+
+
+def placement(cluster: ClusterSpec, sizes: dict[str, int], rank_order: tuple[str, ...], axes: tuple[str, ...]) -> GroupPlacement:
+    """Placement of the group spanned by ``axes`` that contains rank 0 (all groups of an axis set
+    are alike under the rank order). ``sizes`` maps every axis of ``rank_order`` to its size."""
+    n = 1
+    for a in axes:
+        n *= sizes[a]
+    if n == 1:
+        return GroupPlacement(1, 1, 1, 1)
+    members = np.zeros(1, dtype=np.int64)
+    stride = 1
+    for a in rank_order:
+        if a in axes and sizes[a] > 1:
+            members = (members[:, None] + stride * np.arange(sizes[a], dtype=np.int64)[None, :]).ravel()
+        stride *= sizes[a]
+    node_size = cluster.gpus_per_node
+    per_node = int(np.count_nonzero(members < node_size))
+    per_node = max(1, per_node)
+    nodes = n // per_node
+    pods = 1
+    if cluster.pod_size:
+        pods = int(np.unique(members // cluster.pod_size).size)
+    return GroupPlacement(n, per_node, nodes, pods)
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    op: str
+    nbytes: float
+    n: int
+    algorithm: str
+    time: float
+    latency_time: float
+
+    @property
+    def algbw(self) -> float:
+        return self.nbytes / self.time if self.time > 0 else math.inf
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * bus_factor(self.op, self.n)
+
+
+def _single(op: str, S: float, n: int, alpha: float, bw: float, algorithm: str) -> tuple[float, float]:
+    """(latency part, bandwidth part) of ``op`` on one tier."""
+    if n <= 1 or S <= 0:
+        return 0.0, 0.0
+    if op == "all_reduce":
+        if algorithm == "tree":
+            return 2 * math.ceil(math.log2(n)) * alpha, 2 * S / bw
+        return 2 * (n - 1) * alpha, 2 * (n - 1) / n * S / bw
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) * alpha, (n - 1) / n * S / bw
+    if op in ("broadcast", "reduce"):
+        if algorithm == "tree":
+            return math.ceil(math.log2(n)) * alpha, S / bw
+        return (n - 1) * alpha, S / bw
+    if op == "send_recv":
+        return alpha, S / bw
+    raise ValueError(f"unknown collective {op}")
+
+
+def collective_cost(
+    op: str,
+    nbytes: float,
+    pl: GroupPlacement,
+    cluster: ClusterSpec,
+    cal: Calibration,
+    algorithm: str = "auto",
+) -> CollectiveCost:
+    """Time of one collective (see the module docstring for the model)."""
+    if algorithm == "auto":
+        if op in ("all_reduce", "broadcast", "reduce"):
+            ring = collective_cost(op, nbytes, pl, cluster, cal, "ring")
+            tree = collective_cost(op, nbytes, pl, cluster, cal, "tree")
+            return ring if ring.time <= tree.time else tree
+        algorithm = "ring"
+    n, k, g = pl.size, pl.per_node, pl.nodes
+    up_a, up_bw = cluster.scale_up.latency, cluster.scale_up.bandwidth * cal.scale_up_efficiency
+    out_a = cluster.scale_out.latency
+    out_bw = cluster.scale_out.bandwidth * cal.scale_out_efficiency
+    if pl.pods > 1:
+        out_bw *= min(1.0, g / (cluster.oversubscription * pl.pods))
+    S = float(nbytes)
+    if op == "send_recv":
+        lat, bw = _single(op, S, 2, out_a if g > 1 else up_a, out_bw if g > 1 else up_bw, algorithm)
+    elif g == 1:
+        lat, bw = _single(op, S, n, up_a, up_bw, algorithm)
+    elif k == 1:
+        lat, bw = _single(op, S, n, out_a, out_bw, algorithm)
+    elif op == "all_reduce":
+        l1, b1 = _single("reduce_scatter", S, k, up_a, up_bw, "ring")
+        l2, b2 = _single("all_reduce", S / k, g, out_a, out_bw, algorithm)
+        lat, bw = 2 * l1 + l2, 2 * b1 + b2
+    elif op in ("all_gather", "reduce_scatter"):
+        l1, b1 = _single(op, S, k, up_a, up_bw, "ring")
+        l2, b2 = _single(op, S / k, g, out_a, out_bw, "ring")
+        lat, bw = l1 + l2, b1 + b2
+    elif op == "all_to_all":
+        # intra- and inter-domain parts run concurrently over different links
+        lat = (n - 1) * max(up_a, out_a)
+        bw = max((k - 1) / n * S / up_bw, (n - k) / n * S / out_bw)
+    else:  # broadcast / reduce: across domains, then inside them
+        l1, b1 = _single(op, S, g, out_a, out_bw, algorithm)
+        l2, b2 = _single(op, S, k, up_a, up_bw, algorithm)
+        lat, bw = l1 + l2, b1 + b2
+    return CollectiveCost(op, S, n, algorithm, lat + bw, lat)
+
+
+def collective_time(op: str, nbytes: float, pl: GroupPlacement, cluster: ClusterSpec, cal: Calibration) -> float:
+    """Seconds for one collective with NCCL's faster algorithm (ring or tree)."""
+    if pl.size <= 1 or nbytes <= 0:
+        return 0.0
+    return collective_cost(op, nbytes, pl, cluster, cal).time

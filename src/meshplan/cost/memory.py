@@ -1,0 +1,65 @@
+"""Memory per GPU: persistent model state sharded by ZeRO, and the transient buffers.
+
+For a GPU holding ``P`` parameters (its pipeline stage's layers split by TP, plus the embedding
+on the first stage and the LM head on the last), with bytes per parameter w (weights), γ
+(gradients) and ω (optimizer: master copy, fp32 gradient copy, moments) from the precision
+recipe and ``N`` the ZeRO shard degree (DP shard group × CP):
+
+=======  ==========  ==========  ============
+ZeRO     weights     gradients   optimizer
+=======  ==========  ==========  ============
+0        w·P         γ·P         ω·P
+1        w·P         γ·P         ω·P/N
+2        w·P         γ·P/N       ω·P/N
+3        w·P/N       γ·P/N       ω·P/N
+=======  ==========  ==========  ============
+
+(Rajbhandari et al. 2020, Sec. 5; with the 2+2+12 recipe: 16, 4 + 12/N, 2 + 14/N and 16/N bytes per
+parameter.) Transient buffers are itemized under ``other``: ZeRO-3's gathered weights (the layer in
+use and the one prefetched, or the whole stage when weights are not freed after forward), the
+gradient reduce-scatter buckets of ZeRO-2/3, TP and PP communication buffers, the gradient of the
+fp32 logits on the last stage, and the runtime reserve (CUDA context, library workspaces, NCCL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.specs.plan import PrecisionRecipe
+
+
+@dataclass(frozen=True)
+class ModelState:
+    weights: float
+    gradients: float
+    optimizer: float
+
+
+def model_state_bytes(params: float, recipe: PrecisionRecipe, zero: int, shard: int) -> ModelState:
+    """Persistent bytes of ``params`` parameters under ZeRO stage ``zero`` over ``shard`` ranks
+    (table in the module docstring)."""
+    w = params * recipe.weight_bytes / (shard if zero >= 3 else 1)
+    g = params * recipe.grad_bytes / (shard if zero >= 2 else 1)
+    o = params * recipe.optimizer_bytes / (shard if zero >= 1 else 1)
+    return ModelState(w, g, o)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak memory of one pipeline rank (all its virtual stages), bytes per GPU."""
+
+    rank: int
+    layers: int
+    params: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+    peak_inflight: int
+    activation_items: dict[str, float] = field(default_factory=dict)
+    other_items: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other

@@ -1,0 +1,595 @@
+"""Estimate one training plan: memory per pipeline stage, FLOPs, step time and its breakdown,
+throughput, MFU, and the cost of a token budget.
+
+This is the one place where the cost modules are composed; the CLI, JSON output and tests read
+the :class:`Estimate` it returns (``to_dict`` gives the documented JSON schema).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from meshplan.cost import collectives as coll
+from meshplan.cost.activations import (
+    embedding_activation_bytes,
+    head_activation_bytes,
+    layer_activations,
+)
+from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.compute import (
+    OpTimes,
+    embedding_op_times,
+    head_op_times,
+    layer_op_times,
+    optimizer_step_time,
+)
+from meshplan.cost.flops import StepFlops, step_flops
+from meshplan.cost.memory import StageMemory, model_state_bytes
+from meshplan.cost.params import (
+    ParamCounts,
+    count_params,
+    embedding_params_per_rank,
+    head_params_per_rank,
+    kv_heads_per_rank,
+    layer_params_per_rank,
+    padded_vocab,
+)
+from meshplan.cost.step import exposed
+from meshplan.explain import Derivation
+from meshplan.pipeline.schedules import build_schedule
+from meshplan.pipeline.simulate import SimResult, simulate
+from meshplan.pipeline.stages import layer_split, stages_of_rank
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.validate import check_plan
+from meshplan.units import DAY, GiB, HOUR, TFLOPS, fmt_bytes, fmt_seconds
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a whole run costs: ``tokens`` to train on, ``price_per_gpu_hour`` in dollars, and the
+    data-centre ``pue`` applied to GPU board power (1.0 = GPUs only)."""
+
+    tokens: Optional[float] = None
+    price_per_gpu_hour: Optional[float] = None
+    pue: float = 1.0
+
+
+@dataclass
+class StepTime:
+    """Step time of the critical pipeline rank and where it goes (seconds; the parts add up)."""
+
+    step_s: float
+    critical_rank: int
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    fsdp_comm_s: float
+    pipeline_bubble_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    param_gather_s: float
+    makespan_s: float
+    bubble_fraction: float
+    bubble_overhead: float
+    per_rank_finish_s: tuple[float, ...]
+
+    def breakdown(self) -> dict[str, float]:
+        return {
+            "compute": self.compute_s - self.recompute_s,
+            "recompute": self.recompute_s,
+            "tp_comm": self.tp_comm_s,
+            "cp_comm": self.cp_comm_s,
+            "fsdp_comm": self.fsdp_comm_s,
+            "pipeline_bubble": self.pipeline_bubble_s,
+            "dp_comm": self.dp_comm_s,
+            "optimizer": self.optimizer_s,
+            "param_gather": self.param_gather_s,
+        }
+
+
+@dataclass
+class Estimate:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: TrainingPlan
+    budget: Budget
+    calibration: Calibration
+    params: ParamCounts
+    flops: StepFlops
+    stages: list[StageMemory]
+    split: tuple[int, ...]
+    time: StepTime
+    sim: SimResult
+    derivations: list[Derivation] = field(default_factory=list)
+
+    # ---- headline figures ------------------------------------------------------------------
+    @property
+    def peak_bytes(self) -> float:
+        return max(s.total for s in self.stages)
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.cluster.gpu.hbm_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.plan.tokens_per_step / self.time.step_s
+
+    @property
+    def mfu_peak(self) -> float:
+        """Dense peak used for MFU: the compute dtype's, with FP8 runs measured against BF16
+        (the convention of Llama 3 and torchtitan)."""
+        dtype = self.plan.precision.compute_dtype
+        return self.cluster.gpu.peak("bf16" if dtype == "fp8" else dtype)
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return self.flops.model / (self.time.step_s * self.plan.num_gpus) / TFLOPS
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        return self.flops.hardware / (self.time.step_s * self.plan.num_gpus) / TFLOPS
+
+    @property
+    def mfu(self) -> float:
+        return self.model_tflops_per_gpu * TFLOPS / self.mfu_peak
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_tflops_per_gpu * TFLOPS / self.mfu_peak
+
+    def run_cost(self) -> Optional[dict[str, float]]:
+        """Days, GPU-hours, dollars and energy for the budget's tokens (None without tokens)."""
+        if not self.budget.tokens:
+            return None
+        steps = self.budget.tokens / self.plan.tokens_per_step
+        seconds = steps * self.time.step_s
+        gpu_hours = seconds / HOUR * self.plan.num_gpus
+        energy_kwh = gpu_hours * self.cluster.gpu.tdp_watts / 1000.0 * self.budget.pue
+        out = {
+            "tokens": float(self.budget.tokens),
+            "steps": steps,
+            "seconds": seconds,
+            "days": seconds / DAY,
+            "gpu_hours": gpu_hours,
+            "energy_mwh": energy_kwh / 1000.0,
+        }
+        if self.budget.price_per_gpu_hour is not None:
+            out["dollars"] = gpu_hours * self.budget.price_per_gpu_hour
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON schema of ``meshplan estimate --json`` (docs/schema.md)."""
+        p, m = self.plan, self.model
+        stages = []
+        for s in self.stages:
+            stages.append(
+                {
+                    "rank": s.rank,
+                    "layers": s.layers,
+                    "params": s.params,
+                    "weights": s.weights,
+                    "gradients": s.gradients,
+                    "optimizer": s.optimizer,
+                    "activations": s.activations,
+                    "other": s.other,
+                    "total": s.total,
+                    "peak_inflight_microbatches": s.peak_inflight,
+                    "activations_detail": dict(s.activation_items),
+                    "other_detail": dict(s.other_items),
+                }
+            )
+        t = self.time
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": {
+                "name": m.name,
+                "params_total": self.params.total,
+                "params_matmul": self.params.matmul,
+                "params_per_layer": self.params.layer.total,
+                "params_embedding": self.params.embedding + self.params.position_embedding,
+                "params_lm_head": self.params.lm_head,
+                "n_layers": m.n_layers,
+            },
+            "cluster": {
+                "gpu": self.cluster.gpu.name,
+                "num_gpus": self.cluster.num_gpus,
+                "gpus_per_node": self.cluster.gpus_per_node,
+                "scale_up_bandwidth": self.cluster.scale_up.bandwidth,
+                "scale_out_bandwidth": self.cluster.scale_out.bandwidth,
+                "pod_size": self.cluster.pod_size,
+                "oversubscription": self.cluster.oversubscription,
+            },
+            "plan": {
+                "tp": p.tp,
+                "cp": p.cp,
+                "pp": p.pp,
+                "dp": p.dp,
+                "ep": p.ep,
+                "vpp": p.vpp,
+                "dp_shard": p.dp_shard or p.dp,
+                "schedule": p.schedule,
+                "micro_batch": p.micro_batch,
+                "grad_accum": p.grad_accum,
+                "global_batch": p.global_batch,
+                "global_batch_tokens": p.tokens_per_step,
+                "seq_len": p.seq_len,
+                "recompute": p.recompute,
+                "sequence_parallel": p.sequence_parallel,
+                "zero": p.zero,
+                "precision": p.precision.precision,
+                "grad_dtype": p.precision.grad_dtype,
+                "master_weights": p.precision.master_weights,
+                "grad_fp32_copy": p.precision.grad_fp32_copy,
+                "bytes_per_param": p.precision.bytes_per_param,
+                "attention": p.attention,
+                "attention_flops": p.attention_flops,
+                "layer_split": list(self.split),
+                "rank_order": list(p.rank_order),
+            },
+            "flops": {
+                "model_per_step": self.flops.model,
+                "hardware_per_step": self.flops.hardware,
+                "breakdown": {
+                    "dense": self.flops.dense,
+                    "attention": self.flops.attention,
+                    "recompute": self.flops.recompute,
+                },
+            },
+            "memory": {
+                "peak_bytes": self.peak_bytes,
+                "capacity_bytes": self.capacity_bytes,
+                "fits": self.fits,
+                "headroom_bytes": self.capacity_bytes - self.peak_bytes,
+                "worst_stage": max(range(len(self.stages)), key=lambda i: self.stages[i].total),
+                "stages": stages,
+            },
+            "time": {
+                "step_s": t.step_s,
+                "critical_rank": t.critical_rank,
+                "makespan_s": t.makespan_s,
+                "bubble_fraction": t.bubble_fraction,
+                "bubble_overhead": t.bubble_overhead,
+                "breakdown": t.breakdown(),
+            },
+            "throughput": {
+                "tokens_per_s": self.tokens_per_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s / p.num_gpus,
+                "model_tflops_per_gpu": self.model_tflops_per_gpu,
+                "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+                "mfu": self.mfu,
+                "hfu": self.hfu,
+            },
+            "run": self.run_cost(),
+        }
+
+
+# ---- the composition -------------------------------------------------------------------------
+
+
+def _axis_sizes(plan: TrainingPlan) -> dict[str, int]:
+    return {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp}
+
+
+def estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: TrainingPlan,
+    budget: Budget | None = None,
+    *,
+    keep_timeline: bool = False,
+) -> Estimate:
+    """Estimate ``plan`` for ``model`` on ``cluster`` (see the module docstring)."""
+    check_plan(model, cluster, plan)
+    budget = budget or Budget()
+    gpu = cluster.gpu
+    cal = calibration_for(gpu)
+    rec = plan.precision
+    e = rec.activation_bytes
+    t, c, pp, v = plan.tp, plan.cp, plan.pp, plan.vpp
+    b, s = plan.micro_batch, plan.seq_len
+    sp = plan.sequence_parallel and t > 1
+    m = plan.num_microbatches
+    n_stages = pp * v
+    last = n_stages - 1
+    split = layer_split(model.n_layers, pp, v, plan.layer_split)
+    derivs: list[Derivation] = []
+
+    counts = count_params(model)
+    flops = step_flops(model, s, plan.global_batch, plan.recompute, plan.attention_flops)
+
+    # ---- per-layer compute and communication (one micro-batch, one GPU) ----------------------
+    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e)
+    emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
+    head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e)
+    if plan.recompute == "full":
+        recompute_layer = ops.fwd
+    elif plan.recompute == "selective":
+        recompute_layer = ops.fwd_attention
+    else:
+        recompute_layer = 0.0
+
+    sizes = _axis_sizes(plan)
+    order = plan.rank_order
+    pl_tp = coll.placement(cluster, sizes, order, ("tp",))
+    pl_cp = coll.placement(cluster, sizes, order, ("cp",))
+    pl_pp = coll.placement(cluster, sizes, order, ("pp",))
+    pl_dp = coll.placement(cluster, sizes, order, ("dp",))
+    pl_shard = coll.placement(cluster, {**sizes, "dp": plan.dp_shard or plan.dp}, order, ("dp", "cp"))
+    pl_dpcp = coll.placement(cluster, sizes, order, ("dp", "cp"))
+
+    tokens = b * s / c
+    act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
+    if t > 1:
+        if sp:
+            tp_one = coll.collective_time("all_gather", act_msg, pl_tp, cluster, cal) + coll.collective_time(
+                "reduce_scatter", act_msg, pl_tp, cluster, cal
+            )
+        else:
+            tp_one = coll.collective_time("all_reduce", act_msg, pl_tp, cluster, cal)
+        tp_layer_fwd = tp_layer_bwd = 2 * tp_one
+        if plan.tp_comm_overlap:
+            tp_layer_fwd = exposed(tp_layer_fwd, ops.fwd_gemm)
+            tp_layer_bwd = exposed(tp_layer_bwd, ops.bwd_gemm)
+        tp_emb = tp_one / (2 if sp else 1)
+        tp_head = tp_one  # SP: gather the LM-head input forward, reduce-scatter its gradient back
+    else:
+        tp_one = tp_layer_fwd = tp_layer_bwd = tp_emb = tp_head = 0.0
+    if plan.recompute == "full":
+        tp_recompute = tp_layer_fwd
+    else:
+        tp_recompute = 0.0
+
+    if c > 1:
+        kv_bytes = 2 * tokens * kv_heads_per_rank(model, t) * model.head_dim * e
+        step_comm = coll.collective_time("send_recv", kv_bytes, pl_cp, cluster, cal)
+        cp_layer_fwd = (c - 1) * exposed(step_comm, ops.fwd_attention / c)
+        cp_layer_bwd = (c - 1) * exposed(2 * step_comm, ops.bwd_attention / c)
+    else:
+        cp_layer_fwd = cp_layer_bwd = 0.0
+
+    shard = plan.shard_degree
+    layer_params = layer_params_per_rank(model, t)
+    if plan.zero == 3 and shard > 1:
+        ag = coll.collective_time("all_gather", layer_params * rec.weight_bytes, pl_shard, cluster, cal)
+        rs = coll.collective_time("reduce_scatter", layer_params * rec.grad_bytes, pl_shard, cluster, cal)
+        fsdp_layer_fwd = exposed(ag, ops.fwd)
+        fsdp_layer_bwd = exposed((ag if plan.reshard_after_forward else 0.0) + rs, ops.bwd + recompute_layer)
+    else:
+        fsdp_layer_fwd = fsdp_layer_bwd = 0.0
+
+    # ---- per virtual stage durations ---------------------------------------------------------
+    fwd, bwd, comp_f, comp_b, recomp_b = [], [], [], [], []
+    tp_f, tp_b, cp_f, cp_b, fs_f, fs_b = [], [], [], [], [], []
+    for k, n_l in enumerate(split):
+        cf = n_l * ops.fwd + (emb_ops.fwd if k == 0 else 0.0) + (head_ops.fwd if k == last else 0.0)
+        rb = n_l * recompute_layer
+        cb = n_l * ops.bwd + rb + (emb_ops.bwd if k == 0 else 0.0) + (head_ops.bwd if k == last else 0.0)
+        tf = n_l * tp_layer_fwd + (tp_emb if k == 0 else 0.0) + (tp_head if k == last else 0.0)
+        tb = n_l * (tp_layer_bwd + tp_recompute) + (tp_head if k == last else 0.0)
+        comp_f.append(cf)
+        comp_b.append(cb)
+        recomp_b.append(rb)
+        tp_f.append(tf)
+        tp_b.append(tb)
+        cp_f.append(n_l * cp_layer_fwd)
+        cp_b.append(n_l * cp_layer_bwd)
+        fs_f.append(n_l * fsdp_layer_fwd)
+        fs_b.append(n_l * fsdp_layer_bwd)
+        fwd.append(cf + tf + n_l * cp_layer_fwd + n_l * fsdp_layer_fwd)
+        bwd.append(cb + tb + n_l * cp_layer_bwd + n_l * fsdp_layer_bwd)
+
+    # ---- activations per virtual stage, then the schedule ------------------------------------
+    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e)
+    emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
+    head_act = head_activation_bytes(model, b, s, t, c, sp, e)
+    stage_act = [
+        n_l * la.stored + (emb_act if k == 0 else 0.0) + (head_act if k == last else 0.0)
+        for k, n_l in enumerate(split)
+    ]
+    p2p_bytes = act_msg / (t if sp else 1)
+    p2p = coll.collective_time("send_recv", p2p_bytes, pl_pp, cluster, cal) if pp > 1 else 0.0
+    ranks = build_schedule(plan.schedule, pp, m, v)
+    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline)
+
+    # ---- memory and after-pipeline communication per rank ------------------------------------
+    stages: list[StageMemory] = []
+    after = []
+    opt_times = []
+    pg_times = []
+    v_r = padded_vocab(model, t) // t
+    for r in range(pp):
+        mine = stages_of_rank(r, pp, v)
+        n_layers = sum(split[k] for k in mine)
+        params = n_layers * layer_params
+        if 0 in mine:
+            params += embedding_params_per_rank(model, t)
+        if last in mine:
+            params += head_params_per_rank(model, t, pp)
+        state = model_state_bytes(params, rec, plan.zero, shard)
+        act_items = {
+            "stored": sim.peak_activation[r],
+            "recompute_working_set": la.working if plan.recompute != "none" else 0.0,
+        }
+        other = {"runtime_reserve": cal.runtime_reserve}
+        if last in mine:
+            other["logits_grad"] = 4 * tokens * v_r
+        if plan.zero == 3 and shard > 1:
+            if plan.reshard_after_forward:
+                other["gathered_weights"] = 2 * layer_params * rec.weight_bytes
+            else:
+                other["gathered_weights"] = params * rec.weight_bytes * (1 - 1 / shard)
+        if plan.zero >= 2 and shard > 1:
+            other["grad_reduce_buckets"] = 2 * layer_params * rec.grad_bytes
+        if t > 1:
+            other["tp_comm_buffers"] = 2 * act_msg
+        if pp > 1:
+            other["pp_comm_buffers"] = 2 * p2p_bytes
+        stages.append(
+            StageMemory(
+                rank=r,
+                layers=n_layers,
+                params=params,
+                weights=state.weights,
+                gradients=state.gradients,
+                optimizer=state.optimizer,
+                activations=sum(act_items.values()),
+                other=sum(other.values()),
+                peak_inflight=sim.peak_inflight[r],
+                activation_items=act_items,
+                other_items=other,
+            )
+        )
+        # gradient synchronization after the last backward
+        grad_bytes = params * rec.grad_bytes
+        if plan.zero == 0:
+            grad_comm = coll.collective_time("all_reduce", grad_bytes, pl_dpcp, cluster, cal)
+            pg = 0.0
+        elif plan.zero in (1, 2):
+            grad_comm = coll.collective_time("reduce_scatter", grad_bytes, pl_shard, cluster, cal)
+            pg = coll.collective_time("all_gather", params * rec.weight_bytes, pl_shard, cluster, cal)
+        else:
+            grad_comm = 0.0  # reduce-scattered per layer inside the backward
+            pg = 0.0
+        replicas = plan.dp // (plan.dp_shard or plan.dp)
+        if replicas > 1 and plan.zero >= 1:
+            pl_rep = coll.placement(cluster, sizes, order, ("dp",))
+            pl_rep = coll.GroupPlacement(replicas, max(1, pl_rep.per_node * replicas // plan.dp), max(1, pl_rep.nodes * replicas // plan.dp), pl_rep.pods)
+            grad_comm += coll.collective_time("all_reduce", grad_bytes / shard, pl_rep, cluster, cal)
+        last_bwd = sum(bwd[k] for k in mine)
+        first_fwd = sum(fwd[k] for k in mine)
+        if plan.overlap_grad_reduce:
+            after.append(exposed(grad_comm, last_bwd, grad_comm / max(1, n_layers)))
+        else:
+            after.append(grad_comm)
+        if plan.overlap_param_gather:
+            pg_times.append(exposed(pg, first_fwd, pg / max(1, n_layers)))
+        else:
+            pg_times.append(pg)
+        local = params / (shard if plan.zero >= 1 else 1)
+        opt_times.append(optimizer_step_time(local, gpu, cal))
+
+    # ---- step time and its breakdown on the critical rank ------------------------------------
+    ends = [sim.finish[r] + after[r] for r in range(pp)]
+    crit = max(range(pp), key=lambda r: ends[r])
+    mine = stages_of_rank(crit, pp, v)
+    per_mb = lambda xs: m * sum(xs[k] for k in mine)  # noqa: E731
+    compute_s = per_mb(comp_f) + per_mb(comp_b)
+    busy = sim.busy[crit]
+    opt_s, pg_s = max(opt_times), max(pg_times)
+    step_s = ends[crit] + opt_s + pg_s
+    time = StepTime(
+        step_s=step_s,
+        critical_rank=crit,
+        compute_s=compute_s,
+        recompute_s=per_mb(recomp_b),
+        tp_comm_s=per_mb(tp_f) + per_mb(tp_b),
+        cp_comm_s=per_mb(cp_f) + per_mb(cp_b),
+        fsdp_comm_s=per_mb(fs_f) + per_mb(fs_b),
+        pipeline_bubble_s=sim.finish[crit] - busy,
+        dp_comm_s=after[crit],
+        optimizer_s=opt_s,
+        param_gather_s=pg_s,
+        makespan_s=sim.makespan,
+        bubble_fraction=sim.bubble_fraction,
+        bubble_overhead=sim.bubble_overhead,
+        per_rank_finish_s=sim.finish,
+    )
+    est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
+    derivs.extend(_derivations(est, ops, la, tp_one, p2p))
+    return est
+
+
+def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float) -> list[Derivation]:
+    """Formula, symbols and values of the headline figures (what ``meshplan explain`` shows)."""
+    m, p, pc, f = est.model, est.plan, est.params, est.flops
+    tok = p.tokens_per_step
+    worst = max(est.stages, key=lambda st: st.total)
+    rec = p.precision
+    shard = p.shard_degree
+    d: list[Derivation] = []
+    d.append(Derivation(
+        "model.params_total", "Parameters",
+        "L·(attention + MLP + norms) + V·h (embedding) + final norm + V·h (LM head unless tied)",
+        (("L", f"{m.n_layers} layers"), ("per layer", f"{pc.layer.total:,}"), ("V·h", f"{pc.embedding:,}"),
+         ("LM head", f"{pc.lm_head:,}")),
+        f"{pc.total:,}", "meshplan.cost.params; exact against published totals"))
+    d.append(Derivation(
+        "flops.breakdown.dense", "Dense FLOPs per step", "6 · N_mm · T",
+        (("N_mm", f"{pc.matmul:,} matmul parameters (LM head included)"), ("T", f"{tok:,} tokens per step")),
+        f"{f.dense:.4e} FLOP", "Kaplan et al. 2020 Sec. 2.1; Narayanan et al. 2021 Eq. 3"))
+    per = 6 if p.attention_flops == "causal" else 12
+    d.append(Derivation(
+        "flops.breakdown.attention", "Attention FLOPs per step (QKᵀ and A·V)", f"{per} · L · a · d · s² · B  ({p.attention_flops})",
+        (("L", str(m.n_layers)), ("a·d", str(m.q_dim)), ("s", str(p.seq_len)), ("B", f"{p.global_batch} sequences")),
+        f"{f.attention:.4e} FLOP", "forward 4·s²·a·d per layer per sequence (half when causal), backward 2x forward"))
+    d.append(Derivation(
+        "flops.hardware_per_step", "Hardware FLOPs per step", "model FLOPs + recompute FLOPs",
+        (("model", f"{f.model:.4e}"), ("recompute", f"{f.recompute:.4e} ({p.recompute})")),
+        f"{f.hardware:.4e} FLOP", "Korthikanti et al. 2022 Eq. 8 (HFU basis)"))
+    d.append(Derivation(
+        f"memory.stages[{worst.rank}].weights", "Weights per GPU (worst stage)",
+        "P · w" + (" / N" if p.zero >= 3 else ""),
+        (("P", f"{worst.params:,} parameters on rank {worst.rank} ({worst.layers} layers, TP {p.tp})"),
+         ("w", f"{rec.weight_bytes} bytes ({rec.precision})"), ("N", f"{shard} (ZeRO shard degree = dp_shard x cp)")),
+        fmt_bytes(worst.weights), "Rajbhandari et al. 2020 Sec. 5"))
+    d.append(Derivation(
+        f"memory.stages[{worst.rank}].gradients", "Gradients per GPU", "P · γ" + (" / N" if p.zero >= 2 else ""),
+        (("P", f"{worst.params:,}"), ("γ", f"{rec.grad_bytes} bytes ({rec.grad_dtype})"), ("N", str(shard))),
+        fmt_bytes(worst.gradients), "Rajbhandari et al. 2020 Sec. 5"))
+    d.append(Derivation(
+        f"memory.stages[{worst.rank}].optimizer", "Optimizer state per GPU", "P · ω" + (" / N" if p.zero >= 1 else ""),
+        (("P", f"{worst.params:,}"), ("ω", f"{rec.optimizer_bytes} bytes (master {rec.master_bytes} + fp32 grad copy {rec.grad_copy_bytes} + moments {rec.state_bytes})"),
+         ("N", str(shard))),
+        fmt_bytes(worst.optimizer), "Rajbhandari et al. 2020; Megatron-LM distributed optimizer"))
+    d.append(Derivation(
+        f"memory.stages[{worst.rank}].activations", "Activations per GPU (worst stage)",
+        "Σ over in-flight micro-batches of (layers of the stage × per-layer bytes) + recompute working set",
+        (("per layer", f"{fmt_bytes(la.stored)} per micro-batch ({p.recompute} recompute, "
+                       f"{'SP' if p.sequence_parallel and p.tp > 1 else 'no SP'}, {p.attention} attention)"),
+         ("in flight", f"{worst.peak_inflight} micro-batch chunks at peak ({p.schedule})"),
+         ("working", fmt_bytes(worst.activation_items.get('recompute_working_set', 0.0)))),
+        fmt_bytes(worst.activations), "Korthikanti et al. 2022 Table 2, derived from the layer's tensor list"))
+    d.append(Derivation(
+        "memory.peak_bytes", "Peak memory per GPU", "max over pipeline ranks of weights + gradients + optimizer + activations + other",
+        tuple((f"rank {st.rank}", fmt_bytes(st.total)) for st in est.stages[:4]) + ((("...", f"{len(est.stages)} ranks"),) if len(est.stages) > 4 else ()),
+        f"{fmt_bytes(est.peak_bytes)} of {fmt_bytes(est.capacity_bytes)} ({'fits' if est.fits else 'does not fit'})"))
+    d.append(Derivation(
+        "time.layer", "One layer, one micro-batch (forward / backward)",
+        "Σ GEMM max(2mnk/(F·η), bytes/W) + attention FLOPs/(F·η_attn) + memory-bound bytes/W",
+        (("GEMMs", f"{fmt_seconds(ops.fwd_gemm)} / {fmt_seconds(ops.bwd_gemm)}"),
+         ("attention", f"{fmt_seconds(ops.fwd_attention)} / {fmt_seconds(ops.bwd_attention)}"),
+         ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),
+         ("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2)")),
+        f"{fmt_seconds(ops.fwd)} / {fmt_seconds(ops.bwd)}", "meshplan.cost.compute"))
+    t = est.time
+    d.append(Derivation(
+        "time.step_s", "Step time", "pipeline makespan (critical rank) + exposed DP comm + optimizer + exposed weight all-gather",
+        (("makespan", f"{fmt_seconds(est.sim.finish[t.critical_rank])} on rank {t.critical_rank} ({p.schedule}, p={p.pp}, m={p.grad_accum}, v={p.vpp})"),
+         ("p2p", f"{fmt_seconds(p2p)} per stage boundary"),
+         ("bubble", f"{fmt_seconds(t.pipeline_bubble_s)} idle; fraction {t.bubble_fraction:.3f}, overhead {t.bubble_overhead:.3f}"),
+         ("dp comm", fmt_seconds(t.dp_comm_s)), ("optimizer", fmt_seconds(t.optimizer_s)),
+         ("param gather", fmt_seconds(t.param_gather_s))),
+        fmt_seconds(t.step_s), "event simulation of the schedule (meshplan.pipeline.simulate)"))
+    d.append(Derivation(
+        "throughput.mfu", "Model FLOPs utilization", "model FLOPs per step / (GPUs × dense peak × step time)",
+        (("model FLOPs", f"{f.model:.4e}"), ("GPUs", str(p.num_gpus)), ("peak", f"{est.mfu_peak / TFLOPS:.1f} TFLOP/s"),
+         ("step", fmt_seconds(t.step_s))),
+        f"{est.mfu:.4f} ({est.model_tflops_per_gpu:.1f} TFLOP/s per GPU)", "Chowdhery et al. 2022 (PaLM) App. B"))
+    run = est.run_cost()
+    if run:
+        d.append(Derivation(
+            "run.days", "Days for the token budget", "tokens / tokens per step × step time / 86400",
+            (("tokens", f"{run['tokens']:.4e}"), ("per step", f"{tok:,}"), ("step", fmt_seconds(t.step_s))),
+            f"{run['days']:.2f} days; {run['gpu_hours']:.4e} GPU-hours", ""))
+    return d

@@ -1,0 +1,165 @@
+"""TrainingPlan: how one training job is laid out and run.
+
+Symbols: ``t`` tensor-parallel size, ``c`` context-parallel size, ``p`` pipeline stages,
+``D`` data-parallel size, ``e`` expert-parallel size, ``v`` virtual stages per pipeline rank,
+``b`` micro-batch (sequences per forward on one DP rank), ``m`` micro-batches per step per
+pipeline (= grad_accum), ``B`` global batch in sequences = b·m·D, ``s`` sequence length.
+
+Bytes per parameter of the persistent training state follow the precision recipe; the five
+conventions the literature uses are all expressible:
+
+==============================  =========  ====  ======  =====  ============
+convention                      precision  grad  master  copy   bytes/param
+==============================  =========  ====  ======  =====  ============
+fp32 (4+4+8)                    fp32       fp32  --      --     16
+bf16, no master (2+2+8)         bf16       bf16  no      no     12
+ZeRO paper (2+2+12)             bf16       bf16  yes     no     16
+Megatron (2+4+12)               bf16       fp32  yes     no     18
+bf16 + fp32 copies (2+2+4+4+8)  bf16       bf16  yes     yes    20
+==============================  =========  ====  ======  =====  ============
+
+(Adam's two moments are fp32: 8 bytes; the fp32 master copy 4; "copy" is an fp32 copy of
+low-precision gradients kept by the optimizer, as Megatron does for fp16.)
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from meshplan.specs.base import Spec
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+AXES = ("tp", "cp", "pp", "dp")
+
+
+class PrecisionRecipe(Spec):
+    """Dtypes of weights, gradients and optimizer state."""
+
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = "bf16"
+    grad_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    master_weights: bool = True
+    grad_fp32_copy: bool = False
+    optimizer: Literal["adam", "sgd"] = "adam"
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes per parameter of the weights held for compute. FP8 training (Transformer Engine,
+        torchao float8) keeps bf16 weights and casts them to fp8 per GEMM, so fp8 stores 2."""
+        return 2 if self.precision == "fp8" else DTYPE_BYTES[self.precision]
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def master_bytes(self) -> int:
+        """fp32 master copy: needed only when the weights themselves are not fp32."""
+        return 4 if (self.master_weights and self.weight_bytes < 4) else 0
+
+    @property
+    def grad_copy_bytes(self) -> int:
+        return 4 if (self.grad_fp32_copy and self.grad_bytes < 4) else 0
+
+    @property
+    def state_bytes(self) -> int:
+        """Optimizer moments: Adam keeps m and v in fp32 (8 bytes); SGD with momentum 4."""
+        return {"adam": 8, "sgd": 4}[self.optimizer]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Everything the optimizer owns: master weights, fp32 gradient copy, moments."""
+        return self.master_bytes + self.grad_copy_bytes + self.state_bytes
+
+    @property
+    def bytes_per_param(self) -> int:
+        """Unsharded persistent bytes per parameter: weights + gradients + optimizer."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element: 16-bit for bf16/fp16/fp8 recipes, 4 for fp32."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.precision
+
+
+class TrainingPlan(Spec):
+    """A layout (axes), a batch, and the switches that change memory or time."""
+
+    tp: int = Field(default=1, ge=1, le=1_000_000)
+    cp: int = Field(default=1, ge=1, le=1_000_000)
+    pp: int = Field(default=1, ge=1, le=1_000_000)
+    dp: int = Field(default=1, ge=1, le=10_000_000)
+    ep: int = Field(default=1, ge=1, le=1_000_000)
+    dp_shard: Optional[int] = Field(default=None, ge=1)  # HSDP: shard within groups of this size
+    vpp: int = Field(default=1, ge=1, le=10_000)
+    schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    micro_batch: int = Field(default=1, ge=1, le=1_000_000)
+    global_batch: int = Field(ge=1, le=1_000_000_000)  # sequences per optimizer step
+    seq_len: int = Field(ge=1, le=100_000_000)
+    recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = True
+    zero: Literal[0, 1, 2, 3] = 1
+    precision: PrecisionRecipe = PrecisionRecipe()
+    attention: Literal["flash", "materialized"] = "flash"
+    attention_flops: Literal["causal", "full"] = "causal"
+    layer_split: Optional[tuple[int, ...]] = None  # layers per virtual stage, pipeline order
+    rank_order: tuple[str, ...] = ("tp", "cp", "dp", "pp")  # innermost first (Megatron)
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered weights after forward
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingPlan":
+        if sorted(self.rank_order) != sorted(AXES):
+            raise ValueError(f"rank_order must be a permutation of {','.join(AXES)}")
+        if self.schedule == "interleaved" and self.vpp < 2:
+            raise ValueError("the interleaved schedule needs vpp >= 2 virtual stages per rank")
+        if self.schedule != "interleaved" and self.vpp != 1:
+            raise ValueError(f"vpp > 1 needs the interleaved schedule, not {self.schedule}")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ValueError(
+                f"global batch ({self.global_batch} sequences) must be divisible by "
+                f"micro_batch x dp ({self.micro_batch} x {self.dp})"
+            )
+        if self.dp_shard is not None and self.dp % self.dp_shard:
+            raise ValueError(f"dp_shard ({self.dp_shard}) must divide dp ({self.dp})")
+        if self.dp % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
+        if self.layer_split is not None and any(n < 1 for n in self.layer_split):
+            raise ValueError("every virtual stage needs at least one layer")
+        return self
+
+    # ---- derived ----------------------------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step per DP rank: m = B / (b·D)."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.grad_accum
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks over which ZeRO shards model state: the DP shard group times CP (CP ranks hold
+        the same weights, so Megatron's distributed optimizer and torchtitan's FSDP shard over
+        both)."""
+        return (self.dp_shard or self.dp) * self.cp
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.pp * self.vpp

@@ -1,0 +1,46 @@
+"""Checks that need the model, the cluster and the plan together. Each failure is one
+:class:`~meshplan.errors.InputError` naming the field and the rule."""
+
+from __future__ import annotations
+
+from meshplan.errors import InputError
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+
+
+def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> None:
+    """Raise on the first rule the plan breaks for this model and cluster."""
+    n = plan.num_gpus
+    if n != cluster.num_gpus:
+        raise InputError(
+            "gpus",
+            f"tp x cp x pp x dp = {plan.tp} x {plan.cp} x {plan.pp} x {plan.dp} = {n} must equal the GPU count ({cluster.num_gpus})",
+        )
+    t = plan.tp
+    if model.n_heads % t:
+        raise InputError("tp", f"tp ({t}) must divide the number of attention heads ({model.n_heads})")
+    g = model.n_kv_heads
+    if g % t and t % g:
+        raise InputError("tp", f"tp ({t}) must divide, or be a multiple of, the number of KV heads ({g})")
+    if model.ffn_hidden % t:
+        raise InputError("tp", f"tp ({t}) must divide the MLP hidden size ({model.ffn_hidden})")
+    stages = plan.pp * plan.vpp
+    if stages > model.n_layers:
+        raise InputError("pp", f"pp x vpp ({stages}) must not exceed the number of layers ({model.n_layers})")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        raise InputError("seq_len", f"seq_len ({plan.seq_len}) must be divisible by 2 x cp ({2 * plan.cp}) for load-balanced causal context parallelism")
+    if plan.sequence_parallel and t > 1 and (plan.seq_len // plan.cp) % t:
+        raise InputError("seq_len", f"with sequence parallelism seq_len / cp must be divisible by tp ({t})")
+    if plan.ep > 1:
+        raise InputError("ep", f"ep = {plan.ep} needs a mixture-of-experts model; {model.name} is dense (use ep = 1)")
+    if model.position == "learned" and plan.seq_len > model.max_position:
+        raise InputError("seq_len", f"seq_len ({plan.seq_len}) exceeds {model.name}'s {model.max_position} learned positions")
+    if plan.schedule == "interleaved" and plan.grad_accum % plan.pp:
+        raise InputError("global_batch", f"the interleaved schedule needs micro-batches per step ({plan.grad_accum}) to be a multiple of pp ({plan.pp})")
+    if plan.layer_split is not None:
+        if len(plan.layer_split) != stages:
+            raise InputError("layer_split", f"needs pp x vpp = {stages} entries, got {len(plan.layer_split)}")
+        if sum(plan.layer_split) != model.n_layers:
+            raise InputError("layer_split", f"entries must add up to the {model.n_layers} layers, got {sum(plan.layer_split)}")
+    cluster.gpu.peak(plan.precision.compute_dtype)  # raises if the GPU lacks the dtype
