@@ -58,6 +58,21 @@ class Budget:
     price_per_gpu_hour: Optional[float] = None
     pue: float = 1.0
 
+    def __post_init__(self) -> None:
+        import math
+
+        from meshplan.errors import InputError
+
+        def bad(x) -> bool:
+            return isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+
+        if self.tokens is not None and (bad(self.tokens) or self.tokens < 0):
+            raise InputError("tokens", f"must be a finite number of tokens >= 0 (got {self.tokens!r})")
+        if self.price_per_gpu_hour is not None and (bad(self.price_per_gpu_hour) or self.price_per_gpu_hour < 0):
+            raise InputError("price", f"must be a finite price >= 0 per GPU-hour (got {self.price_per_gpu_hour!r})")
+        if bad(self.pue) or not 1.0 <= self.pue <= 10.0:
+            raise InputError("pue", f"must be a finite number between 1 and 10 (got {self.pue!r})")
+
 
 @dataclass
 class StepTime:
@@ -327,6 +342,7 @@ def estimate(
     pl_dp = coll.placement(cluster, sizes, order, ("dp",))
     pl_shard = coll.placement(cluster, {**sizes, "dp": plan.dp_shard or plan.dp}, order, ("dp", "cp"))
     pl_dpcp = coll.placement(cluster, sizes, order, ("dp", "cp"))
+    pl_rep = coll.placement(cluster, sizes, order, ("dp",), every=plan.dp_shard or plan.dp)
 
     tokens = b * s / c
     act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
@@ -461,10 +477,8 @@ def estimate(
         else:
             grad_comm = 0.0  # reduce-scattered per layer inside the backward
             pg = 0.0
-        replicas = plan.dp // (plan.dp_shard or plan.dp)
+        replicas = pl_rep.size
         if replicas > 1 and plan.zero >= 1:
-            pl_rep = coll.placement(cluster, sizes, order, ("dp",))
-            pl_rep = coll.GroupPlacement(replicas, max(1, pl_rep.per_node * replicas // plan.dp), max(1, pl_rep.nodes * replicas // plan.dp), pl_rep.pods)
             grad_comm += coll.collective_time("all_reduce", grad_bytes / shard, pl_rep, cluster, cal)
         last_bwd = sum(bwd[k] for k in mine)
         first_fwd = sum(fwd[k] for k in mine)
@@ -536,7 +550,7 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float) -> 
     d.append(Derivation(
         "flops.hardware_per_step", "Hardware FLOPs per step", "model FLOPs + recompute FLOPs",
         (("model", f"{f.model:.4e}"), ("recompute", f"{f.recompute:.4e} ({p.recompute})")),
-        f"{f.hardware:.4e} FLOP", "Korthikanti et al. 2022 Eq. 8 (HFU basis)"))
+        f"{f.hardware:.4e} FLOP", "HFU basis; selective = one extra attention-core forward (Korthikanti et al. 2022 Sec. 5)"))
     d.append(Derivation(
         f"memory.stages[{worst.rank}].weights", "Weights per GPU (worst stage)",
         "P · w" + (" / N" if p.zero >= 3 else ""),

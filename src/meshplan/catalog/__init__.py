@@ -67,7 +67,11 @@ def load_model(name_or_path: str) -> ModelSpec:
     if key.lower() in _data("models.yaml"):
         return _catalog_model(key.lower())
     path = Path(key)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.exists():
+    try:
+        is_path = path.suffix.lower() in (".json", ".yaml", ".yml") or path.exists()
+    except (OSError, ValueError):  # a name too long for a path, or with a NUL byte
+        is_path = False
+    if is_path:
         return load_model_file(path)
     raise InputError(
         "model", f"unknown model '{key}' (catalog: {', '.join(model_names())}; or a config.json / .yaml path)"
@@ -76,7 +80,11 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_model_file(path: Path) -> ModelSpec:
     """Read a model from a file: JSON is taken as a Hugging Face config, YAML as meshplan's own."""
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for a path, or with a NUL byte
+        is_file = False
+    if not is_file:
         raise InputError("model", f"no such file: {path}")
     try:
         text = path.read_text()

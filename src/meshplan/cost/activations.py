@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.params import kv_heads_per_rank
+from meshplan.cost.params import kv_heads_per_rank, padded_vocab
 from meshplan.specs.model import ModelSpec
 
 
@@ -134,7 +134,8 @@ def head_activation_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, sp: bool, act_bytes: int
 ) -> float:
     """Last stage, outside the layers: final-norm input and LM-head input (n·h·e each, ÷t with SP)
-    and the fp32 logits kept for the loss, 4·n·V/t (Korthikanti et al. 2022, Sec. 4.3)."""
+    and the fp32 logits kept for the loss, 4·n·V/t with V padded to a multiple of t
+    (Korthikanti et al. 2022, Sec. 4.3)."""
     n = micro_batch * seq_len / cp
     rep = tp if sp else 1
-    return 2 * n * model.hidden * act_bytes / rep + 4 * n * model.vocab_size / tp
+    return 2 * n * model.hidden * act_bytes / rep + 4 * n * (padded_vocab(model, tp) // tp)

@@ -59,24 +59,34 @@ class GroupPlacement:
         return self.nodes > 1
 
 
-def placement(cluster: ClusterSpec, sizes: dict[str, int], rank_order: tuple[str, ...], axes: tuple[str, ...]) -> GroupPlacement:
+def placement(
+    cluster: ClusterSpec,
+    sizes: dict[str, int],
+    rank_order: tuple[str, ...],
+    axes: tuple[str, ...],
+    every: int = 1,
+) -> GroupPlacement:
     """Placement of the group spanned by ``axes`` that contains rank 0 (all groups of an axis set
-    are alike under the rank order). ``sizes`` maps every axis of ``rank_order`` to its size."""
-    n = 1
-    for a in axes:
-        n *= sizes[a]
-    if n == 1:
-        return GroupPlacement(1, 1, 1, 1)
+    are alike under the rank order). ``sizes`` maps every axis of ``rank_order`` to its size.
+    ``every`` > 1 takes every ``every``-th index along the (single) axis: the replica groups of
+    HSDP, whose members sit ``dp_shard`` apart on the dp axis."""
     members = np.zeros(1, dtype=np.int64)
     stride = 1
     for a in rank_order:
         if a in axes and sizes[a] > 1:
-            members = (members[:, None] + stride * np.arange(sizes[a], dtype=np.int64)[None, :]).ravel()
+            idx = np.arange(0, sizes[a], every, dtype=np.int64)
+            members = (members[:, None] + stride * idx[None, :]).ravel()
         stride *= sizes[a]
+    n = int(members.size)
+    if n == 1:
+        return GroupPlacement(1, 1, 1, 1)
     node_size = cluster.gpus_per_node
-    per_node = int(np.count_nonzero(members < node_size))
-    per_node = max(1, per_node)
-    nodes = n // per_node
+    # members per scale-up domain: uniform when the inner axes' sizes divide the domain size;
+    # otherwise (e.g. tp = 3 on 8-GPU nodes) a group straddles domains unevenly: count every
+    # domain it touches and take the fullest one as k (the slowest intra-domain piece)
+    _, counts = np.unique(members // node_size, return_counts=True)
+    nodes = int(counts.size)
+    per_node = int(counts.max())
     pods = 1
     if cluster.pod_size:
         pods = int(np.unique(members // cluster.pod_size).size)

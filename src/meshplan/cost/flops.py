@@ -11,7 +11,11 @@ step = B·s, L layers, a query heads, d head dimension, s sequence length, B seq
   convention.
 * recompute adds forward work to the hardware FLOPs only (HFU basis): full recompute repeats the
   layers' forward, ``2·L·N_layer·T`` plus the attention forward; selective recompute repeats the
-  attention core only (Korthikanti et al. 2022, Eq. 8). The LM head is never recomputed.
+  attention core's forward only, ``4·s²·a·d`` per layer per sequence non-causal (Korthikanti et
+  al. 2022, Sec. 5). The LM head is never recomputed. Korthikanti's Eq. 8 prints the selective
+  hardware FLOPs as ``72·B·L·s·h²·(1 + s/3h + V/12hL)``, whose attention term is three times
+  the attention forward; one repeated forward gives ``72·B·L·s·h²·(1 + 2s/9h + V/12hL)``, which
+  is what meshplan counts (the tests show the difference, 8·B·L·s²·h).
 
 Identities checked in the tests: for GPT shapes (a·d = h, f = 4h, no GQA) with full attention
 and full recompute this equals Narayanan et al. 2021 Eq. 3, ``96·B·s·L·h²·(1 + s/6h + V/16Lh)``;

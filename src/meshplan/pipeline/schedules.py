@@ -15,6 +15,7 @@ torch.distributed.pipelining's notation, e.g. ``0F0``, ``1B3``.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from meshplan.errors import InputError
@@ -76,17 +77,20 @@ def interleaved(pp: int, m: int, vpp: int) -> list[list[Action]]:
     return ranks
 
 
-def build_schedule(name: str, pp: int, m: int, vpp: int = 1) -> list[list[Action]]:
-    """Action lists per rank for ``name`` in {gpipe, 1f1b, interleaved}."""
+@lru_cache(maxsize=256)
+def build_schedule(name: str, pp: int, m: int, vpp: int = 1) -> tuple[tuple[Action, ...], ...]:
+    """Action lists per rank for ``name`` in {gpipe, 1f1b, interleaved} (cached, immutable)."""
     if name == "gpipe":
-        return gpipe(pp, m)
-    if name == "1f1b":
-        return one_f_one_b(pp, m)
-    if name == "interleaved":
-        return interleaved(pp, m, vpp)
-    raise InputError("schedule", f"unknown schedule '{name}' (gpipe, 1f1b, interleaved)")
+        ranks = gpipe(pp, m)
+    elif name == "1f1b":
+        ranks = one_f_one_b(pp, m)
+    elif name == "interleaved":
+        ranks = interleaved(pp, m, vpp)
+    else:
+        raise InputError("schedule", f"unknown schedule '{name}' (gpipe, 1f1b, interleaved)")
+    return tuple(tuple(acts) for acts in ranks)
 
 
-def format_actions(ranks: list[list[Action]]) -> list[str]:
+def format_actions(ranks) -> list[str]:
     """One line per rank in torch's action notation (``0F0,0F1,0B0,...``)."""
     return [",".join(str(a) for a in acts) for acts in ranks]

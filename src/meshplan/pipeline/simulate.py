@@ -15,6 +15,7 @@ found by walking the rank's list: an F adds the stage's activation bytes, a B fr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshplan.pipeline.schedules import Action
 
@@ -44,8 +45,32 @@ class SimResult:
         return sum(self.idle) / sum(self.busy) if sum(self.busy) > 0 else 0.0
 
 
+@lru_cache(maxsize=256)
+def _compile(ranks: tuple[tuple[Action, ...], ...], n_stages: int):
+    """Per rank, each action as (own slot, dependency slot or −1, is_forward, stage, transfer?).
+
+    Slots number the (kind, stage, micro-batch) triples so the simulation works on flat lists."""
+    slot: dict[tuple[str, int, int], int] = {}
+    for acts in ranks:
+        for a in acts:
+            slot.setdefault((a.kind, a.stage, a.microbatch), len(slot))
+    last = n_stages - 1
+    compiled = []
+    for acts in ranks:
+        row = []
+        for a in acts:
+            if a.kind == "F":
+                dep = slot.get(("F", a.stage - 1, a.microbatch), -2) if a.stage > 0 else -1
+                row.append((slot[(a.kind, a.stage, a.microbatch)], dep, True, a.stage, a.stage > 0))
+            else:
+                key = ("F", a.stage, a.microbatch) if a.stage == last else ("B", a.stage + 1, a.microbatch)
+                row.append((slot[(a.kind, a.stage, a.microbatch)], slot.get(key, -2), False, a.stage, a.stage != last))
+        compiled.append(tuple(row))
+    return tuple(compiled), len(slot)
+
+
 def simulate(
-    ranks: list[list[Action]],
+    ranks,
     n_stages: int,
     fwd: list[float],
     bwd: list[float],
@@ -54,70 +79,58 @@ def simulate(
     keep_timeline: bool = False,
 ) -> SimResult:
     """Run the action lists; ``fwd[k]``/``bwd[k]`` are stage k's durations per micro-batch."""
+    ranks = tuple(tuple(acts) for acts in ranks)
+    compiled, n_slots = _compile(ranks, n_stages)
     pp = len(ranks)
-    done: dict[tuple[str, int, int], float] = {}
+    done = [-1.0] * n_slots  # finish time; −1 = not yet run
     pos = [0] * pp
     free = [0.0] * pp
     lines: list[list[tuple[Action, float, float]]] = [[] for _ in range(pp)]
-    remaining = sum(len(a) for a in ranks)
-    last = n_stages - 1
+    remaining = sum(len(a) for a in compiled)
     progressed = True
     while remaining and progressed:
         progressed = False
         for r in range(pp):
-            acts = ranks[r]
-            while pos[r] < len(acts):
-                a = acts[pos[r]]
-                if a.kind == "F":
-                    if a.stage == 0:
-                        ready = 0.0
-                    else:
-                        dep = done.get(("F", a.stage - 1, a.microbatch))
-                        if dep is None:
-                            break
-                        ready = dep + transfer
-                    dur = fwd[a.stage]
+            row = compiled[r]
+            i, t_free = pos[r], free[r]
+            while i < len(row):
+                own, dep, is_f, stage, xfer = row[i]
+                if dep == -1:
+                    ready = 0.0
                 else:
-                    if a.stage == last:
-                        dep = done.get(("F", a.stage, a.microbatch))
-                        if dep is None:
-                            break
-                        ready = dep
-                    else:
-                        dep = done.get(("B", a.stage + 1, a.microbatch))
-                        if dep is None:
-                            break
-                        ready = dep + transfer
-                    dur = bwd[a.stage]
-                start = max(free[r], ready)
-                end = start + dur
-                done[(a.kind, a.stage, a.microbatch)] = end
-                free[r] = end
+                    if dep < 0 or done[dep] < 0.0:
+                        break
+                    ready = done[dep] + transfer if xfer else done[dep]
+                start = t_free if t_free > ready else ready
+                t_free = start + (fwd[stage] if is_f else bwd[stage])
+                done[own] = t_free
                 if keep_timeline:
-                    lines[r].append((a, start, end))
-                pos[r] += 1
-                remaining -= 1
+                    lines[r].append((ranks[r][i], start, t_free))
+                i += 1
+            if i != pos[r]:
+                remaining -= i - pos[r]
+                pos[r], free[r] = i, t_free
                 progressed = True
     if remaining:
         raise RuntimeError("pipeline schedule deadlocked: an action waits on one that never runs")
-    busy = []
-    peaks = []
-    peak_bytes = []
+    busy, peaks, peak_bytes = [], [], []
     for r in range(pp):
-        b = 0.0
+        b = mem = peak_mem = 0.0
         held = peak = 0
-        mem = peak_mem = 0.0
-        for a in ranks[r]:
-            if a.kind == "F":
-                b += fwd[a.stage]
+        for _, _, is_f, stage, _ in compiled[r]:
+            w = act_bytes[stage] if act_bytes else 0.0
+            if is_f:
+                b += fwd[stage]
                 held += 1
-                mem += act_bytes[a.stage] if act_bytes else 0.0
+                mem += w
+                if held > peak:
+                    peak = held
+                if mem > peak_mem:
+                    peak_mem = mem
             else:
-                b += bwd[a.stage]
+                b += bwd[stage]
                 held -= 1
-                mem -= act_bytes[a.stage] if act_bytes else 0.0
-            peak = max(peak, held)
-            peak_mem = max(peak_mem, mem)
+                mem -= w
         busy.append(b)
         peaks.append(peak)
         peak_bytes.append(peak_mem)

@@ -8,6 +8,10 @@ from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
+#: Most micro-batch chunks (micro-batches per step x pp x vpp) the pipeline event simulation is
+#: asked to run: about 2.5 s at 5 µs per action. Beyond it a plan is refused, not left to hang.
+MAX_PIPELINE_CHUNKS = 250_000
+
 
 def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> None:
     """Raise on the first rule the plan breaks for this model and cluster."""
@@ -38,6 +42,9 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> No
         raise InputError("seq_len", f"seq_len ({plan.seq_len}) exceeds {model.name}'s {model.max_position} learned positions")
     if plan.schedule == "interleaved" and plan.grad_accum % plan.pp:
         raise InputError("global_batch", f"the interleaved schedule needs micro-batches per step ({plan.grad_accum}) to be a multiple of pp ({plan.pp})")
+    chunks = plan.grad_accum * plan.pp * plan.vpp
+    if chunks > MAX_PIPELINE_CHUNKS:
+        raise InputError("global_batch", f"micro-batches per step x pp x vpp = {plan.grad_accum:,} x {plan.pp} x {plan.vpp} = {chunks:,} is more than the pipeline simulation runs ({MAX_PIPELINE_CHUNKS:,}); use a larger micro-batch or a smaller global batch")
     if plan.layer_split is not None:
         if len(plan.layer_split) != stages:
             raise InputError("layer_split", f"needs pp x vpp = {stages} entries, got {len(plan.layer_split)}")

@@ -1,0 +1,1 @@
+"""meshplan command line (typer + rich); entry point ``meshplan.cli.app:main``."""

@@ -1,0 +1,133 @@
+"""``meshplan``: the command line.
+
+Commands: ``estimate`` (memory, step time, throughput, cost of one plan), ``explain`` (the
+derivation of each figure), ``models`` and ``gpus`` (the catalogs).
+
+Bad input of any kind (an :class:`~meshplan.errors.InputError`, a pydantic validation error, an
+unknown option or an invalid value for one) prints one line, ``error: <field>: <rule>``, on
+stderr and exits with status 2; nothing is printed on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Literal, Optional, Sequence
+
+import typer
+from pydantic import ValidationError
+
+from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
+from meshplan.cli import render
+from meshplan.cli.options import PlanArgs, plan_options, resolve
+from meshplan.cost.params import count_params
+from meshplan.errors import InputError
+from meshplan.estimate import estimate as run_estimate
+from meshplan.explain import render as render_derivations
+from meshplan.specs.base import input_error_from
+
+app = typer.Typer(
+    name="meshplan",
+    help="Plan distributed training of large language models: layout, memory, step time, MFU, cost, "
+    "with the derivation of every figure.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")]
+
+
+@app.command()
+@plan_options
+def estimate(
+    plan: PlanArgs,
+    json_out: JsonFlag = False,
+    unit: Annotated[Literal["GiB", "GB"], typer.Option("--unit", help="Memory unit for display: GiB (2^30 bytes) or GB (1e9).")] = "GiB",
+) -> None:
+    """Estimate one plan: memory per pipeline rank, step time and where it goes, throughput, MFU, FLOPs per step, and the cost of a token budget (--tokens).
+
+    Defaults: llama3-8b on 8 h100-sxm-80gb, dp = gpus / (tp·cp·pp), sequences of 4,096 tokens, and a global batch of about 4M tokens (micro_batch·dp·m sequences with m = round(4,194,304 / (seq_len·micro_batch·dp)) micro-batches per DP rank, between 1 and 1,024, a multiple of pp when interleaved)."""
+    setup = resolve(plan)
+    est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
+    if json_out:
+        typer.echo(json.dumps(est.to_dict(), allow_nan=False))
+        return
+    render.print_estimate(est, setup.preset, unit)
+
+
+@app.command()
+@plan_options
+def explain(
+    plan: PlanArgs,
+    figure: Annotated[Optional[str], typer.Option("--figure", help="Only derivations whose key or title contains this text, e.g. memory, mfu, step.")] = None,
+) -> None:
+    """Show how each figure of the estimate is derived: formula, symbols with their values, result, source."""
+    setup = resolve(plan)
+    est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
+    text = render_derivations(est.derivations, figure)
+    if not text.strip():
+        keys = ", ".join(d.key for d in est.derivations)
+        raise InputError("figure", f"no derivation matches '{figure}' (keys: {keys})")
+    typer.echo(text.rstrip("\n"))
+
+
+@app.command()
+def models(json_out: JsonFlag = False) -> None:
+    """The model catalog, with exact parameter counts."""
+    rows = []
+    for name in model_names():
+        m = load_model(name)
+        rows.append({
+            "name": name, "n_layers": m.n_layers, "hidden": m.hidden, "n_heads": m.n_heads,
+            "n_kv_heads": m.n_kv_heads, "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden,
+            "vocab_size": m.vocab_size, "mlp": m.mlp, "tied_embeddings": m.tied_embeddings,
+            "params_total": count_params(m).total, "source": m.source,
+        })
+    if json_out:
+        typer.echo(json.dumps(rows))
+        return
+    render.console().print(render.models_table(rows))
+
+
+@app.command()
+def gpus(json_out: JsonFlag = False) -> None:
+    """The GPU catalog: dense peak FLOP/s, HBM, scale-up and scale-out bandwidth, power."""
+    rows = [render.gpu_row(load_gpu(name)) for name in gpu_names()]
+    if json_out:
+        typer.echo(json.dumps(rows))
+        return
+    render.console().print(render.gpus_table(rows))
+
+
+def _fail(message: str) -> int:
+    line = " ".join(str(message).replace("Value error, ", "").split())  # one line, whatever the message held
+    print(f"error: {line}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        args = ["--help"]
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=args, prog_name="meshplan", standalone_mode=False)
+    except InputError as err:
+        return _fail(str(err))
+    except ValidationError as err:
+        return _fail(str(input_error_from(err)))
+    except typer.TyperException as err:  # click usage errors: unknown option, bad value, ...
+        return _fail(err.format_message())
+    except typer.Abort:
+        return _fail("aborted")
+    except BrokenPipeError:  # e.g. `meshplan models | head`
+        sys.stderr.close()
+        return 0
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Rich rendering of an :class:`~meshplan.estimate.Estimate` and of the catalogs.
+
+Only presentation lives here: every number comes from the estimate (or the catalog) as is, then
+is converted to the display unit with its label.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from meshplan.estimate import Estimate
+from meshplan.presets import Preset
+from meshplan.units import GB, GBPS, GiB, PFLOPS, TB, TFLOPS
+
+BREAKDOWN_LABELS = {
+    "compute": "compute (forward + backward)",
+    "recompute": "recompute",
+    "tp_comm": "TP communication (exposed)",
+    "cp_comm": "CP communication (exposed)",
+    "fsdp_comm": "FSDP weight/grad communication (exposed)",
+    "pipeline_bubble": "pipeline bubble (idle)",
+    "dp_comm": "DP gradient sync (exposed)",
+    "optimizer": "optimizer step",
+    "param_gather": "parameter all-gather (exposed)",
+}
+
+
+def console() -> Console:
+    """A console on the current stdout; wide enough for the tables when it is not a terminal."""
+    out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    if not out.is_terminal:
+        out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=max(out.width, 132))
+    return out
+
+
+def _mem(n: float, unit: str) -> str:
+    return f"{n / (GiB if unit == 'GiB' else GB):,.2f}"
+
+
+def _pct(x: float, digits: int = 1) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
+    m, p, c = est.model, est.plan, est.cluster
+    rec = p.precision
+    per_rank = [st.layers for st in est.stages]
+    net = f"{c.gpus_per_node} GPUs per node at {c.scale_up.bandwidth / GBPS:g} GB/s, NIC {c.scale_out.bandwidth / GBPS:g} GB/s per GPU"
+    if c.pod_size:
+        net += f", pods of {c.pod_size:,} GPUs, {c.oversubscription:g}:1 oversubscribed above"
+    lines = [
+        f"[bold]{m.name}[/bold] ({est.params.total:,} parameters) on [bold]{c.num_gpus:,} x {c.gpu.name}[/bold] "
+        f"({c.gpu.hbm_bytes / GiB:.0f} GiB HBM each)",
+        f"network: {net}",
+        f"plan: TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} EP{p.ep}, rank order {','.join(p.rank_order)} (innermost first); "
+        f"{p.schedule} pipeline schedule" + (f", vpp {p.vpp}" if p.vpp > 1 else ""),
+        f"layers per pipeline rank: {_split(per_rank)}" + (f" (per virtual stage: {_split(est.split)})" if p.vpp > 1 else ""),
+        f"batch: {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.tokens_per_step:,} tokens per step "
+        f"(micro-batch {p.micro_batch} x {p.grad_accum:,} micro-batches x DP{p.dp})",
+        f"memory: ZeRO-{p.zero}" + (f" (dp_shard {p.dp_shard})" if p.dp_shard else "")
+        + f"; recompute {p.recompute}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
+        f"; {p.attention} attention; {rec.precision} compute, {rec.grad_dtype} gradients, "
+        f"{'fp32 master weights' if rec.master_bytes else 'no master weights'}: {rec.bytes_per_param} bytes per parameter",
+    ]
+    if preset:
+        lines.insert(0, f"preset [bold]{preset.name}[/bold]: {preset.description}")
+    return lines
+
+
+def _split(split: tuple[int, ...]) -> str:
+    """7,8,8,8,7 -> '7, 8 x 3, 7' (runs compressed)."""
+    out, i = [], 0
+    while i < len(split):
+        j = i
+        while j < len(split) and split[j] == split[i]:
+            j += 1
+        out.append(str(split[i]) if j - i == 1 else f"{split[i]} x {j - i}")
+        i = j
+    return ", ".join(out)
+
+
+def memory_table(est: Estimate, unit: str) -> Table:
+    worst = max(range(len(est.stages)), key=lambda i: est.stages[i].total)
+    t = Table(title=f"Memory per GPU by pipeline rank, in {unit} ({'2^30' if unit == 'GiB' else '1e9'} bytes)",
+              box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("rank", justify="right")
+    t.add_column("layers", justify="right")
+    for col in ("weights", "gradients", "optimizer", "activations", "other", "total"):
+        t.add_column(col, justify="right")
+    t.add_column("in flight (micro-batches)", justify="right")
+    for i, s in enumerate(est.stages):
+        style = ("bold red" if not est.fits else "bold") if i == worst else None
+        t.add_row(
+            str(s.rank) + (" *" if i == worst else ""), str(s.layers),
+            *(_mem(x, unit) for x in (s.weights, s.gradients, s.optimizer, s.activations, s.other, s.total)),
+            str(s.peak_inflight), style=style,
+        )
+    return t
+
+
+def verdict(est: Estimate, unit: str) -> Text:
+    worst = max(range(len(est.stages)), key=lambda i: est.stages[i].total)
+    peak, cap = est.peak_bytes, est.capacity_bytes
+    head = cap - peak
+    base = f"peak {_mem(peak, unit)} {unit} on rank {worst} (*) of {_mem(cap, unit)} {unit} per GPU: "
+    if est.fits:
+        return Text(base + f"fits, {_mem(head, unit)} {unit} headroom ({_pct(head / cap)})", style="green")
+    return Text(base + f"DOES NOT FIT, over by {_mem(-head, unit)} {unit} ({_pct(-head / cap)})", style="bold red")
+
+
+def time_table(est: Estimate) -> Table:
+    tm = est.time
+    t = Table(title=f"Step time on the critical pipeline rank ({tm.critical_rank})", box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("part")
+    t.add_column("time (s)", justify="right")
+    t.add_column("% of step", justify="right")
+    for key, val in tm.breakdown().items():
+        if val == 0.0 and key != "compute":
+            continue
+        t.add_row(BREAKDOWN_LABELS.get(key, key), f"{val:.4f}", _pct(val / tm.step_s))
+    t.add_row("step", f"{tm.step_s:.4f}", "100.0%", style="bold")
+    return t
+
+
+def bubble_line(est: Estimate) -> str:
+    tm = est.time
+    return (f"pipeline bubble over all ranks: fraction {tm.bubble_fraction:.3f} (idle share of the step), "
+            f"overhead {tm.bubble_overhead:.3f} (idle / busy)")
+
+
+def throughput_table(est: Estimate) -> Table:
+    p = est.plan
+    t = Table(title="Throughput", box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    peak = est.mfu_peak / TFLOPS
+    rows = [
+        ("tokens/s (whole job)", f"{est.tokens_per_s:,.0f}"),
+        ("tokens/s per GPU", f"{est.tokens_per_s / p.num_gpus:,.1f}"),
+        ("model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:,.1f}"),
+        ("hardware TFLOP/s per GPU", f"{est.hardware_tflops_per_gpu:,.1f}"),
+        (f"MFU (model FLOPs vs {peak:,.1f} TFLOP/s dense peak)", _pct(est.mfu)),
+        ("HFU (hardware FLOPs, with recompute)", _pct(est.hfu)),
+    ]
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def flops_table(est: Estimate) -> Table:
+    f = est.flops
+    t = Table(title="FLOPs per step", box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("kind")
+    t.add_column("FLOP", justify="right")
+    t.add_column("PFLOP", justify="right")
+    for name, val in (("model (MFU basis)", f.model), ("hardware (HFU basis)", f.hardware),
+                      ("  dense 6·N_mm·T", f.dense), ("  attention", f.attention), ("  recompute", f.recompute)):
+        t.add_row(name, f"{val:.4e}", f"{val / PFLOPS:,.1f}")
+    return t
+
+
+def run_table(est: Estimate) -> Optional[Table]:
+    run = est.run_cost()
+    if not run:
+        return None
+    t = Table(title=f"Run: {run['tokens']:.4g} tokens", box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("optimizer steps", f"{run['steps']:,.0f}")
+    t.add_row("wall-clock (days)", f"{run['days']:,.2f}")
+    t.add_row("GPU-hours", f"{run['gpu_hours']:,.0f}")
+    if "dollars" in run:
+        t.add_row(f"cost ($, at ${est.budget.price_per_gpu_hour:g} per GPU-hour)", f"{run['dollars']:,.0f}")
+    t.add_row(f"energy (MWh, GPU TDP {est.cluster.gpu.tdp_watts:g} W x PUE {est.budget.pue:g})", f"{run['energy_mwh']:,.1f}")
+    return t
+
+
+def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
+    pub = preset.published
+    if pub is None:
+        return None
+    t = Table(title="Estimate vs published", box=box.SIMPLE_HEAD, title_justify="left")
+    for col, just in (("figure", "left"), ("meshplan", "right"), ("published", "right"), ("difference", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+
+    def diff(pred: float, ref: float) -> str:
+        return f"{100 * (pred - ref) / ref:+.1f}%"
+
+    if pub.model_tflops_per_gpu is not None:
+        t.add_row("model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:,.1f}", f"{pub.model_tflops_per_gpu:g}",
+                  diff(est.model_tflops_per_gpu, pub.model_tflops_per_gpu))
+    if pub.mfu is not None:
+        t.add_row("MFU", _pct(est.mfu), _pct(pub.mfu, 0), diff(est.mfu, pub.mfu))
+    if pub.step_s is not None:
+        t.add_row("step time (s)", f"{est.time.step_s:.3f}", f"{pub.step_s:g}", diff(est.time.step_s, pub.step_s))
+    if pub.tokens_per_s is not None:
+        t.add_row("tokens/s", f"{est.tokens_per_s:,.0f}", f"{pub.tokens_per_s:,.0f}", diff(est.tokens_per_s, pub.tokens_per_s))
+    return t
+
+
+def print_estimate(est: Estimate, preset: Optional[Preset], unit: str) -> None:
+    out = console()
+    for line in header(est, preset):
+        out.print(line)
+    out.print()
+    out.print(memory_table(est, unit))
+    out.print(verdict(est, unit))
+    out.print()
+    out.print(time_table(est))
+    out.print(bubble_line(est))
+    out.print()
+    out.print(throughput_table(est))
+    if preset is not None:
+        pt = published_table(est, preset)
+        if pt is not None:
+            out.print()
+            out.print(pt)
+            out.print(f"published: {preset.published.source}")
+            for note in preset.notes:
+                out.print(f"note: {note}")
+    out.print()
+    out.print(flops_table(est))
+    rt = run_table(est)
+    if rt is not None:
+        out.print()
+        out.print(rt)
+
+
+# ---- catalogs ------------------------------------------------------------------------------------
+
+
+def models_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Models", box=box.SIMPLE_HEAD, title_justify="left")
+    for col in ("name", "layers", "hidden", "heads / kv", "ffn", "vocab", "parameters", "source"):
+        t.add_column(col, justify="left" if col in ("name", "source") else "right", overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], str(r["n_layers"]), f"{r['hidden']:,}", f"{r['n_heads']} / {r['n_kv_heads']}",
+                  f"{r['ffn_hidden']:,}", f"{r['vocab_size']:,}", f"{r['params_total']:,}", r["source"])
+    return t
+
+
+def gpus_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="GPUs (dense peak, per GPU; bandwidth per direction)", box=box.SIMPLE_HEAD, title_justify="left")
+    cols = ("name", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM (GiB)", "HBM (TB/s)", "scale-up GPUs",
+            "scale-up (GB/s)", "NIC (GB/s)", "TDP (W)")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for r in rows:
+        fp8 = "—" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:,.1f}"
+        t.add_row(r["name"], f"{r['bf16_tflops']:,.1f}", fp8, f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:.3f}",
+                  str(r["scale_up_size"]), f"{r['scale_up_gbps']:g}", f"{r['nic_gbps']:g}", f"{r['tdp_watts']:g}")
+    return t
+
+
+def gpu_row(g) -> dict[str, Any]:
+    fp8 = g.peak_flops.fp8
+    return {
+        "name": g.name,
+        "vendor": g.vendor,
+        "generation": g.generation,
+        "bf16_tflops": g.peak_flops.bf16 / TFLOPS,
+        "fp8_tflops": None if fp8 is None else fp8 / TFLOPS,
+        "hbm_gib": g.hbm_bytes / GiB,
+        "hbm_tbps": g.hbm_bandwidth / TB,
+        "scale_up_size": g.scale_up_size,
+        "scale_up_gbps": g.scale_up_bandwidth / GBPS,
+        "nic_gbps": g.nic_bandwidth / GBPS,
+        "tdp_watts": g.tdp_watts,
+    }
+
+
+__all__ = ["print_estimate", "models_table", "gpus_table", "gpu_row", "console"]

@@ -1,0 +1,90 @@
+"""Named plans of published training runs, with the figures their authors reported.
+
+A preset is data: the plan's settings, keyed by the names of ``meshplan estimate``'s options
+(``seq_len`` for ``--seq-len``), and the published figures to compare the estimate with. Options
+given on the command line override a preset's values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+LLAMA3_SOURCE = (
+    "Llama Team, 'The Llama 3 Herd of Models' (arXiv 2407.21783), Table 4 (TFLOP/s per GPU, "
+    "MFU vs 989 BF16 TFLOP/s); Sec. 3.3 (layout, batch, network)"
+)
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a run's authors reported (``None``: not published). MFU as a fraction."""
+
+    source: str
+    model_tflops_per_gpu: Optional[float] = None
+    mfu: Optional[float] = None
+    step_s: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    values: Mapping[str, Any]
+    published: Optional[Published] = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _llama3_405b(gpus: int, dp: int) -> dict[str, Any]:
+    return {
+        "model": "llama3-405b",
+        "gpu": "h100-sxm-80gb",
+        "gpus": gpus,
+        "tp": 8,
+        "cp": 1,
+        "pp": 16,
+        "dp": dp,
+        "seq_len": 8192,
+        "global_batch": 2048,  # 16M tokens (Sec. 3.4.1: 16M-token batches at 8K sequences)
+        "micro_batch": 1,
+        "schedule": "interleaved",
+        "vpp": 2,  # "V > 1" interleaving; the value is not published
+        "recompute": "none",  # "pre-train on sequences of 8K tokens without activation checkpointing"
+        "zero": 2,  # optimizer state and gradients sharded, weights kept after forward
+        "pod_size": 3072,  # 3,072-GPU pods with full bisection ...
+        "oversubscription": 7.0,  # ... and 1:7 oversubscription above them
+        "tokens": "15.6T",
+        "rank_order": "tp,cp,pp,dp",  # Llama 3's order, innermost first
+    }
+
+
+PRESETS: dict[str, Preset] = {
+    "llama3-405b-16k": Preset(
+        name="llama3-405b-16k",
+        description="Llama 3 405B pre-training on 16,384 H100s: TP8 CP1 PP16 DP128, 8K sequences, 16M-token batches",
+        values=_llama3_405b(16384, 128),
+        published=Published(source=LLAMA3_SOURCE, model_tflops_per_gpu=400.0, mfu=0.41),
+        notes=("16 sequences per DP rank; default layer split 7, 8 x 14, 7 (one layer fewer on the first and last stages)",),
+    ),
+    "llama3-405b-8k": Preset(
+        name="llama3-405b-8k",
+        description="Llama 3 405B pre-training on 8,192 H100s: TP8 CP1 PP16 DP64, 8K sequences, 16M-token batches",
+        values=_llama3_405b(8192, 64),
+        published=Published(source=LLAMA3_SOURCE, model_tflops_per_gpu=430.0, mfu=0.43),
+        notes=("32 sequences per DP rank",),
+    ),
+}
+
+
+def preset_names() -> list[str]:
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> Preset:
+    from meshplan.errors import InputError
+
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise InputError("preset", f"unknown preset '{name}' (presets: {', '.join(PRESETS)})")
+    return PRESETS[key]

@@ -1,0 +1,259 @@
+"""Pipeline schedules and their event simulation: closed forms, action lists, in-flight
+micro-batches, transfers, deadlock detection, and the seeds' bubble numbers.
+
+Terms (DESIGN.md): bubble *fraction* = idle share of the step, (p−1)/(m+p−1) for 1F1B/GPipe with
+equal stages; bubble *overhead* = idle time relative to ideal compute, (p−1)/m.
+Durations are exact in binary (f = 1, b = 2 per full stage; per chunk f/v, b/v with v a power
+of two), so makespans are compared with ``==``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+
+from meshplan.errors import InputError
+from meshplan.pipeline.schedules import Action, build_schedule, format_actions, gpipe, interleaved, one_f_one_b
+from meshplan.pipeline.simulate import simulate, uniform_makespan
+
+F, B = 1.0, 2.0
+
+GRID = [(p, m) for p in (1, 2, 4, 8) for m in (1, 2, 4, 8, 16)]
+
+
+def run(schedule: str, p: int, m: int, v: int = 1, f: float = F, b: float = B, transfer: float = 0.0):
+    ranks = build_schedule(schedule, p, m, v)
+    n = p * v
+    return simulate(ranks, n, [f / v] * n, [b / v] * n, transfer=transfer)
+
+
+# ---- closed forms --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", GRID)
+def test_makespan_closed_form(schedule, p, m):
+    sim = run(schedule, p, m)
+    assert sim.makespan == uniform_makespan(schedule, p, m, 1, F, B) == (m + p - 1) * (F + B)
+    assert all(b == m * (F + B) for b in sim.busy)
+
+
+@pytest.mark.parametrize("v", [2, 4])
+@pytest.mark.parametrize("p,m", [(p, m) for p, m in GRID if m % p == 0])
+def test_interleaved_closed_form_exact(p, m, v):
+    sim = run("interleaved", p, m, v)
+    assert sim.makespan == uniform_makespan("interleaved", p, m, v, F / v, B / v)
+    assert sim.makespan == (m * v + p - 1) * (F + B) / v
+
+
+@pytest.mark.parametrize("p,m", [(p, m) for p, m in GRID if m % p == 0])
+def test_interleaved_closed_form_v3(p, m):
+    sim = run("interleaved", p, m, 3)
+    assert sim.makespan == pytest.approx(uniform_makespan("interleaved", p, m, 3, F / 3, B / 3), rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", GRID)
+def test_bubble_fraction_and_overhead(schedule, p, m):
+    sim = run(schedule, p, m)
+    assert sim.bubble_fraction == pytest.approx(float(Fraction(p - 1, m + p - 1)), rel=1e-12, abs=1e-15)
+    assert sim.bubble_overhead == pytest.approx(float(Fraction(p - 1, m)), rel=1e-12, abs=1e-15)
+
+
+# ---- action lists ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "schedule,p,m,v",
+    [("gpipe", p, m, 1) for p, m in GRID] + [("1f1b", p, m, 1) for p, m in GRID]
+    + [("interleaved", p, m, v) for p, m in GRID if m % p == 0 for v in (2, 3)],
+)
+def test_every_action_once_on_its_rank(schedule, p, m, v):
+    ranks = build_schedule(schedule, p, m, v)
+    assert len(ranks) == p
+    seen = Counter((a.kind, a.stage, a.microbatch) for acts in ranks for a in acts)
+    expected = {(k, s, j) for k in "FB" for s in range(p * v) for j in range(m)}
+    assert set(seen) == expected
+    assert all(c == 1 for c in seen.values())
+    for r, acts in enumerate(ranks):
+        assert all(a.stage % p == r for a in acts)
+        # on each rank a micro-batch's F comes before its B, stage by stage
+        pos = {(a.kind, a.stage, a.microbatch): i for i, a in enumerate(acts)}
+        assert all(pos[("F", s, j)] < pos[("B", s, j)] for (k, s, j) in pos if k == "F")
+
+
+def test_1f1b_rank0_order_p4_m8():
+    """Same order as torch.distributed.pipelining's Schedule1F1B."""
+    lines = format_actions(build_schedule("1f1b", 4, 8))
+    assert lines[0] == "0F0,0F1,0F2,0F3,0B0,0F4,0B1,0F5,0B2,0F6,0B3,0F7,0B4,0B5,0B6,0B7"
+    assert lines[3] == ",".join(f"3F{j},3B{j}" for j in range(8))
+    assert format_actions(one_f_one_b(4, 8)) == lines  # the cached builder returns the same lists
+    assert str(Action("B", 1, 3)) == "1B3"
+
+
+def test_gpipe_order():
+    assert format_actions(gpipe(2, 3)) == ["0F0,0F1,0F2,0B0,0B1,0B2", "1F0,1F1,1F2,1B0,1B1,1B2"]
+
+
+@pytest.mark.parametrize("p,m", GRID)
+def test_1f1b_peak_inflight(p, m):
+    sim = run("1f1b", p, m)
+    assert sim.peak_inflight == tuple(min(p - r, m) for r in range(p))
+
+
+@pytest.mark.parametrize("p,m", GRID)
+def test_gpipe_peak_inflight(p, m):
+    assert run("gpipe", p, m).peak_inflight == (m,) * p
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 16, 2), (2, 8, 3), (8, 16, 2), (4, 12, 4)])
+def test_interleaved_megatron_warmup(p, m, v):
+    """Megatron-LM: rank r runs (p − r − 1)·2 + (v − 1)·p warm-up forwards, then 1F1B; the count
+    of forwards before the first backward is that plus the steady state's first forward."""
+    ranks = interleaved(p, m, v)
+    for r, acts in enumerate(ranks):
+        warm = (p - r - 1) * 2 + (v - 1) * p
+        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
+        assert first_b == warm + 1
+        assert all(a.kind == "F" for a in acts[:first_b])
+        # forwards walk the chunks in groups of p micro-batches
+        fwd = [a for a in acts if a.kind == "F"]
+        assert [(a.stage, a.microbatch) for a in fwd[: p * v]] == [(r + c * p, j) for c in range(v) for j in range(p)]
+    sim = run("interleaved", p, m, v)
+    assert sim.peak_inflight == tuple((p - r - 1) * 2 + (v - 1) * p + 1 for r in range(p))
+
+
+def test_interleaved_m_equals_p_runs_all_forwards_first():
+    for acts in interleaved(4, 4, 2):
+        kinds = [a.kind for a in acts]
+        assert kinds == ["F"] * 8 + ["B"] * 8
+
+
+def test_interleaved_needs_m_multiple_of_p():
+    with pytest.raises(InputError, match="multiple of pp"):
+        interleaved(4, 6, 2)
+    with pytest.raises(InputError, match="unknown schedule"):
+        build_schedule("zb-v", 4, 8)
+
+
+# ---- transfers and deadlock ------------------------------------------------------------------
+
+
+def transfer_extra_1f1b(p: int, m: int) -> int:
+    """Transfers on the 1F1B critical path with equal stages: the 2(p − 1) hops of the first
+    micro-batch's round trip, plus in steady state every hop a rank waits for because its next
+    backward's gradient is not back yet: 2·(m − 2 − ⌊(m − 2)/p⌋)."""
+    if p == 1:
+        return 0
+    return 2 * (p - 1) + 2 * (m - 2 - (m - 2) // p)
+
+
+@pytest.mark.parametrize("T", [1 / 64, 0.5, 4.0])
+@pytest.mark.parametrize("p,m", GRID)
+def test_transfer_time_gpipe_adds_one_round_trip(p, m, T):
+    base = run("gpipe", p, m).makespan
+    assert run("gpipe", p, m, transfer=T).makespan == base + 2 * (p - 1) * T
+
+
+@pytest.mark.parametrize("T", [1 / 64, 0.5, 4.0])
+@pytest.mark.parametrize("p,m", GRID)
+def test_transfer_time_1f1b(p, m, T):
+    """The brief guessed 2·(p − 1)·T. That holds only for m ≤ 2 (and for GPipe): 1F1B has no
+    slack, so in steady state a rank's backward waits for the gradient coming back from the next
+    rank, and (p − 1)/p of the micro-batches expose a round trip. Independent of f and b."""
+    base = run("1f1b", p, m).makespan
+    with_t = run("1f1b", p, m, transfer=T).makespan
+    assert with_t == base + transfer_extra_1f1b(p, m) * T
+    if m <= 2:
+        assert with_t - base == 2 * (p - 1) * T
+    assert run("1f1b", p, m, f=1.0, b=3.0, transfer=T).makespan == (m + p - 1) * 4.0 + transfer_extra_1f1b(p, m) * T
+
+
+def test_transfer_1f1b_examples():
+    assert transfer_extra_1f1b(4, 8) == 16  # not 2·3 = 6
+    assert transfer_extra_1f1b(2, 16) == 16
+    assert transfer_extra_1f1b(8, 16) == 40
+
+
+def test_deadlock_raises():
+    bad = [[Action("B", 0, 0), Action("F", 0, 0)], [Action("F", 1, 0), Action("B", 1, 0)]]
+    with pytest.raises(RuntimeError, match="deadlock"):
+        simulate(bad, 2, [1.0, 1.0], [1.0, 1.0])
+    missing = [[Action("F", 0, 0), Action("B", 0, 0)], [Action("B", 1, 0)]]  # F(1, 0) never runs
+    with pytest.raises(RuntimeError, match="deadlock"):
+        simulate(missing, 2, [1.0, 1.0], [1.0, 1.0])
+
+
+def test_uneven_stages_slowest_dominates():
+    """With one slow stage the 1F1B steady state runs at the slow stage's pace."""
+    p, m = 4, 16
+    ranks = build_schedule("1f1b", p, m)
+    fwd = [1.0, 1.0, 2.0, 1.0]
+    bwd = [2.0, 2.0, 4.0, 2.0]
+    sim = simulate(ranks, p, fwd, bwd)
+    assert sim.makespan >= m * (fwd[2] + bwd[2])
+    assert sim.busy == tuple(m * (f + b) for f, b in zip(fwd, bwd))
+
+
+def test_activation_bytes_follow_inflight():
+    ranks = build_schedule("1f1b", 4, 8)
+    sim = simulate(ranks, 4, [1.0] * 4, [2.0] * 4, act_bytes=[10.0, 20.0, 30.0, 40.0])
+    assert sim.peak_activation == (40.0, 60.0, 60.0, 40.0)  # min(4 − r, 8) × bytes of stage r
+
+
+# ---- seeds -------------------------------------------------------------------------------------
+
+
+def test_seed_001_pp4_m12():
+    """Seed 001 ("Pipeline bubbles"): PP = 4, m = 12, 1F1B: the seed's 25 % is (p−1)/m = 3/12,
+    the bubble *overhead* relative to ideal compute; as a share of the step (bubble *fraction*)
+    it is 3/15 = 20 %. Its "buggy line" exercise then calls (p−1)/((p−1) + m·v) wrong and
+    (p−1)/(m·v) right: both are right, for different quantities — the function is named
+    bubbleFraction, for which (p−1)/((p−1) + m·v) is the correct formula. The seed also says
+    GPipe's formula differs from 1F1B's; with equal stages they have the same bubble."""
+    sim = run("1f1b", 4, 12)
+    assert sim.bubble_overhead == pytest.approx(0.25, rel=1e-12)
+    assert sim.bubble_fraction == pytest.approx(0.20, rel=1e-12)
+    assert run("gpipe", 4, 12).makespan == sim.makespan
+
+
+def test_seed_001_interleaved_v4():
+    """Seed 001: same, with v = 4 virtual stages: "6.25 %" = 3/48 is the overhead (p−1)/(m·v);
+    the fraction is 3/51 = 5.88 %. Per-chunk times f/4, b/4 are exact, so both are exact."""
+    sim = run("interleaved", 4, 12, 4)
+    assert sim.makespan == (12 * 4 + 3) * (F + B) / 4
+    assert sim.bubble_overhead == pytest.approx(3 / 48, rel=1e-12)
+    assert sim.bubble_fraction == pytest.approx(3 / 51, rel=1e-12)
+
+
+def test_seed_001_1f1b_activation_stash():
+    """Seed 001: PP = 4, 2 GB per micro-batch per stage: the seed stashes p − 1 = 3 micro-batches
+    (6 GB) and calls it 4× less than GPipe's 24 GB. Rank 0 actually holds p = 4 at once — the
+    p − 1 warm-up forwards plus the steady state's forward before its first backward — 8 GB,
+    3× less than GPipe."""
+    GB = 2.0
+    one = simulate(build_schedule("1f1b", 4, 12), 4, [F] * 4, [B] * 4, act_bytes=[GB] * 4)
+    gp = simulate(build_schedule("gpipe", 4, 12), 4, [F] * 4, [B] * 4, act_bytes=[GB] * 4)
+    assert one.peak_activation[0] == 8.0
+    assert gp.peak_activation[0] == 24.0
+    assert gp.peak_activation[0] / one.peak_activation[0] == 3.0
+
+
+def test_seed_000_p16_m64():
+    """Seed 000: p = 16, m = 64. Its text: "Bubble fraction = (p−1)/m = 15/64 ≈ 23 %" (that is the
+    overhead); its exercise 1 solution: 15/79 = 19.0 % (the fraction). The simulator gives both."""
+    sim = run("1f1b", 16, 64)
+    assert sim.makespan == 79 * (F + B)
+    assert sim.bubble_fraction == pytest.approx(15 / 79, rel=1e-12)
+    assert round(100 * sim.bubble_fraction, 1) == 19.0
+    assert sim.bubble_overhead == pytest.approx(15 / 64, rel=1e-12)
+    assert round(100 * sim.bubble_overhead, 1) == 23.4
+
+
+def test_seed_004_p4_m8():
+    """Seed 004 ("Bubble Calculation"): P = 4, M = 8 → 3/11 = 27.3 % — correct as the fraction;
+    P = 16, M = 64 → 19.0 %, P = 16, M = 8 → 65.2 %."""
+    assert round(100 * run("1f1b", 4, 8).bubble_fraction, 1) == 27.3
+    assert round(100 * run("1f1b", 4, 32).bubble_fraction, 1) == 8.6
+    assert round(100 * run("1f1b", 16, 8).bubble_fraction, 1) == 65.2
