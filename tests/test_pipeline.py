@@ -257,3 +257,54 @@ def test_seed_004_p4_m8():
     assert round(100 * run("1f1b", 4, 8).bubble_fraction, 1) == 27.3
     assert round(100 * run("1f1b", 4, 32).bubble_fraction, 1) == 8.6
     assert round(100 * run("1f1b", 16, 8).bubble_fraction, 1) == 65.2
+
+
+# ---- torch notation and split backwards -----------------------------------------------------------
+
+from meshplan.pipeline.schedules import format_actions as _fmt, parse_actions as _parse  # noqa: E402
+
+
+def _split_backward_1f1b(pp: int, m: int):
+    """1F1B with each backward split into I then W right away (no deferral)."""
+    ranks = []
+    for r in range(pp):
+        warm = min(pp - r - 1, m)
+        acts = [f"{r}F{j}" for j in range(warm)]
+        for i in range(m - warm):
+            acts += [f"{r}F{warm + i}", f"{r}I{i}", f"{r}W{i}"]
+        for j in range(m - warm, m):
+            acts += [f"{r}I{j}", f"{r}W{j}"]
+        ranks.append(",".join(acts))
+    return ranks
+
+
+@pytest.mark.parametrize("schedule,pp,m,vpp", [("1f1b", 4, 8, 1), ("gpipe", 3, 5, 1), ("interleaved", 2, 4, 2)])
+def test_torch_notation_round_trip(schedule, pp, m, vpp):
+    ranks = build_schedule(schedule, pp, m, vpp)
+    assert _parse(_fmt(ranks)) == ranks
+
+
+def test_parse_skips_torch_communication_and_idle_cells():
+    got = _parse(["0F0,,0SEND_F0,0UNSHARD,0RECV_B0,0B0", "1RECV_F0, 1F0 ,1I0,1W0"])
+    assert [str(a) for a in got[0]] == ["0F0", "0B0"]
+    assert [str(a) for a in got[1]] == ["1F0", "1I0", "1W0"]
+
+
+def test_parse_refuses_garbage_with_the_rank():
+    from meshplan.errors import InputError
+
+    with pytest.raises(InputError, match=r"actions\.rank1: 'oops'"):
+        _parse(["0F0,0B0", "1F0,oops"])
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 12), (8, 16)])
+def test_split_backward_without_deferral(pp, m):
+    """I on the critical path, W straight after it: each micro-batch costs F + I + W = 3 on every
+    rank and the drain only waits for I (1 + 1 per stage), so the makespan is m·(F+I+W) + (p−1)·(F+I)
+    = 3m + 2(p−1), against 3m + 3(p−1) for 1F1B with an unsplit B = I + W."""
+    ranks = _parse(_split_backward_1f1b(pp, m))
+    res = simulate(ranks, pp, [1.0] * pp, [2.0] * pp, act_bytes=[1.0] * pp, wgt=[1.0] * pp)
+    assert res.makespan == 3 * m + 2 * (pp - 1)
+    assert simulate(build_schedule("1f1b", pp, m), pp, [1.0] * pp, [2.0] * pp).makespan == 3 * m + 3 * (pp - 1)
+    # activations live until W: the same peak as 1F1B, min(p − r, m) micro-batches
+    assert res.peak_inflight == tuple(min(pp - r, m) for r in range(pp))

@@ -1,8 +1,11 @@
 """Pipeline schedules as ordered action lists per rank.
 
-An action is ``(kind, stage, microbatch)`` with kind ``F`` (forward) or ``B`` (backward) and
-``stage`` the virtual stage (0 ≤ stage < p·v). Rank r runs its list in order. Lists print in
-torch.distributed.pipelining's notation, e.g. ``0F0``, ``1B3``.
+An action is ``(kind, stage, microbatch)`` with kind ``F`` (forward), ``B`` (whole backward), or
+for split backwards ``I`` (input gradient) and ``W`` (weight gradient), and ``stage`` the virtual
+stage (0 ≤ stage < p·v). Rank r runs its list in order. Lists read and print in
+torch.distributed.pipelining's notation, ``{stage}{F|I|W|B}{microbatch}``: ``0F0``, ``1I3``,
+``2W1``, one comma-separated row per rank (its communication and resharding actions, which
+meshplan's simulator models as transfer times, are skipped when read).
 
 * GPipe (Huang et al. 2019): all m forwards, then all m backwards.
 * 1F1B (Narayanan et al. 2019/2021, "PipeDream-Flush"): rank r runs min(p − r − 1, m) warm-up
@@ -15,6 +18,7 @@ torch.distributed.pipelining's notation, e.g. ``0F0``, ``1B3``.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -22,7 +26,7 @@ from meshplan.errors import InputError
 
 
 class Action(NamedTuple):
-    kind: str  # "F" or "B"
+    kind: str  # "F" forward, "B" full backward, "I" input-gradient backward, "W" weight gradient
     stage: int  # virtual stage
     microbatch: int
 
@@ -94,3 +98,27 @@ def build_schedule(name: str, pp: int, m: int, vpp: int = 1) -> tuple[tuple[Acti
 def format_actions(ranks) -> list[str]:
     """One line per rank in torch's action notation (``0F0,0F1,0B0,...``)."""
     return [",".join(str(a) for a in acts) for acts in ranks]
+
+
+_ACTION = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
+_TORCH_NON_COMPUTE = re.compile(r"^\d+(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
+
+
+def parse_actions(rows: list[str]) -> tuple[tuple[Action, ...], ...]:
+    """Read one row per rank in torch's notation (the reverse of :func:`format_actions`).
+
+    Empty cells (torch's idle steps) and torch's communication/resharding actions are skipped;
+    anything else is refused with an :class:`InputError` naming the rank and the cell."""
+    ranks = []
+    for r, row in enumerate(rows):
+        acts = []
+        for cell in row.replace(";", ",").split(","):
+            cell = cell.strip()
+            if not cell or cell.lower() == "none" or _TORCH_NON_COMPUTE.match(cell):
+                continue
+            hit = _ACTION.match(cell)
+            if not hit:
+                raise InputError(f"actions.rank{r}", f"'{cell}' is not an action like 0F0, 1I3, 2W1 or 1B0")
+            acts.append(Action(hit.group(2), int(hit.group(1)), int(hit.group(3))))
+        ranks.append(tuple(acts))
+    return tuple(ranks)

@@ -7,6 +7,13 @@ inputs have arrived:
 * ``B(k, j)`` needs ``B(k+1, j)`` finished plus the transfer time back (the last stage's B needs
   only its own F, which precedes it on the rank).
 
+Zero-bubble schedules split the backward into ``I`` (gradient for the input: on the critical path,
+it feeds stage k−1) and ``W`` (gradient for the weights: needed by nobody downstream, so it can
+fill bubbles). ``I(k, j)`` depends on the next stage's input gradient like ``B``; ``W(k, j)`` on
+``I(k, j)``. Their durations are ``bwd[k] − wgt[k]`` and ``wgt[k]``.
+Activations of a micro-batch are freed by its ``B``, or by its ``W`` when the backward is split
+(the weight gradient still needs the saved layer inputs).
+
 The makespan is the latest finish. Per rank: busy time (sum of its durations), idle time
 (makespan − busy: the bubble, including waits for transfers), and the peak activation memory,
 found by walking the rank's list: an F adds the stage's activation bytes, a B frees them.
@@ -55,16 +62,30 @@ def _compile(ranks: tuple[tuple[Action, ...], ...], n_stages: int):
         for a in acts:
             slot.setdefault((a.kind, a.stage, a.microbatch), len(slot))
     last = n_stages - 1
+
+    def grad_from(stage: int, mb: int) -> int:
+        """Slot of the action that produces the input gradient of ``stage`` (B or I)."""
+        got = slot.get(("B", stage, mb))
+        return slot.get(("I", stage, mb), -2) if got is None else got
+
     compiled = []
     for acts in ranks:
         row = []
         for a in acts:
+            own = slot[(a.kind, a.stage, a.microbatch)]
             if a.kind == "F":
                 dep = slot.get(("F", a.stage - 1, a.microbatch), -2) if a.stage > 0 else -1
-                row.append((slot[(a.kind, a.stage, a.microbatch)], dep, True, a.stage, a.stage > 0))
+                row.append((own, dep, "F", a.stage, a.stage > 0))
+            elif a.kind == "W":
+                row.append((own, slot.get(("I", a.stage, a.microbatch), -2), "W", a.stage, False))
+            elif a.kind in ("B", "I"):
+                if a.stage == last:
+                    dep = slot.get(("F", a.stage, a.microbatch), -2)
+                else:
+                    dep = grad_from(a.stage + 1, a.microbatch)
+                row.append((own, dep, a.kind, a.stage, a.stage != last))
             else:
-                key = ("F", a.stage, a.microbatch) if a.stage == last else ("B", a.stage + 1, a.microbatch)
-                row.append((slot[(a.kind, a.stage, a.microbatch)], slot.get(key, -2), False, a.stage, a.stage != last))
+                raise ValueError(f"unknown action kind {a.kind!r}")
         compiled.append(tuple(row))
     return tuple(compiled), len(slot)
 
@@ -77,11 +98,15 @@ def simulate(
     transfer: float = 0.0,
     act_bytes: list[float] | None = None,
     keep_timeline: bool = False,
+    wgt: list[float] | None = None,
 ) -> SimResult:
-    """Run the action lists; ``fwd[k]``/``bwd[k]`` are stage k's durations per micro-batch."""
+    """Run the action lists; ``fwd[k]``/``bwd[k]`` are stage k's durations per micro-batch and
+    ``wgt[k]`` the weight-gradient part of ``bwd[k]`` (used by split backwards; default half)."""
     ranks = tuple(tuple(acts) for acts in ranks)
     compiled, n_slots = _compile(ranks, n_stages)
     pp = len(ranks)
+    w_t = list(wgt) if wgt is not None else [x / 2 for x in bwd]
+    dur = {"F": fwd, "B": bwd, "W": w_t, "I": [b - w for b, w in zip(bwd, w_t)]}
     done = [-1.0] * n_slots  # finish time; −1 = not yet run
     pos = [0] * pp
     free = [0.0] * pp
@@ -94,7 +119,7 @@ def simulate(
             row = compiled[r]
             i, t_free = pos[r], free[r]
             while i < len(row):
-                own, dep, is_f, stage, xfer = row[i]
+                own, dep, kind, stage, xfer = row[i]
                 if dep == -1:
                     ready = 0.0
                 else:
@@ -102,7 +127,7 @@ def simulate(
                         break
                     ready = done[dep] + transfer if xfer else done[dep]
                 start = t_free if t_free > ready else ready
-                t_free = start + (fwd[stage] if is_f else bwd[stage])
+                t_free = start + dur[kind][stage]
                 done[own] = t_free
                 if keep_timeline:
                     lines[r].append((ranks[r][i], start, t_free))
@@ -117,18 +142,17 @@ def simulate(
     for r in range(pp):
         b = mem = peak_mem = 0.0
         held = peak = 0
-        for _, _, is_f, stage, _ in compiled[r]:
+        for _, _, kind, stage, _ in compiled[r]:
             w = act_bytes[stage] if act_bytes else 0.0
-            if is_f:
-                b += fwd[stage]
+            b += dur[kind][stage]
+            if kind == "F":
                 held += 1
                 mem += w
                 if held > peak:
                     peak = held
                 if mem > peak_mem:
                     peak_mem = mem
-            else:
-                b += bwd[stage]
+            elif kind in ("B", "W"):  # I keeps the activations: W still needs them
                 held -= 1
                 mem -= w
         busy.append(b)
