@@ -1,7 +1,8 @@
 """``meshplan``: the command line.
 
 Commands: ``estimate`` (memory, step time, throughput, cost of one plan), ``explain`` (the
-derivation of each figure), ``models`` and ``gpus`` (the catalogs).
+derivation of each figure), ``pipeline`` (what every pipeline rank does when: Gantt, bubble),
+``models`` and ``gpus`` (the catalogs).
 
 Bad input of any kind (an :class:`~meshplan.errors.InputError`, a pydantic validation error, an
 unknown option or an invalid value for one) prints one line, ``error: <field>: <rule>``, on
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, plan_options, resolve
+from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate as run_estimate
@@ -71,6 +73,9 @@ def explain(
         keys = ", ".join(d.key for d in est.derivations)
         raise InputError("figure", f"no derivation matches '{figure}' (keys: {keys})")
     typer.echo(text.rstrip("\n"))
+
+
+app.command("pipeline")(pipeline_command)
 
 
 @app.command()

@@ -1,0 +1,308 @@
+"""``meshplan pipeline``: what every pipeline rank does when, for p stages and m micro-batches.
+
+The schedule's action lists (:func:`~meshplan.pipeline.schedules.build_schedule`) are run by the
+event simulation (:func:`~meshplan.pipeline.simulate.simulate`) and shown as a coloured terminal
+Gantt, a table per rank (busy, idle, idle share, peak in-flight micro-batches) and the totals:
+
+* makespan T: when the last action ends;
+* bubble fraction = Σ idle / (p·T): the idle share of the step;
+* bubble overhead = Σ idle / Σ busy: idle time relative to the ideal compute time.
+
+Times. ``--fwd`` and ``--bwd`` are one pipeline rank's forward and backward time per micro-batch
+for its whole share of the model; with v virtual stages per rank each virtual stage (chunk) gets
+1/v of them, so an interleaved schedule is compared with 1F1B on the same model. ``--stage-times``
+instead gives every virtual stage its own ``forward:backward`` (or ``forward:backward:W``) times,
+in pipeline order (p·v pairs), e.g. to see an uneven split. ``--wgrad`` is the weight-gradient
+part of the backward: schedules that split the backward run it as W and the rest, backward − W,
+as I (input gradient); it is passed to the simulation when that takes one (``wgt``; its default
+is half the backward). ``--transfer`` is the point-to-point time between consecutive stages.
+
+When the stages are equal and transfers free, the closed form is shown next to the simulation
+(:func:`~meshplan.pipeline.simulate.uniform_makespan`): (m + p − 1)·(f + b) for GPipe and 1F1B, and
+(m·v + p − 1)·(f + b)/v for interleaved, with bubble fraction (p − 1)/(m·v + p − 1) and bubble
+overhead (p − 1)/(m·v) (v = 1 for GPipe and 1F1B).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from meshplan.cli import render
+from meshplan.errors import InputError
+from meshplan.pipeline import schedules as sched
+from meshplan.pipeline.gantt import KIND_NAMES, fmt_time, rich_gantt, round_columns, svg_gantt, text_axis
+from meshplan.pipeline.simulate import SimResult, simulate, uniform_makespan
+
+CLOSED_FORMS = ("gpipe", "1f1b", "interleaved")
+MAX_PP, MAX_VPP, MAX_M, MAX_ACTIONS = 1024, 64, 100_000, 2_000_000
+
+
+def schedule_names() -> tuple[str, ...]:
+    """The schedules ``build_schedule`` knows, for the help: its module's registry when there is one,
+    else the ``{...}`` list of its docstring. ``build_schedule`` itself refuses unknown names."""
+    for attr in ("SCHEDULES", "SCHEDULE_NAMES"):
+        names = getattr(sched, attr, None)
+        if names:
+            return tuple(names)
+    hit = re.search(r"\{([^}]*)\}", sched.build_schedule.__doc__ or "")
+    return tuple(n.strip() for n in hit.group(1).split(",")) if hit else CLOSED_FORMS
+
+
+def _count(field: str, value: int, cap: int) -> int:
+    if value < 1:
+        raise InputError(field, f"must be a positive integer (got {value})")
+    if value > cap:
+        raise InputError(field, f"must be at most {cap:,} (got {value:,})")
+    return value
+
+
+def _time(field: str, value: float, positive: bool = True) -> float:
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        rule = "a positive" if positive else "a non-negative"
+        raise InputError(field, f"must be {rule} finite number (got {value:g})")
+    return float(value)
+
+
+def parse_stage_times(text: str, n_stages: int) -> tuple[list[float], list[float], list[float] | None]:
+    """``"f0:b0,f1:b1,..."`` (optionally ``f:b:w``) → forward, backward and W times per virtual stage."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != n_stages:
+        raise InputError("stage_times", f"needs one forward:backward pair per virtual stage, p·v = {n_stages}, got {len(parts)}")
+    fwd, bwd, wgt = [], [], []
+    for k, part in enumerate(parts):
+        pieces = part.split(":")
+        if len(pieces) not in (2, 3):
+            raise InputError("stage_times", f"entry {k} ('{part}') must be forward:backward, e.g. 1:2")
+        try:
+            vals = [float(x) for x in pieces]
+        except ValueError:
+            raise InputError("stage_times", f"entry {k} ('{part}') must hold numbers, e.g. 1:2") from None
+        for i, (name, x) in enumerate(zip(("forward", "backward", "W"), vals)):
+            if not math.isfinite(x) or x < 0 or (x == 0 and i < 2):
+                rule = "a non-negative" if i == 2 else "a positive"
+                raise InputError("stage_times", f"entry {k}: {name} time must be {rule} finite number (got {x:g})")
+        if len(vals) == 3 and vals[2] > vals[1]:
+            raise InputError("stage_times", f"entry {k}: W time ({vals[2]:g}) must not exceed the backward ({vals[1]:g})")
+        fwd.append(vals[0])
+        bwd.append(vals[1])
+        wgt.append(vals[2] if len(vals) == 3 else None)
+    if any(w is None for w in wgt) and any(w is not None for w in wgt):
+        raise InputError("stage_times", "give a W time (f:b:w) for every stage or for none")
+    return fwd, bwd, (None if wgt[0] is None else [float(w) for w in wgt])
+
+
+def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], fwd: Optional[float],
+                 bwd: Optional[float], wgrad: Optional[float], transfer: float, stage_times: Optional[str]) -> dict:
+    """Check the inputs, build and simulate the schedule; everything the outputs need, in one dict."""
+    _count("pp", pp, MAX_PP)
+    _count("microbatches", m, MAX_M)
+    if vpp is not None:
+        _count("vpp", vpp, MAX_VPP)
+    name = (schedule or ("interleaved" if vpp and vpp > 1 else "1f1b")).strip()
+    v_asked = vpp if vpp is not None else (2 if name == "interleaved" else 1)
+    if pp * v_asked * m > MAX_ACTIONS // 2:
+        raise InputError("microbatches", f"p·v·m = {pp * v_asked * m:,} is too many micro-batch stages to draw (at most {MAX_ACTIONS // 2:,})")
+    transfer = _time("transfer", transfer, positive=False)
+    if stage_times is not None and (fwd is not None or bwd is not None or wgrad is not None):
+        raise InputError("stage_times", "give either --stage-times (f:b or f:b:w per stage) or --fwd/--bwd/--wgrad, not both")
+    f_rank = _time("fwd", 1.0 if fwd is None else fwd)
+    b_rank = _time("bwd", 2.0 if bwd is None else bwd)
+    w_rank = None if wgrad is None else _time("wgrad", wgrad, positive=False)
+    if w_rank is not None and w_rank > b_rank:
+        raise InputError("wgrad", f"must not exceed the backward time {b_rank:g}: W is the weight-gradient part of it")
+
+    ranks = sched.build_schedule(name, pp, m, v_asked)
+    n_stages = 1 + max(a.stage for acts in ranks for a in acts)
+    v = max(1, math.ceil(n_stages / pp))
+    if vpp is not None and v != vpp:
+        raise InputError("vpp", f"the {name} schedule runs {v} virtual stage(s) per rank, not {vpp}")
+    if stage_times is not None:
+        f_st, b_st, w_st = parse_stage_times(stage_times, n_stages)
+    else:
+        f_st, b_st = [f_rank / v] * n_stages, [b_rank / v] * n_stages
+        w_st = None if w_rank is None else [w_rank / v] * n_stages
+    kw = {}
+    wgt_used = w_st is not None and "wgt" in inspect.signature(simulate).parameters
+    if wgt_used:
+        kw["wgt"] = w_st
+    try:
+        result = simulate(ranks, n_stages, f_st, b_st, transfer=transfer, keep_timeline=True, **kw)
+    except RuntimeError as err:  # a deadlocked schedule: say which, on one line
+        raise InputError("schedule", f"{name} with p = {pp}, m = {m}, v = {v}: {err}") from None
+    kinds = {a.kind for acts in ranks for a in acts}
+    closed = None
+    if (name in CLOSED_FORMS and kinds <= {"F", "B"} and transfer == 0.0
+            and len(set(f_st)) == 1 and len(set(b_st)) == 1):
+        closed = uniform_makespan(name, pp, m, v, f_st[0], b_st[0])
+    return {"schedule": name, "pp": pp, "m": m, "v": v, "n_stages": n_stages, "ranks": ranks, "result": result,
+            "fwd": f_st, "bwd": b_st, "wgt": w_st, "wgt_ignored": w_st is not None and not wgt_used,
+            "split": bool(kinds & {"I", "W"}), "transfer": transfer, "per_stage_given": stage_times is not None, "closed": closed}
+
+
+def to_json(run: dict) -> dict:
+    res: SimResult = run["result"]
+    ranks = []
+    for r, acts in enumerate(run["ranks"]):
+        ranks.append({
+            "rank": r, "busy": res.busy[r], "idle": res.idle[r], "peak_inflight": res.peak_inflight[r],
+            "actions": [str(a) for a in acts],
+            "timeline": [[str(a), s, e] for a, s, e in res.timeline[r]],
+        })
+    return {"schedule": run["schedule"], "pp": run["pp"], "microbatches": run["m"], "vpp": run["v"],
+            "makespan": res.makespan, "bubble_fraction": res.bubble_fraction,
+            "bubble_overhead": res.bubble_overhead, "ranks": ranks}
+
+
+def _times_lines(run: dict, unit: str) -> list[str]:
+    f, b, w, v = run["fwd"], run["bwd"], run["wgt"], run["v"]
+    if run["per_stage_given"]:
+        pairs = ", ".join(f"{fmt_time(x)}:{fmt_time(y)}" + (f":{fmt_time(w[k])}" if w else "")
+                          for k, (x, y) in enumerate(zip(f, b)))
+        text = f"times per virtual stage (forward:backward{':W' if w else ''}, {unit}): {pairs}"
+    else:
+        text = f"times per rank: forward {fmt_time(f[0] * v)} {unit}, backward {fmt_time(b[0] * v)} {unit}"
+        if w or run["split"]:
+            part = f"{fmt_time(w[0] * v)} {unit}" if w else "half of it (default)"
+            text += f", of which W (weight gradient) {part}"
+        if v > 1:
+            text += f" (each of the {v} chunks gets 1/{v}: {fmt_time(f[0])} and {fmt_time(b[0])} {unit})"
+    lines = [text + f"; transfer {fmt_time(run['transfer'])} {unit}"]
+    if run["wgt_ignored"]:
+        lines.append("note: --wgrad ignored: the simulation has no W time")
+    elif w and not run["split"]:
+        lines.append(f"note: the W time is unused: the {run['schedule']} schedule does not split the backward")
+    return lines
+
+
+def rank_table(run: dict, unit: str) -> Table:
+    res: SimResult = run["result"]
+    pp, v = run["pp"], run["v"]
+    t = Table(title=f"Per rank (times in {unit})", box=box.SIMPLE_HEAD, title_justify="left")
+    peak = "peak in flight (micro-batch chunks)" if v > 1 else "peak in-flight micro-batches"
+    for col in ("rank", "virtual stages" if v > 1 else "stage", "busy", "idle", "idle % of step", peak):
+        t.add_column(col, justify="right")
+    stages = [sorted({a.stage for a in acts}) for acts in run["ranks"]]
+    for r in range(pp):
+        idle = res.idle[r]
+        t.add_row(str(r), ", ".join(map(str, stages[r])) if v > 1 else str(stages[r][0]),
+                  f"{res.busy[r]:.4g}", f"{idle:.4g}", f"{100 * idle / res.makespan:.1f}%", str(res.peak_inflight[r]))
+    return t
+
+
+def closed_form_lines(run: dict, unit: str) -> list[str]:
+    closed = run["closed"]
+    if closed is None:
+        return ["closed form: not shown (it needs a gpipe, 1f1b or interleaved schedule, equal stages and zero transfer)"]
+    res: SimResult = run["result"]
+    p, m, v, f, b = run["pp"], run["m"], run["v"], run["fwd"][0], run["bwd"][0]
+    if v == 1:
+        expr = f"(m + p − 1)·(f + b) = ({m} + {p} − 1)·({fmt_time(f)} + {fmt_time(b)})"
+    else:
+        expr = f"(m·v + p − 1)·(f + b)/v = ({m}·{v} + {p} − 1)·({fmt_time(f * v)} + {fmt_time(b * v)})/{v}"
+    frac, over = (p - 1) / (m * v + p - 1), (p - 1) / (m * v)
+    agree = math.isclose(closed, res.makespan, rel_tol=1e-9) and math.isclose(frac, res.bubble_fraction, rel_tol=1e-9, abs_tol=1e-12)
+    mv = "m" if v == 1 else "m·v"
+    return [
+        f"closed form (equal stages, free transfers): makespan {expr} = {fmt_time(closed)} {unit}",
+        f"  bubble fraction (p − 1)/({mv} + p − 1) = {frac:.3f}; bubble overhead (p − 1)/{mv if v == 1 else '(m·v)'} = {over:.3f}",
+        "  the simulation agrees with the closed form" if agree else
+        f"  the simulation does NOT agree with the closed form ({fmt_time(res.makespan)} vs {fmt_time(closed)} {unit})",
+    ]
+
+
+def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, wrote: Optional[Path]) -> None:
+    out = render.console()
+    res: SimResult = run["result"]
+    p, m, v = run["pp"], run["m"], run["v"]
+    out.print(f"[bold]{run['schedule']}[/bold] pipeline schedule: p = {p} ranks, m = {m} micro-batches, "
+              f"v = {v} virtual stage{'s' if v > 1 else ''} per rank ({run['n_stages']} stages)")
+    for line in _times_lines(run, unit):
+        out.print(line, markup=False)
+    out.print()
+    pad = len(f"rank {p - 1} ")
+    cols, span = (width, res.makespan) if width else round_columns(res.makespan, max(20, min(120, out.width - pad - 4)))
+    kinds = sorted({a.kind for acts in run["ranks"] for a in acts}, key=lambda k: ("FBIW".find(k) % 5, k))
+    legend = ", ".join(f"{k} {KIND_NAMES.get(k, k).split(' (')[0]}" for k in kinds)
+    out.print(Text(f"Gantt: one column = {fmt_time(span / cols)} {unit}; {legend}, number = micro-batch, "
+                   f"· idle" + ("; lighter = later chunk" if v > 1 else "")))
+    for r, row in enumerate(rich_gantt(res, cols, span)):
+        out.print(Text(f"rank {r}".ljust(pad)) + row, no_wrap=True, crop=False)
+    out.print(text_axis(span, cols, pad, unit), no_wrap=True, crop=False, markup=False)
+    if show_actions:
+        out.print()
+        out.print("actions per rank (torch notation: stage, kind, micro-batch):")
+        for r, line in enumerate(sched.format_actions(run["ranks"])):
+            out.print(f"rank {r}: {line}", markup=False, soft_wrap=True)
+    out.print()
+    out.print(rank_table(run, unit))
+    out.print(f"makespan {fmt_time(res.makespan)} {unit}", markup=False)
+    out.print(f"bubble fraction {res.bubble_fraction:.3f} (idle share of the step: Σ idle / (p·makespan))", markup=False)
+    out.print(f"bubble overhead {res.bubble_overhead:.3f} (idle relative to busy time: Σ idle / Σ busy)", markup=False)
+    for line in closed_form_lines(run, unit):
+        out.print(line, markup=False)
+    if wrote is not None:
+        out.print(f"wrote {wrote}", markup=False)
+
+
+def _out_path(out: Optional[str]) -> Optional[Path]:
+    if out is None:
+        return None
+    path = Path(out).expanduser()
+    if path.suffix.lower() != ".svg":
+        raise InputError("out", f"must be a .svg file (got '{out}'); only SVG is written")
+    if path.is_dir():
+        raise InputError("out", f"'{out}' is a directory; give a file name ending in .svg")
+    if not path.parent.is_dir():
+        raise InputError("out", f"directory '{path.parent}' does not exist")
+    return path
+
+
+def pipeline(
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline ranks p.")] = 4,
+    microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches m per step.")] = 8,
+    vpp: Annotated[Optional[int], typer.Option("--vpp", help="Virtual stages (chunks) per rank; > 1 selects interleaved. (default: 1, or 2 with --schedule interleaved)", show_default=False)] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help=f"Pipeline schedule: {', '.join(schedule_names())}. (default: 1f1b, or interleaved when --vpp > 1)", show_default=False)] = None,
+    fwd: Annotated[Optional[float], typer.Option("--fwd", help="Forward time per micro-batch of one rank's whole share; each of v chunks gets 1/v. (default: 1)", show_default=False)] = None,
+    bwd: Annotated[Optional[float], typer.Option("--bwd", help="Backward time per micro-batch of one rank's whole share; each chunk gets 1/v. (default: 2)", show_default=False)] = None,
+    wgrad: Annotated[Optional[float], typer.Option("--wgrad", help="Weight-gradient part of --bwd, run as W by schedules that split the backward (the rest is I). (default: half of --bwd)", show_default=False)] = None,
+    transfer: Annotated[float, typer.Option("--transfer", help="Point-to-point time between consecutive stages.")] = 0.0,
+    stage_times: Annotated[Optional[str], typer.Option("--stage-times", help="Per virtual stage 'f0:b0,f1:b1,...' in pipeline order (p·v pairs), instead of --fwd/--bwd.", show_default=False)] = None,
+    unit: Annotated[str, typer.Option("--unit", help="Label of the time unit the numbers are in.")] = "ms",
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the Gantt as an SVG file at this path (.svg).", show_default=False)] = None,
+    actions: Annotated[bool, typer.Option("--actions", help="Also print each rank's action list in torch notation (0F0,0F1,0B0,...).")] = False,
+    width: Annotated[Optional[int], typer.Option("--width", help="Columns of the terminal Gantt. (default: fit the terminal, at most 120)", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
+) -> None:
+    """Show what every pipeline rank does when: Gantt, per-rank busy/idle and peak in-flight micro-batches, makespan, bubble fraction and overhead.
+
+    --fwd/--bwd are per pipeline rank (its whole share of the model); with v virtual stages each chunk gets 1/v of them, so schedules compare on the same model."""
+    unit = unit.strip()
+    if not unit or len(unit) > 16 or not unit.isprintable():
+        raise InputError("unit", "must be a short printable label such as ms or s (1 to 16 characters)")
+    if width is not None:
+        _count("width", width, 1000)
+    path = _out_path(out)
+    run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times)
+    if path is not None:
+        title = f"{run['schedule']} pipeline: p = {run['pp']}, m = {run['m']}, v = {run['v']}"
+        try:
+            path.write_text(svg_gantt(run["result"], title, unit), encoding="utf-8")
+        except OSError as err:
+            raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
+    if json_out:
+        typer.echo(json.dumps(to_json(run), allow_nan=False))
+        return
+    print_human(run, unit, width, actions, path)
+
+
+__all__ = ["pipeline", "run_pipeline", "to_json", "parse_stage_times", "schedule_names"]
