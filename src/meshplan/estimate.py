@@ -357,10 +357,15 @@ def estimate(
         if plan.tp_comm_overlap:
             tp_layer_fwd = exposed(tp_layer_fwd, ops.fwd_gemm)
             tp_layer_bwd = exposed(tp_layer_bwd, ops.bwd_gemm)
-        tp_emb = tp_one / (2 if sp else 1)
-        tp_head = tp_one  # SP: gather the LM-head input forward, reduce-scatter its gradient back
+        # embedding: all-reduce of its output (reduce-scatter with SP) forward, and with SP an
+        # all-gather of the output gradient backward; LM head: with SP an all-gather of its input
+        # forward and a reduce-scatter of the input gradient backward, without SP an all-reduce
+        # of the input gradient backward only
+        half = tp_one / 2 if sp else 0.0
+        tp_emb_f, tp_emb_b = (half, half) if sp else (tp_one, 0.0)
+        tp_head_f, tp_head_b = (half, half) if sp else (0.0, tp_one)
     else:
-        tp_one = tp_layer_fwd = tp_layer_bwd = tp_emb = tp_head = 0.0
+        tp_one = tp_layer_fwd = tp_layer_bwd = tp_emb_f = tp_emb_b = tp_head_f = tp_head_b = 0.0
     if plan.recompute == "full":
         tp_recompute = tp_layer_fwd
     else:
@@ -391,8 +396,8 @@ def estimate(
         cf = n_l * ops.fwd + (emb_ops.fwd if k == 0 else 0.0) + (head_ops.fwd if k == last else 0.0)
         rb = n_l * recompute_layer
         cb = n_l * ops.bwd + rb + (emb_ops.bwd if k == 0 else 0.0) + (head_ops.bwd if k == last else 0.0)
-        tf = n_l * tp_layer_fwd + (tp_emb if k == 0 else 0.0) + (tp_head if k == last else 0.0)
-        tb = n_l * (tp_layer_bwd + tp_recompute) + (tp_head if k == last else 0.0)
+        tf = n_l * tp_layer_fwd + (tp_emb_f if k == 0 else 0.0) + (tp_head_f if k == last else 0.0)
+        tb = n_l * (tp_layer_bwd + tp_recompute) + (tp_emb_b if k == 0 else 0.0) + (tp_head_b if k == last else 0.0)
         comp_f.append(cf)
         comp_b.append(cb)
         recomp_b.append(rb)
