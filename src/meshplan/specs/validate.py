@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from meshplan.errors import InputError
+from meshplan.pipeline.stages import layer_split
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -45,9 +46,5 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> No
     chunks = plan.grad_accum * plan.pp * plan.vpp
     if chunks > MAX_PIPELINE_CHUNKS:
         raise InputError("global_batch", f"micro-batches per step x pp x vpp = {plan.grad_accum:,} x {plan.pp} x {plan.vpp} = {chunks:,} is more than the pipeline simulation runs ({MAX_PIPELINE_CHUNKS:,}); use a larger micro-batch or a smaller global batch")
-    if plan.layer_split is not None:
-        if len(plan.layer_split) != stages:
-            raise InputError("layer_split", f"needs pp x vpp = {stages} entries, got {len(plan.layer_split)}")
-        if sum(plan.layer_split) != model.n_layers:
-            raise InputError("layer_split", f"entries must add up to the {model.n_layers} layers, got {sum(plan.layer_split)}")
+    layer_split(model.n_layers, plan.pp, plan.vpp, plan.layer_split)  # raises on a bad user split
     cluster.gpu.peak(plan.precision.compute_dtype)  # raises if the GPU lacks the dtype
