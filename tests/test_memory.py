@@ -121,7 +121,8 @@ def test_seed_000_405b_unsharded_state():
     fp32 master copy, applied to the nominal 405e9. With the exact 405,853,388,800 parameters
     the same convention gives 4,870.24 GB (0.2 % more); mixed-precision training that keeps fp32
     master weights (2+2+12) needs 6,493.7 GB."""
-    assert 405 * 10**9 * 12 == 4_860 * 10**9
+    seed = model_state_bytes(405 * 10**9, NO_MASTER, 0, 1)
+    assert seed.weights + seed.gradients + seed.optimizer == 4_860 * 10**9
     P = count_params(load_model("llama3-405b")).total
     assert P * NO_MASTER.bytes_per_param == 4_870_240_665_600
     assert round(P * NO_MASTER.bytes_per_param / GB, 1) == 4870.2
@@ -144,7 +145,7 @@ def test_seed_004_zero_table():
     # "Stage 3 on 1,024 GPUs: 4.86 TB / 1,024 = 4.75 GB": 4.746 GB with the nominal 405e9,
     # 4.756 GB with the exact count (12 bytes), 6.341 GB with master weights (16 bytes)
     P = count_params(load_model("llama3-405b")).total
-    assert round(405e9 * 12 / 1024 / GB, 3) == 4.746
+    assert round(float(405 * 10**9 * per_param(NO_MASTER, 3, 1024)) / GB, 3) == 4.746
     assert round(float(P * per_param(NO_MASTER, 3, 1024)) / GB, 3) == 4.756
     assert round(float(P * per_param(ZERO_PAPER, 3, 1024)) / GB, 3) == 6.341
 
@@ -259,3 +260,28 @@ def test_memory_independent_of_dp_for_zero0_but_not_zero1():
     c = _est(dp=4, gpus=4, global_batch=4, zero=1).stages[0]
     d = _est(dp=8, gpus=8, global_batch=8, zero=1).stages[0]
     assert d.optimizer == c.optimizer / 2
+
+
+@pytest.mark.parametrize(
+    "recipe,expected",
+    [
+        # reads: gradient + moments + master copy (or the weights) ; writes: moments + master + weights
+        (MEGATRON, (4 + 8 + 4) + (8 + 4 + 2)),  # 30
+        (ZERO_PAPER, (2 + 8 + 4) + (8 + 4 + 2)),  # 28
+        (NO_MASTER, (2 + 8 + 2) + (8 + 0 + 2)),  # 22: updates the bf16 weights in place
+        (FP32, (4 + 8 + 4) + (8 + 0 + 4)),  # 28
+        (PrecisionRecipe(grad_dtype="bf16", grad_fp32_copy=True), (2 + 4 + 8 + 4) + (8 + 4 + 2)),  # 32
+        (PrecisionRecipe(optimizer="sgd"), (4 + 4 + 4) + (4 + 4 + 2)),  # 22: one momentum buffer
+    ],
+)
+def test_optimizer_step_bytes_follow_the_recipe(recipe, expected):
+    assert recipe.optimizer_step_bytes == expected
+
+
+def test_optimizer_step_time_scales_with_the_recipe():
+    model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
+    times = {}
+    for name, recipe in (("megatron", MEGATRON), ("no_master", NO_MASTER)):
+        plan = TrainingPlan(dp=8, zero=0, global_batch=8, seq_len=1024, precision=recipe)
+        times[name] = estimate(model, cluster, plan).time.optimizer_s
+    assert times["megatron"] / times["no_master"] == pytest.approx(30 / 22, rel=1e-12)

@@ -340,7 +340,7 @@ def estimate(
     pl_cp = coll.placement(cluster, sizes, order, ("cp",))
     pl_pp = coll.placement(cluster, sizes, order, ("pp",))
     pl_dp = coll.placement(cluster, sizes, order, ("dp",))
-    pl_shard = coll.placement(cluster, {**sizes, "dp": plan.dp_shard or plan.dp}, order, ("dp", "cp"))
+    pl_shard = coll.placement(cluster, sizes, order, ("dp", "cp"), span={"dp": plan.dp_shard or plan.dp})
     pl_dpcp = coll.placement(cluster, sizes, order, ("dp", "cp"))
     pl_rep = coll.placement(cluster, sizes, order, ("dp",), every=plan.dp_shard or plan.dp)
 
@@ -366,10 +366,6 @@ def estimate(
         tp_head_f, tp_head_b = (half, half) if sp else (0.0, tp_one)
     else:
         tp_one = tp_layer_fwd = tp_layer_bwd = tp_emb_f = tp_emb_b = tp_head_f = tp_head_b = 0.0
-    if plan.recompute == "full":
-        tp_recompute = tp_layer_fwd
-    else:
-        tp_recompute = 0.0
 
     if c > 1:
         kv_bytes = 2 * tokens * kv_heads_per_rank(model, t) * model.head_dim * e
@@ -378,6 +374,9 @@ def estimate(
         cp_layer_bwd = (c - 1) * exposed(2 * step_comm, ops.bwd_attention / c)
     else:
         cp_layer_fwd = cp_layer_bwd = 0.0
+    # full recompute repeats the forward's collectives inside the backward
+    tp_recompute = tp_layer_fwd if plan.recompute == "full" else 0.0
+    cp_recompute = cp_layer_fwd if plan.recompute == "full" else 0.0
 
     shard = plan.shard_degree
     layer_params = layer_params_per_rank(model, t)
@@ -404,11 +403,11 @@ def estimate(
         tp_f.append(tf)
         tp_b.append(tb)
         cp_f.append(n_l * cp_layer_fwd)
-        cp_b.append(n_l * cp_layer_bwd)
+        cp_b.append(n_l * (cp_layer_bwd + cp_recompute))
         fs_f.append(n_l * fsdp_layer_fwd)
         fs_b.append(n_l * fsdp_layer_bwd)
         fwd.append(cf + tf + n_l * cp_layer_fwd + n_l * fsdp_layer_fwd)
-        bwd.append(cb + tb + n_l * cp_layer_bwd + n_l * fsdp_layer_bwd)
+        bwd.append(cb + tb + n_l * (cp_layer_bwd + cp_recompute) + n_l * fsdp_layer_bwd)
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
     la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e)
@@ -496,7 +495,7 @@ def estimate(
         else:
             pg_times.append(pg)
         local = params / (shard if plan.zero >= 1 else 1)
-        opt_times.append(optimizer_step_time(local, gpu, cal))
+        opt_times.append(optimizer_step_time(local, rec, gpu, cal))
 
     # ---- step time and its breakdown on the critical rank ------------------------------------
     ends = [sim.finish[r] + after[r] for r in range(pp)]
@@ -505,7 +504,8 @@ def estimate(
     per_mb = lambda xs: m * sum(xs[k] for k in mine)  # noqa: E731
     compute_s = per_mb(comp_f) + per_mb(comp_b)
     busy = sim.busy[crit]
-    opt_s, pg_s = max(opt_times), max(pg_times)
+    slowest = max(range(pp), key=lambda r: opt_times[r] + pg_times[r])
+    opt_s, pg_s = opt_times[slowest], pg_times[slowest]
     step_s = ends[crit] + opt_s + pg_s
     time = StepTime(
         step_s=step_s,

@@ -18,7 +18,6 @@ scale_out_efficiency     achieved bus bandwidth / line rate across the fabric, p
 scale_up_latency         per-step latency of a collective inside a node (s)
 scale_out_latency        per-step latency across the fabric (s)
 runtime_reserve          HBM taken by the CUDA/ROCm context, library workspaces and NCCL buffers
-optimizer_bytes_per_param bytes an Adam step reads and writes per local parameter (fused kernel)
 =======================  ==========================================================================
 """
 
@@ -43,13 +42,9 @@ class Calibration:
     scale_up_latency: float
     scale_out_latency: float
     runtime_reserve: float
-    optimizer_bytes_per_param: float
     rationale: str
 
 
-#: Bytes a fused Adam step moves per parameter: read fp32 master, m, v and the gradient (4 x 4),
-#: write master, m, v (3 x 4) and the bf16 weight (2) = 30 (mixed precision, fp32 grads).
-ADAM_BYTES_PER_PARAM = 30.0
 
 HOPPER = Calibration(
     generation="hopper",
@@ -74,7 +69,6 @@ HOPPER = Calibration(
     scale_up_latency=1 * US,
     scale_out_latency=5 * US,
     runtime_reserve=2 * GiB,
-    optimizer_bytes_per_param=ADAM_BYTES_PER_PARAM,
     rationale="H100/H800/H200 with CUDA 12, cuBLAS, FlashAttention 2/3, NCCL 2.18+",
 )
 
@@ -95,7 +89,6 @@ AMPERE = Calibration(
     scale_up_latency=1 * US,
     scale_out_latency=5 * US,
     runtime_reserve=2 * GiB,
-    optimizer_bytes_per_param=ADAM_BYTES_PER_PARAM,
     rationale="A100 with CUDA 11/12, cuBLAS, FlashAttention 2, NCCL 2.x",
 )
 
@@ -113,7 +106,6 @@ BLACKWELL = Calibration(
     scale_up_latency=1 * US,
     scale_out_latency=5 * US,
     runtime_reserve=2 * GiB,
-    optimizer_bytes_per_param=ADAM_BYTES_PER_PARAM,
     rationale="B200 with CUDA 12.8+, cuBLAS, FlashAttention/cuDNN, NCCL 2.25+ (few public runs yet)",
 )
 
@@ -132,7 +124,6 @@ CDNA3 = Calibration(
     scale_up_latency=2 * US,
     scale_out_latency=6 * US,
     runtime_reserve=2 * GiB,
-    optimizer_bytes_per_param=ADAM_BYTES_PER_PARAM,
     rationale="MI300X with ROCm 6, hipBLASLt, CK FlashAttention, RCCL",
 )
 

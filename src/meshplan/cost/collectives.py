@@ -65,16 +65,18 @@ def placement(
     rank_order: tuple[str, ...],
     axes: tuple[str, ...],
     every: int = 1,
+    span: dict[str, int] | None = None,
 ) -> GroupPlacement:
     """Placement of the group spanned by ``axes`` that contains rank 0 (all groups of an axis set
     are alike under the rank order). ``sizes`` maps every axis of ``rank_order`` to its size.
     ``every`` > 1 takes every ``every``-th index along the (single) axis: the replica groups of
-    HSDP, whose members sit ``dp_shard`` apart on the dp axis."""
+    HSDP, whose members sit ``dp_shard`` apart on the dp axis. ``span`` limits an axis to its first
+    indices: HSDP's shard groups cover ``dp_shard`` consecutive dp indices."""
     members = np.zeros(1, dtype=np.int64)
     stride = 1
     for a in rank_order:
         if a in axes and sizes[a] > 1:
-            idx = np.arange(0, sizes[a], every, dtype=np.int64)
+            idx = np.arange(0, (span or {}).get(a, sizes[a]), every, dtype=np.int64)
             members = (members[:, None] + stride * idx[None, :]).ravel()
         stride *= sizes[a]
     n = int(members.size)

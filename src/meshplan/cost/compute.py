@@ -113,8 +113,11 @@ def layer_op_times(
 ) -> OpTimes:
     """One transformer layer, one micro-batch, one GPU (module docstring).
 
-    ``attention_flops_convention`` only matters for materialized attention, which computes the
-    full s×s scores; FlashAttention skips masked blocks, doing the causal half."""
+    ``attention_flops_convention`` is the FLOP-counting convention and does not change the time:
+    FlashAttention skips fully masked blocks (the causal half), materialized attention computes
+    the full s×s scores either way. ``fwd_attention`` is the whole attention core (for
+    materialized attention its scale/mask/softmax passes too), which is what selective
+    recompute repeats."""
     peak = gpu.peak(compute_dtype)
     peak16 = gpu.peak("bf16") if compute_dtype == "fp8" else peak  # attention stays 16-bit
     e = act_bytes
@@ -141,15 +144,17 @@ def layer_op_times(
         ba = 2.5 * core / (peak16 * cal.attention_bwd_efficiency) + cal.kernel_overhead
         fm_attn = bm_attn = 0.0
     else:
+        # two batched GEMMs (QKᵀ and A·V over b·a/t heads): one launch each
         batch = micro_batch * a_r
-        per = float(gemm_time(q_len, kv_len, d, gpu, cal, peak16, e)) * batch
-        per_av = float(gemm_time(q_len, d, kv_len, gpu, cal, peak16, e)) * batch
-        fa = per + per_av
-        ba = 2 * fa
+        o = cal.kernel_overhead
+        per = (float(gemm_time(q_len, kv_len, d, gpu, cal, peak16, e)) - o) * batch + o
+        per_av = (float(gemm_time(q_len, d, kv_len, gpu, cal, peak16, e)) - o) * batch + o
         scores = micro_batch * a_r * q_len * kv_len
         drop = scores * (1 + 2 * e) if model.dropout else 0.0
-        fm_attn = memory_time(scores * 3 * e + drop, gpu, cal)  # scale+mask+softmax
-        bm_attn = 2 * fm_attn
+        softmax = memory_time(scores * 3 * e + drop, gpu, cal)  # scale + mask + softmax
+        fa = per + per_av + softmax
+        ba = 2 * (per + per_av) + 2 * softmax
+        fm_attn = bm_attn = 0.0
     # memory-bound elementwise work, bytes read + written per forward
     rep = tp if sequence_parallel else 1
     nh = tokens * h * e / rep
@@ -189,7 +194,8 @@ def head_op_times(
     return OpTimes(fg, 0.0, fm, bg, 0.0, bm)
 
 
-def optimizer_step_time(local_params: float, gpu: GPUSpec, cal: Calibration) -> float:
-    """A fused Adam step over the parameters this GPU owns: memory-bound,
-    ``params × optimizer_bytes_per_param / (W·η_hbm)``."""
-    return local_params * cal.optimizer_bytes_per_param / (gpu.hbm_bandwidth * cal.hbm_efficiency)
+def optimizer_step_time(local_params: float, recipe, gpu: GPUSpec, cal: Calibration) -> float:
+    """A fused optimizer step over the parameters this GPU owns: memory-bound,
+    ``params × recipe.optimizer_step_bytes / (W·η_hbm)`` (bytes read and written per parameter,
+    from the precision recipe: 30 for Megatron's bf16 + fp32-gradient Adam)."""
+    return local_params * recipe.optimizer_step_bytes / (gpu.hbm_bandwidth * cal.hbm_efficiency)
