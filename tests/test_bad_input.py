@@ -86,7 +86,8 @@ BAD = [
     (["--ep", "2"], "error: ep:"),
     (["--dp-shard", "3"], "error: dp_shard:"),
     (["--vpp", "2", "--schedule", "1f1b"], "error: vpp:"),
-    (["--pp", "4", "--gpus", "32", "--vpp", "2", "--global-batch", "8"], "error: global_batch:"),
+    # 9 micro-batches per pipeline do not split into ⌊9/4⌋ = 2 equal rounds (interleaved)
+    (["--pp", "4", "--gpus", "32", "--vpp", "2", "--global-batch", "72"], "error: global_batch:"),
     (["--layer-split", "1,2"], "error: layer_split:"),
     (["--layer-split", "7,x"], "error: layer_split:"),
     (["--layer-split", "0,32", "--pp", "2", "--gpus", "16"], "error: layer_split:"),

@@ -190,9 +190,14 @@ def test_refuses_ep_on_dense():
     assert err.field == "ep"
 
 
-def test_refuses_interleaved_with_m_not_multiple_of_p():
-    err = _refuse(pp=4, dp=2, vpp=2, schedule="interleaved", global_batch=12)  # m = 6
-    assert err.field == "global_batch" and "multiple of pp" in str(err)
+def test_refuses_interleaved_with_m_not_splitting_into_rounds():
+    """Interleaved schedules run rounds of q micro-batches, with max(1, ⌊m/p⌋) rounds that must
+    be equal: m = 9 on p = 4 makes 2 rounds of 4.5 (refused); m = 6 makes one round of 6
+    (accepted, as torch's ScheduleInterleaved1F1B does)."""
+    err = _refuse(pp=4, dp=2, vpp=2, schedule="interleaved", global_batch=18)  # m = 9
+    assert err.field == "global_batch" and "2 equal rounds" in str(err)
+    ok = TrainingPlan(pp=4, dp=2, vpp=2, schedule="interleaved", global_batch=12, seq_len=2048)  # m = 6
+    assert estimate(load_model("llama3-8b"), ClusterSpec.of(H100, 8), ok).plan.grad_accum == 6
 
 
 def test_refuses_fp8_on_a100():
@@ -251,3 +256,19 @@ def test_full_recompute_repeats_context_parallel_exchange():
     full = estimate(model, cluster, TrainingPlan(**base, recompute="full")).time
     assert none.cp_comm_s > 0
     assert full.cp_comm_s > none.cp_comm_s
+
+
+@pytest.mark.parametrize("schedule,vpp", [("zbh1", 1), ("interleaved-zb", 2), ("zbv", 2)])
+def test_zero_bubble_schedules_in_the_estimate(schedule, vpp):
+    """Split-backward schedules: the parts still add up; their bubble is below 1F1B's; ZBV folds
+    the pipeline so rank 0 holds the embedding and the LM head (and the logits' gradient)."""
+    model, cluster = load_model("llama3-70b"), ClusterSpec.of(H100, 64)
+    base = dict(tp=8, pp=4, dp=2, global_batch=64, seq_len=4096)
+    est = estimate(model, cluster, TrainingPlan(**base, schedule=schedule, vpp=vpp))
+    ref = estimate(model, cluster, TrainingPlan(**base))
+    assert sum(est.time.breakdown().values()) == pytest.approx(est.time.step_s, rel=1e-9)
+    assert est.time.bubble_fraction < ref.time.bubble_fraction
+    stages = est.to_dict()["memory"]["stages"]
+    holder = 0 if schedule == "zbv" else 3
+    assert "logits_grad" in stages[holder]["other_detail"]
+    assert sum(s["params"] for s in stages) == sum(s["params"] for s in ref.to_dict()["memory"]["stages"])

@@ -124,15 +124,22 @@ def test_interleaved_megatron_warmup(p, m, v):
     assert sim.peak_inflight == tuple((p - r - 1) * 2 + (v - 1) * p + 1 for r in range(p))
 
 
-def test_interleaved_m_equals_p_runs_all_forwards_first():
-    for acts in interleaved(4, 4, 2):
-        kinds = [a.kind for a in acts]
-        assert kinds == ["F"] * 8 + ["B"] * 8
+def test_interleaved_m_equals_p_warmup_follows_torch_not_megatron():
+    """With m = p, Megatron-LM warms up with all m·v forwards on every rank; torch's
+    ScheduleInterleaved1F1B (and meshplan) keep the formula min((v − 1)·p + 2·(p − 1 − r), m·v):
+    8, 8, 6, 4 forwards before the first backward for p = 4, m = 4, v = 2."""
+    warm = [next(i for i, a in enumerate(acts) if a.kind == "B") - 1 for acts in interleaved(4, 4, 2)]
+    assert warm == [8 - 1, 8 - 1, 6, 4]  # ranks 0 and 1 run all 8 forwards before their first B
+    first = interleaved(4, 4, 2)[0]
+    assert [a.kind for a in first] == ["F"] * 8 + ["B"] * 8
 
 
-def test_interleaved_needs_m_multiple_of_p():
-    with pytest.raises(InputError, match="multiple of pp"):
-        interleaved(4, 6, 2)
+def test_interleaved_rounds_rule():
+    """Micro-batches run in max(1, ⌊m/p⌋) equal rounds: m = 6 on p = 4 is one round of 6;
+    m = 9 cannot make two equal rounds."""
+    assert sum(a.kind == "F" for a in interleaved(4, 6, 2)[0]) == 12
+    with pytest.raises(InputError, match="2 equal rounds"):
+        interleaved(4, 9, 2)
     with pytest.raises(InputError, match="unknown schedule"):
         build_schedule("zb-v", 4, 8)
 
@@ -308,3 +315,84 @@ def test_split_backward_without_deferral(pp, m):
     assert simulate(build_schedule("1f1b", pp, m), pp, [1.0] * pp, [2.0] * pp).makespan == 3 * m + 3 * (pp - 1)
     # activations live until W: the same peak as 1F1B, min(p − r, m) micro-batches
     assert res.peak_inflight == tuple(min(pp - r, m) for r in range(pp))
+
+
+# ---- zero-bubble schedules ------------------------------------------------------------------------
+
+from meshplan.pipeline.schedules import SCHEDULES, stage_style  # noqa: E402
+from meshplan.pipeline.simulate import zbh1_makespan  # noqa: E402
+from meshplan.pipeline.stages import rank_of, stages_of_rank  # noqa: E402
+
+
+def _complete(ranks, n_stages: int, m: int) -> None:
+    """Every (stage, micro-batch) has one F and either one B or one I and one W."""
+    from collections import Counter
+
+    seen = Counter((a.kind, a.stage, a.microbatch) for acts in ranks for a in acts)
+    assert all(n == 1 for n in seen.values())
+    for k in range(n_stages):
+        for j in range(m):
+            assert seen[("F", k, j)] == 1
+            assert seen[("B", k, j)] + seen[("I", k, j)] == 1
+            assert seen[("I", k, j)] == seen[("W", k, j)]
+
+
+@pytest.mark.parametrize("name,v", [(n, {"1": 1, "2": 2, ">=2": 2}[rule]) for n, (rule, _) in SCHEDULES.items()])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 2), (2, 5), (4, 4), (4, 8), (3, 7), (8, 16), (4, 12)])
+def test_every_schedule_runs_every_action_once_on_its_rank(name, v, p, m):
+    if name in ("interleaved", "interleaved-zb") and m % max(1, m // p):
+        pytest.skip("m does not split into equal rounds")
+    ranks = build_schedule(name, p, m, v)
+    _complete(ranks, p * v, m)
+    style = stage_style(name)
+    for r, acts in enumerate(ranks):
+        assert {a.stage for a in acts} <= set(stages_of_rank(r, p, v, style))
+        assert all(rank_of(a.stage, p, style) == r for a in acts)
+    simulate(ranks, p * v, [1.0] * (p * v), [2.0] * (p * v), wgt=[1.0] * (p * v))  # no deadlock
+
+
+@pytest.mark.parametrize("p,m", [(p, m) for p in (1, 2, 3, 4, 8) for m in (p, p + 1, 2 * p, 3 * p + 1, 16) if m >= p])
+@pytest.mark.parametrize("f,i,w", [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (2.0, 1.0, 1.0), (1.0, 2.0, 0.5), (1.0, 1.0, 0.0)])
+def test_zbh1_closed_form(p, m, f, i, w):
+    """ZB-H1's makespan m·(f + i + w) + (p − 1)·(f + i − w) (Qi et al. 2024, Sec. 3.1) holds exactly
+    when m ≥ p and w ≤ i; the bubble is 1F1B's minus 2w per stage, and no rank holds more than p
+    micro-batches (1F1B's peak)."""
+    sim = simulate(build_schedule("zbh1", p, m), p, [f] * p, [i + w] * p, act_bytes=[1.0] * p, wgt=[w] * p)
+    assert sim.makespan == zbh1_makespan(p, m, f, i + w, w) == m * (f + i + w) + (p - 1) * (f + i - w)
+    assert max(sim.peak_inflight) == p
+    one_f_one_b = simulate(build_schedule("1f1b", p, m), p, [f] * p, [i + w] * p).makespan
+    assert one_f_one_b - sim.makespan == 2 * w * (p - 1)
+
+
+def test_zbh1_closed_form_refuses_where_it_does_not_hold():
+    """With w > i, or m < p, the W's no longer fit in the drain and the simulation is longer than
+    the formula: zbh1_makespan says so by returning None."""
+    assert zbh1_makespan(4, 8, 1.0, 3.0, 2.0) is None  # w = 2 > i = 1
+    assert zbh1_makespan(4, 2, 1.0, 2.0, 1.0) is None  # m < p
+    sim = simulate(build_schedule("zbh1", 4, 8), 4, [1.0] * 4, [3.0] * 4, wgt=[2.0] * 4)
+    assert sim.makespan > 8 * 4.0 + 3 * (1.0 + 1.0 - 2.0)
+
+
+def test_zbv_places_stages_in_a_v_and_beats_1f1b():
+    """ZBV: rank r holds stages r and 2p − 1 − r, so rank 0 runs the first and the last stage; with
+    per-chunk f = i = w = 0.5 (a rank's whole-model share 1 : 1 : 1) it finishes p = 4, m = 8 in
+    25.5 against 1F1B's 33 and interleaved's 28.5 for the same work."""
+    ranks = build_schedule("zbv", 4, 8, 2)
+    assert {a.stage for a in ranks[0]} == {0, 7}
+    assert {a.stage for a in ranks[3]} == {3, 4}
+    t = [0.5] * 8
+    zbv = simulate(ranks, 8, t, [1.0] * 8, wgt=t).makespan
+    inter = simulate(build_schedule("interleaved", 4, 8, 2), 8, t, [1.0] * 8).makespan
+    plain = simulate(build_schedule("1f1b", 4, 8), 4, [1.0] * 4, [2.0] * 4).makespan
+    assert (zbv, inter, plain) == (25.5, 28.5, 33.0)
+
+
+def test_vpp_rules_per_schedule():
+    from meshplan.pipeline.schedules import check_vpp
+
+    with pytest.raises(InputError, match="zbv schedule needs vpp = 2"):
+        check_vpp("zbv", 3)
+    with pytest.raises(InputError, match="zbh1 schedule needs vpp = 1"):
+        check_vpp("zbh1", 2)
+    with pytest.raises(InputError, match="interleaved-zb schedule needs vpp >= 2"):
+        check_vpp("interleaved-zb", 1)

@@ -37,7 +37,7 @@ from meshplan.cost.params import (
 )
 from meshplan.cost.step import exposed
 from meshplan.explain import Derivation
-from meshplan.pipeline.schedules import build_schedule
+from meshplan.pipeline.schedules import build_schedule, stage_style
 from meshplan.pipeline.simulate import SimResult, simulate
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.specs.hardware import ClusterSpec
@@ -389,7 +389,7 @@ def estimate(
         fsdp_layer_fwd = fsdp_layer_bwd = 0.0
 
     # ---- per virtual stage durations ---------------------------------------------------------
-    fwd, bwd, comp_f, comp_b, recomp_b = [], [], [], [], []
+    fwd, bwd, wgt, comp_f, comp_b, recomp_b = [], [], [], [], [], []
     tp_f, tp_b, cp_f, cp_b, fs_f, fs_b = [], [], [], [], [], []
     for k, n_l in enumerate(split):
         cf = n_l * ops.fwd + (emb_ops.fwd if k == 0 else 0.0) + (head_ops.fwd if k == last else 0.0)
@@ -407,6 +407,7 @@ def estimate(
         fs_f.append(n_l * fsdp_layer_fwd)
         fs_b.append(n_l * fsdp_layer_bwd)
         fwd.append(cf + tf + n_l * cp_layer_fwd + n_l * fsdp_layer_fwd)
+        wgt.append(n_l * ops.bwd_weight + (emb_ops.bwd_weight if k == 0 else 0.0) + (head_ops.bwd_weight if k == last else 0.0))
         bwd.append(cb + tb + n_l * (cp_layer_bwd + cp_recompute) + n_l * fsdp_layer_bwd)
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
@@ -420,7 +421,8 @@ def estimate(
     p2p_bytes = act_msg / (t if sp else 1)
     p2p = coll.collective_time("send_recv", p2p_bytes, pl_pp, cluster, cal) if pp > 1 else 0.0
     ranks = build_schedule(plan.schedule, pp, m, v)
-    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline)
+    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=wgt)
+    style = stage_style(plan.schedule)
 
     # ---- memory and after-pipeline communication per rank ------------------------------------
     stages: list[StageMemory] = []
@@ -429,7 +431,7 @@ def estimate(
     pg_times = []
     v_r = padded_vocab(model, t) // t
     for r in range(pp):
-        mine = stages_of_rank(r, pp, v)
+        mine = stages_of_rank(r, pp, v, style)
         n_layers = sum(split[k] for k in mine)
         params = n_layers * layer_params
         if 0 in mine:
@@ -500,7 +502,7 @@ def estimate(
     # ---- step time and its breakdown on the critical rank ------------------------------------
     ends = [sim.finish[r] + after[r] for r in range(pp)]
     crit = max(range(pp), key=lambda r: ends[r])
-    mine = stages_of_rank(crit, pp, v)
+    mine = stages_of_rank(crit, pp, v, style)
     per_mb = lambda xs: m * sum(xs[k] for k in mine)  # noqa: E731
     compute_s = per_mb(comp_f) + per_mb(comp_b)
     busy = sim.busy[crit]

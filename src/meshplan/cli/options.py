@@ -15,7 +15,7 @@ Defaults worth knowing (also in ``--help``):
   at least 1 and at most 1,024, rounded up to a multiple of pp for the interleaved schedule;
   global batch = micro_batch·m·dp sequences.
 * ``--vpp`` > 1 without ``--schedule`` selects the interleaved schedule; ``--schedule
-  interleaved`` without ``--vpp`` uses 2 virtual stages per rank.
+  interleaved``, ``interleaved-zb`` or ``zbv`` without ``--vpp`` uses 2 virtual stages per rank.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.errors import InputError
+from meshplan.pipeline.schedules import check_vpp
 from meshplan.estimate import Budget
 from meshplan.presets import Preset, get_preset, preset_names
 from meshplan.specs.base import input_error_from
@@ -70,7 +71,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "ep": (Optional[int], _opt("--ep", "Expert-parallel size (dense models: 1). (default: 1)", P_LAYOUT)),
     "dp": (Optional[int], _opt("--dp", "Data-parallel size. (default: gpus / (tp·cp·pp))", P_LAYOUT)),
     "vpp": (Optional[int], _opt("--vpp", "Virtual stages per pipeline rank; > 1 selects the interleaved schedule. (default: 1)", P_LAYOUT)),
-    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe"]], _opt("--schedule", "Pipeline schedule. (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
+    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
     "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times). (default: even, remainder to the inner stages)", P_LAYOUT)),
     "rank_order": (Optional[str], _opt("--rank-order", "Mesh axes innermost first, e.g. tp,cp,pp,dp (Llama 3). (default: tp,cp,dp,pp)", P_LAYOUT)),
     "micro_batch": (Optional[int], _opt("--micro-batch", "Sequences per forward on one DP rank. (default: 1)", P_BATCH)),
@@ -321,9 +322,8 @@ def resolve(args: PlanArgs) -> Setup:
             if schedule == "interleaved" and "vpp" in given:
                 schedule = "1f1b"
     if vpp is None or ("vpp" not in given and "schedule" in given):
-        vpp = 2 if schedule == "interleaved" else 1
-    if schedule != "interleaved" and vpp > 1:
-        raise InputError("vpp", f"vpp > 1 needs the interleaved schedule, not {schedule}")
+        vpp = 2 if schedule in ("interleaved", "interleaved-zb", "zbv") else 1
+    check_vpp(schedule, vpp)
 
     # ---- GPUs and data parallelism ----------------------------------------------------------
     tp, cp, pp = v["tp"], v["cp"], v["pp"]

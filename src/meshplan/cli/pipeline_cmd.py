@@ -25,7 +25,6 @@ overhead (p − 1)/(m·v) (v = 1 for GPipe and 1F1B).
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import re
@@ -41,7 +40,7 @@ from meshplan.cli import render
 from meshplan.errors import InputError
 from meshplan.pipeline import schedules as sched
 from meshplan.pipeline.gantt import KIND_NAMES, fmt_time, rich_gantt, round_columns, svg_gantt, text_axis
-from meshplan.pipeline.simulate import SimResult, simulate, uniform_makespan
+from meshplan.pipeline.simulate import SimResult, simulate, uniform_makespan, zbh1_makespan
 
 CLOSED_FORMS = ("gpipe", "1f1b", "interleaved")
 MAX_PP, MAX_VPP, MAX_M, MAX_ACTIONS = 1024, 64, 100_000, 2_000_000
@@ -109,7 +108,7 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
     if vpp is not None:
         _count("vpp", vpp, MAX_VPP)
     name = (schedule or ("interleaved" if vpp and vpp > 1 else "1f1b")).strip()
-    v_asked = vpp if vpp is not None else (2 if name == "interleaved" else 1)
+    v_asked = vpp if vpp is not None else (2 if name in ("interleaved", "interleaved-zb", "zbv") else 1)
     if pp * v_asked * m > MAX_ACTIONS // 2:
         raise InputError("microbatches", f"p·v·m = {pp * v_asked * m:,} is too many micro-batch stages to draw (at most {MAX_ACTIONS // 2:,})")
     transfer = _time("transfer", transfer, positive=False)
@@ -131,21 +130,21 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
     else:
         f_st, b_st = [f_rank / v] * n_stages, [b_rank / v] * n_stages
         w_st = None if w_rank is None else [w_rank / v] * n_stages
-    kw = {}
-    wgt_used = w_st is not None and "wgt" in inspect.signature(simulate).parameters
-    if wgt_used:
-        kw["wgt"] = w_st
+    kinds = {a.kind for acts in ranks for a in acts}
     try:
-        result = simulate(ranks, n_stages, f_st, b_st, transfer=transfer, keep_timeline=True, **kw)
+        result = simulate(ranks, n_stages, f_st, b_st, transfer=transfer, keep_timeline=True, wgt=w_st)
     except RuntimeError as err:  # a deadlocked schedule: say which, on one line
         raise InputError("schedule", f"{name} with p = {pp}, m = {m}, v = {v}: {err}") from None
-    kinds = {a.kind for acts in ranks for a in acts}
     closed = None
-    if (name in CLOSED_FORMS and kinds <= {"F", "B"} and transfer == 0.0
-            and len(set(f_st)) == 1 and len(set(b_st)) == 1):
+    uniform = transfer == 0.0 and len(set(f_st)) == 1 and len(set(b_st)) == 1
+    if name in CLOSED_FORMS and kinds <= {"F", "B"} and uniform:
         closed = uniform_makespan(name, pp, m, v, f_st[0], b_st[0])
+    elif name == "zbh1" and uniform:
+        w_one = w_st[0] if w_st is not None and len(set(w_st)) == 1 else (b_st[0] / 2 if w_st is None else None)
+        if w_one is not None:
+            closed = zbh1_makespan(pp, m, f_st[0], b_st[0], w_one)
     return {"schedule": name, "pp": pp, "m": m, "v": v, "n_stages": n_stages, "ranks": ranks, "result": result,
-            "fwd": f_st, "bwd": b_st, "wgt": w_st, "wgt_ignored": w_st is not None and not wgt_used,
+            "fwd": f_st, "bwd": b_st, "wgt": w_st,
             "split": bool(kinds & {"I", "W"}), "transfer": transfer, "per_stage_given": stage_times is not None, "closed": closed}
 
 
@@ -177,9 +176,7 @@ def _times_lines(run: dict, unit: str) -> list[str]:
         if v > 1:
             text += f" (each of the {v} chunks gets 1/{v}: {fmt_time(f[0])} and {fmt_time(b[0])} {unit})"
     lines = [text + f"; transfer {fmt_time(run['transfer'])} {unit}"]
-    if run["wgt_ignored"]:
-        lines.append("note: --wgrad ignored: the simulation has no W time")
-    elif w and not run["split"]:
+    if w and not run["split"]:
         lines.append(f"note: the W time is unused: the {run['schedule']} schedule does not split the backward")
     return lines
 
@@ -202,9 +199,21 @@ def rank_table(run: dict, unit: str) -> Table:
 def closed_form_lines(run: dict, unit: str) -> list[str]:
     closed = run["closed"]
     if closed is None:
-        return ["closed form: not shown (it needs a gpipe, 1f1b or interleaved schedule, equal stages and zero transfer)"]
+        return ["closed form: not shown (it needs gpipe, 1f1b, interleaved, or zbh1 with m ≥ p and W ≤ I; "
+                "equal stages and zero transfer)"]
     res: SimResult = run["result"]
     p, m, v, f, b = run["pp"], run["m"], run["v"], run["fwd"][0], run["bwd"][0]
+    if run["schedule"] == "zbh1":
+        w = run["wgt"][0] if run["wgt"] is not None else b / 2
+        idle = (p - 1) * (f + b - 2 * w)
+        agree = math.isclose(closed, res.makespan, rel_tol=1e-9)
+        return [
+            f"closed form (ZB-H1, equal stages, free transfers): makespan m·(f + b) + (p − 1)·(f + i − w) = "
+            f"{m}·({fmt_time(f)} + {fmt_time(b)}) + ({p} − 1)·({fmt_time(f)} + {fmt_time(b - w)} − {fmt_time(w)}) = {fmt_time(closed)} {unit}",
+            f"  bubble fraction {idle / closed:.3f}; bubble overhead {idle / (m * (f + b)):.3f}",
+            "  the simulation agrees with the closed form" if agree else
+            f"  the simulation does NOT agree with the closed form ({fmt_time(res.makespan)} vs {fmt_time(closed)} {unit})",
+        ]
     if v == 1:
         expr = f"(m + p − 1)·(f + b) = ({m} + {p} − 1)·({fmt_time(f)} + {fmt_time(b)})"
     else:

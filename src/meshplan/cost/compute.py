@@ -80,6 +80,7 @@ class OpTimes:
     bwd_gemm: float
     bwd_attention: float
     bwd_memory: float
+    bwd_weight: float = 0.0  # the weight-gradient GEMMs inside bwd_gemm (a split backward's W)
 
     @property
     def fwd(self) -> float:
@@ -90,11 +91,10 @@ class OpTimes:
         return self.bwd_gemm + self.bwd_attention + self.bwd_memory
 
 
-def _gemm_fwd_bwd(m: float, n: float, k: float, gpu: GPUSpec, cal: Calibration, peak: float, e: int) -> tuple[float, float]:
-    """Forward (m,n,k) and backward = input grad (m,k,n) + weight grad (k,n,m)."""
+def _gemm_fwd_bwd(m: float, n: float, k: float, gpu: GPUSpec, cal: Calibration, peak: float, e: int) -> tuple[float, float, float]:
+    """Forward (m,n,k); input gradient (m,k,n); weight gradient (k,n,m)."""
     fwd = float(gemm_time(m, n, k, gpu, cal, peak, e))
-    bwd = float(gemm_time(m, k, n, gpu, cal, peak, e) + gemm_time(k, n, m, gpu, cal, peak, e))
-    return fwd, bwd
+    return fwd, float(gemm_time(m, k, n, gpu, cal, peak, e)), float(gemm_time(k, n, m, gpu, cal, peak, e))
 
 
 def layer_op_times(
@@ -131,11 +131,12 @@ def layer_op_times(
         (tokens, (2 if model.gated_mlp else 1) * f // tp, h),  # MLP in (fused gate|up)
         (tokens, h, f // tp),  # MLP out
     ]
-    fg = bg = 0.0
+    fg = bi = bw = 0.0
     for m_, n_, k_ in gemms:
-        a, b = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, e)
+        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, e)
         fg += a
-        bg += b
+        bi += b
+        bw += w
     # attention core: per GPU, b·(s/c) queries against s keys over a/t heads
     q_len, kv_len = seq_len / cp, seq_len
     if attention == "flash":
@@ -167,14 +168,15 @@ def layer_op_times(
     n_mem_kernels = 7
     fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead + fm_attn
     bm = 2 * (fm - fm_attn) + bm_attn
-    return OpTimes(fg, fa, fm, bg, ba, bm)
+    return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw)
 
 
 def embedding_op_times(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, gpu: GPUSpec, cal: Calibration, act_bytes: int) -> OpTimes:
     """Embedding lookup (gather, then an all-reduce across TP counted as communication) and its
     backward (scatter-add into the V/t × h gradient)."""
     nh = micro_batch * seq_len / cp * model.hidden * act_bytes
-    return OpTimes(0.0, 0.0, memory_time(2 * nh, gpu, cal), 0.0, 0.0, memory_time(3 * nh, gpu, cal))
+    bwd = memory_time(3 * nh, gpu, cal)  # all of it is the weight (table) gradient
+    return OpTimes(0.0, 0.0, memory_time(2 * nh, gpu, cal), 0.0, 0.0, bwd, bwd)
 
 
 def head_op_times(
@@ -186,12 +188,12 @@ def head_op_times(
     peak = gpu.peak(compute_dtype)
     tokens = micro_batch * seq_len / cp
     v_r = padded_vocab(model, tp) // tp
-    fg, bg = _gemm_fwd_bwd(tokens, v_r, model.hidden, gpu, cal, peak, act_bytes)
+    fg, bi, bw = _gemm_fwd_bwd(tokens, v_r, model.hidden, gpu, cal, peak, act_bytes)
     logits = tokens * v_r
     nh = tokens * model.hidden * act_bytes
     fm = memory_time(2 * nh + logits * (act_bytes + 4 * 4), gpu, cal)
     bm = memory_time(4 * nh + logits * (3 * 4 + act_bytes), gpu, cal)
-    return OpTimes(fg, 0.0, fm, bg, 0.0, bm)
+    return OpTimes(fg, 0.0, fm, bi + bw, 0.0, bm, bw)
 
 
 def optimizer_step_time(local_params: float, recipe, gpu: GPUSpec, cal: Calibration) -> float:

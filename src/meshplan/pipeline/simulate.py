@@ -174,3 +174,14 @@ def uniform_makespan(schedule: str, pp: int, m: int, vpp: int, f: float, b: floa
     if schedule == "interleaved":
         return (m * vpp + pp - 1) * (f + b)
     return (m + pp - 1) * (f + b)
+
+
+def zbh1_makespan(pp: int, m: int, f: float, b: float, w: float) -> float | None:
+    """ZB-H1 with equal stages and free transfers, backward b = i + w split into input gradient i
+    and weight gradient w: m·(f + b) + (p − 1)·(f + i − w) (Qi et al. 2024, Sec. 3.1: the bubble
+    of 1F1B, (p − 1)·(f + b), shrinks by 2w per stage). It holds when m ≥ p and w ≤ i — the W's
+    then fit in the drain's gaps; ``None`` otherwise (the simulation is then the answer)."""
+    i = b - w
+    if m < pp or w > i:
+        return None
+    return m * (f + b) + (pp - 1) * (f + i - w)

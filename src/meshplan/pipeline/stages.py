@@ -2,6 +2,8 @@
 
 Virtual stage ``k`` (0 ≤ k < p·v, in pipeline order) lives on pipeline rank ``k mod p``: with
 interleaving (v > 1) rank r holds stages r, r + p, r + 2p, ... (Narayanan et al. 2021, Sec. 2.2).
+V-shaped schedules (ZBV) fold the pipeline instead: rank r holds stages r and 2p − 1 − r, so
+rank 0 holds both the first and the last stage.
 The first virtual stage also holds the embedding, the last one the final norm and LM head.
 
 Default split: every virtual stage gets ⌊L/S⌋ layers (S = p·v) and the L mod S remaining layers
@@ -41,11 +43,17 @@ def layer_split(n_layers: int, pp: int, vpp: int, given: tuple[int, ...] | None 
     return tuple(given)
 
 
-def rank_of(virtual_stage: int, pp: int) -> int:
-    """Pipeline rank that runs ``virtual_stage``: k mod p."""
+def rank_of(virtual_stage: int, pp: int, style: str = "loop") -> int:
+    """Pipeline rank that runs ``virtual_stage``: k mod p ("loop"), or for the V-shaped
+    schedules k for k < p and 2p − 1 − k after ("v")."""
+    if style == "v":
+        return virtual_stage if virtual_stage < pp else 2 * pp - 1 - virtual_stage
     return virtual_stage % pp
 
 
-def stages_of_rank(rank: int, pp: int, vpp: int) -> tuple[int, ...]:
-    """Virtual stages held by ``rank``: r, r + p, ..., r + (v − 1)·p."""
+def stages_of_rank(rank: int, pp: int, vpp: int, style: str = "loop") -> tuple[int, ...]:
+    """Virtual stages held by ``rank``: r, r + p, ..., r + (v − 1)·p ("loop"), or for the V-shaped
+    schedules (two chunks) r and 2p − 1 − r ("v")."""
+    if style == "v":
+        return (rank, 2 * pp - 1 - rank)
     return tuple(rank + j * pp for j in range(vpp))

@@ -108,7 +108,7 @@ class TrainingPlan(Spec):
     ep: int = Field(default=1, ge=1, le=1_000_000)
     dp_shard: Optional[int] = Field(default=None, ge=1)  # HSDP: shard within groups of this size
     vpp: int = Field(default=1, ge=1, le=10_000)
-    schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    schedule: Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv"] = "1f1b"
     micro_batch: int = Field(default=1, ge=1, le=1_000_000)
     global_batch: int = Field(ge=1, le=1_000_000_000)  # sequences per optimizer step
     seq_len: int = Field(ge=1, le=100_000_000)
@@ -129,10 +129,12 @@ class TrainingPlan(Spec):
     def _check(self) -> "TrainingPlan":
         if sorted(self.rank_order) != sorted(AXES):
             raise ValueError(f"rank_order must be a permutation of {','.join(AXES)}")
-        if self.schedule == "interleaved" and self.vpp < 2:
-            raise ValueError("the interleaved schedule needs vpp >= 2 virtual stages per rank")
-        if self.schedule != "interleaved" and self.vpp != 1:
-            raise ValueError(f"vpp > 1 needs the interleaved schedule, not {self.schedule}")
+        from meshplan.pipeline.schedules import check_vpp
+
+        try:
+            check_vpp(self.schedule, self.vpp)
+        except ValueError as exc:  # InputError is a ValueError: pydantic reports it by field
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
         if self.global_batch % (self.micro_batch * self.dp):
             raise ValueError(
                 f"global batch ({self.global_batch} sequences) must be divisible by "

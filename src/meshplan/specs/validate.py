@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from meshplan.errors import InputError
+from meshplan.pipeline.schedules import rounds_of
 from meshplan.pipeline.stages import layer_split
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
@@ -41,8 +42,11 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> No
         raise InputError("ep", f"ep = {plan.ep} needs a mixture-of-experts model; {model.name} is dense (use ep = 1)")
     if model.position == "learned" and plan.seq_len > model.max_position:
         raise InputError("seq_len", f"seq_len ({plan.seq_len}) exceeds {model.name}'s {model.max_position} learned positions")
-    if plan.schedule == "interleaved" and plan.grad_accum % plan.pp:
-        raise InputError("global_batch", f"the interleaved schedule needs micro-batches per step ({plan.grad_accum}) to be a multiple of pp ({plan.pp})")
+    if plan.schedule in ("interleaved", "interleaved-zb"):
+        try:
+            rounds_of(plan.pp, plan.grad_accum)
+        except InputError as exc:
+            raise InputError("global_batch", exc.rule) from None
     chunks = plan.grad_accum * plan.pp * plan.vpp
     if chunks > MAX_PIPELINE_CHUNKS:
         raise InputError("global_batch", f"micro-batches per step x pp x vpp = {plan.grad_accum:,} x {plan.pp} x {plan.vpp} = {chunks:,} is more than the pipeline simulation runs ({MAX_PIPELINE_CHUNKS:,}); use a larger micro-batch or a smaller global batch")
