@@ -37,7 +37,7 @@ from meshplan.cost.params import (
 )
 from meshplan.cost.step import exposed
 from meshplan.explain import Derivation
-from meshplan.pipeline.schedules import build_schedule, stage_style
+from meshplan.pipeline.schedules import compile_schedule, stage_style
 from meshplan.pipeline.simulate import SimResult, simulate
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.specs.hardware import ClusterSpec
@@ -420,7 +420,7 @@ def estimate(
     ]
     p2p_bytes = act_msg / (t if sp else 1)
     p2p = coll.collective_time("send_recv", p2p_bytes, pl_pp, cluster, cal) if pp > 1 else 0.0
-    ranks = build_schedule(plan.schedule, pp, m, v)
+    ranks = compile_schedule(plan.schedule, pp, m, v)
     sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=wgt)
     style = stage_style(plan.schedule)
 

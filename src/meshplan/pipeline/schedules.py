@@ -18,10 +18,10 @@ meshplan's simulator models as transfer times, are skipped when read).
   rounds (q = m/r). Megatron warms up with all m·v forwards when m = p; torch and meshplan do not.
 * ZB-H1 / interleaved zero bubble ("ZB1P", Qi et al. 2024, Sec. 3; torch's
   ``ScheduleInterleavedZeroBubble``): the backward is split into I (input gradient, on the
-  critical path) and W (weight gradient). Warm-up (v − 1)·q + (p − 1 − r) forwards; in the steady
-  state F, I and — once r steps have passed — the oldest pending W; torch's drain runs the I's
-  first and the W's after. ZB-H1 (v = 1) follows each drain I with a W instead, which reaches the
-  paper's bubble of (p − 1)·(F + I − W).
+  critical path) and W (weight gradient). Warm-up (v − 1)·q + (p − 1 − r) forwards, then
+  forward/I pairs, each I from the r-th on followed by the oldest pending W, so that W fills what
+  would be bubble; the W's still pending run at the end. With v = 1 this is ZB-H1, whose bubble
+  is (p − 1)·(F + I − W) when m ≥ p and W ≤ I.
 * ZBV (Qi et al. 2024, Sec. 6; torch's ``ScheduleZBVZeroBubble``): two chunks per rank placed in a
   V — rank r holds stages r and 2p − 1 − r — so the last stage sits on rank 0 next to the first;
   zero bubble when F = I = W.
@@ -30,8 +30,11 @@ meshplan's simulator models as transfer times, are skipped when read).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
+
+import numpy as np
 
 from meshplan.errors import InputError
 
@@ -45,21 +48,53 @@ class Action(NamedTuple):
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
-def gpipe(pp: int, m: int) -> list[list[Action]]:
-    return [[Action("F", r, j) for j in range(m)] + [Action("B", r, j) for j in range(m)] for r in range(pp)]
+KINDS = ("F", "B", "I", "W")  # kind codes 0..3 of the array form
 
 
-def one_f_one_b(pp: int, m: int) -> list[list[Action]]:
-    ranks = []
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """A schedule as parallel integer arrays per rank (kind code into :data:`KINDS`, virtual
+    stage, micro-batch): the form the simulator runs, built without one Python object per
+    action so that p = 64, m = 1024, v = 8 (a million actions) stays fast."""
+
+    pp: int
+    n_stages: int
+    microbatches: int
+    kind: tuple[np.ndarray, ...]
+    stage: tuple[np.ndarray, ...]
+    mb: tuple[np.ndarray, ...]
+
+    def actions(self) -> tuple[tuple[Action, ...], ...]:
+        return tuple(
+            tuple(Action(KINDS[k], st, j) for k, st, j in zip(kd.tolist(), sg.tolist(), mb.tolist()))
+            for kd, sg, mb in zip(self.kind, self.stage, self.mb)
+        )
+
+    @staticmethod
+    def from_actions(ranks) -> "Schedule":
+        """The array form of any action lists (parsed from torch's notation, say)."""
+        code = {k: i for i, k in enumerate(KINDS)}
+        kinds, stages, mbs = [], [], []
+        for acts in ranks:
+            kinds.append(np.array([code[a.kind] for a in acts], dtype=np.int64))
+            stages.append(np.array([a.stage for a in acts], dtype=np.int64))
+            mbs.append(np.array([a.microbatch for a in acts], dtype=np.int64))
+        n_stages = 1 + max((int(s.max()) for s in stages if s.size), default=0)
+        m = 1 + max((int(j.max()) for j in mbs if j.size), default=0)
+        return Schedule(len(kinds), n_stages, m, tuple(kinds), tuple(stages), tuple(mbs))
+
+
+def _rank_arrays(kind: list[int], stage: list[int], mb: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.asarray(kind, dtype=np.int64), np.asarray(stage, dtype=np.int64), np.asarray(mb, dtype=np.int64)
+
+
+def _gpipe(pp: int, m: int):
+    """GPipe as arrays: all forwards, then all backwards."""
+    j = np.arange(m, dtype=np.int64)
+    out = []
     for r in range(pp):
-        warm = min(pp - r - 1, m)
-        acts = [Action("F", r, j) for j in range(warm)]
-        for i in range(m - warm):
-            acts.append(Action("F", r, warm + i))
-            acts.append(Action("B", r, i))
-        acts.extend(Action("B", r, j) for j in range(m - warm, m))
-        ranks.append(acts)
-    return ranks
+        out.append((np.repeat(np.array([0, 1]), m), np.full(2 * m, r, dtype=np.int64), np.concatenate([j, j])))
+    return out
 
 
 def rounds_of(pp: int, m: int) -> int:
@@ -75,113 +110,105 @@ def rounds_of(pp: int, m: int) -> int:
     return m // n_rounds
 
 
-def _looped_1f1b(pp: int, m: int, vpp: int, zero_bubble: bool, drain_w: bool = False) -> list[list[Action]]:
-    """Interleaved 1F1B, or its zero-bubble variants (module docstring), rank by rank.
-    ``drain_w``: in the drain, follow each I with the oldest pending W (ZB-H1) instead of
-    running all I's first (torch's ZB1P)."""
+def _looped(pp: int, m: int, vpp: int, factor: int, split: bool = False):
+    """1F1B and its looped variants, rank by rank (module docstring), as arrays.
+
+    The k-th forward of a rank runs chunk ⌊k/q⌋ mod v on micro-batch ⌊k/(q·v)⌋·q + k mod q; the
+    k-th backward the chunks in reverse order, same micro-batches. Rank r warms up with
+    (v − 1)·q + factor·(p − 1 − r) forwards, then alternates forward and backward, then drains
+    the backwards. With ``split`` the backward is I then W: from the r-th backward on, each I is
+    followed by the oldest pending W (steady state and drain alike), and the W's still pending
+    run at the end — torch's ``ScheduleInterleavedZeroBubble``."""
     q = rounds_of(pp, m) if vpp > 1 else m  # one chunk: rounds do not matter
     total = m * vpp
-    ranks = []
+    k = np.arange(total, dtype=np.int64)
+    chunk_f = (k // q) % vpp
+    mb_seq = (k // (q * vpp)) * q + k % q
+    out = []
     for r in range(pp):
-        warm = min((vpp - 1) * q + (1 if zero_bubble else 2) * (pp - 1 - r), total)
-        f_next = [0] * vpp  # next micro-batch per local chunk
-        b_next = [0] * vpp
-        w_next = [0] * vpp
-        b_chunks: list[int] = []  # chunk of each backward, in order (for the matching W)
-        w_done = 0
-
-        def f_chunk(step: int) -> int:
-            return (step // q) % vpp
-
-        def b_chunk(step: int) -> int:
-            return vpp - 1 - ((step - warm) // q) % vpp
-
-        def take(counter: list[int], chunk: int) -> int:
-            counter[chunk] += 1
-            return counter[chunk] - 1
-
-        acts: list[Action] = []
-        bkind = "I" if zero_bubble else "B"
-        for step in range(warm):
-            c = f_chunk(step)
-            acts.append(Action("F", c * pp + r, take(f_next, c)))
-        for step in range(warm, total):
-            c = f_chunk(step)
-            acts.append(Action("F", c * pp + r, take(f_next, c)))
-            c = b_chunk(step)
-            acts.append(Action(bkind, c * pp + r, take(b_next, c)))
-            b_chunks.append(c)
-            if zero_bubble and step - warm >= r:
-                c = b_chunks[w_done]
-                acts.append(Action("W", c * pp + r, take(w_next, c)))
-                w_done += 1
-        for step in range(total, total + warm):
-            c = b_chunk(step)
-            acts.append(Action(bkind, c * pp + r, take(b_next, c)))
-            b_chunks.append(c)
-            if drain_w:
-                c = b_chunks[w_done]
-                acts.append(Action("W", c * pp + r, take(w_next, c)))
-                w_done += 1
-        if zero_bubble:
-            for c in b_chunks[w_done:]:
-                acts.append(Action("W", c * pp + r, take(w_next, c)))
-        ranks.append(acts)
-    return ranks
+        warm = min((vpp - 1) * q + factor * (pp - 1 - r), total)
+        n_st = total - warm
+        f_stage, b_stage = chunk_f * pp + r, (vpp - 1 - chunk_f) * pp + r
+        # the sequence as (stream, index): stream 0 = forwards, 1 = backwards (B or I), 2 = W's;
+        # the b-th backward (b ≥ delay) is followed by W number b − delay
+        delay = r if split else total
+        b = np.arange(total, dtype=np.int64)  # backward number: steady ones first, then the drain
+        has_w = b >= delay
+        steady, drain = slice(0, n_st), slice(n_st, total)
+        parts_stream = [np.zeros(warm, np.int64)]
+        parts_index = [np.arange(warm, dtype=np.int64)]
+        for sl, with_f in ((steady, True), (drain, False)):
+            bb, hw = b[sl], has_w[sl]
+            width = (2 if with_f else 1) + 1  # F?, B, W?
+            stream = np.full((bb.size, width), -1, np.int64)
+            index = np.zeros((bb.size, width), np.int64)
+            col = 0
+            if with_f:
+                stream[:, 0], index[:, 0] = 0, warm + bb
+                col = 1
+            stream[:, col], index[:, col] = 1, bb
+            stream[hw, col + 1], index[hw, col + 1] = 2, bb[hw] - delay
+            keep = stream.ravel() >= 0
+            parts_stream.append(stream.ravel()[keep])
+            parts_index.append(index.ravel()[keep])
+        if split:
+            emitted = max(0, total - delay)
+            parts_stream.append(np.full(total - emitted, 2, np.int64))
+            parts_index.append(np.arange(emitted, total, dtype=np.int64))
+        stream, idx = np.concatenate(parts_stream), np.concatenate(parts_index)
+        kind = np.where(stream == 0, 0, np.where(stream == 1, 2 if split else 1, 3))
+        stage = np.where(stream == 0, f_stage[idx], b_stage[idx])
+        out.append((kind, stage, mb_seq[idx]))
+    return out
 
 
-def interleaved(pp: int, m: int, vpp: int) -> list[list[Action]]:
-    return _looped_1f1b(pp, m, vpp, zero_bubble=False)
-
-
-def zero_bubble(pp: int, m: int, vpp: int = 1) -> list[list[Action]]:
-    """torch's ZB1P (``ScheduleInterleavedZeroBubble``): drain runs all I's, then the W's."""
-    return _looped_1f1b(pp, m, vpp, zero_bubble=True)
-
-
-def zb_h1(pp: int, m: int) -> list[list[Action]]:
-    """ZB-H1: one chunk per rank, W deferred by r steps, each drain I followed by a W. With
-    F = I = W the makespan is m·(F + I + W) + (p − 1)·(F + I − W), a third of 1F1B's bubble, and
-    every rank holds at most p micro-batches — 1F1B's peak (Qi et al. 2024, Sec. 3.1)."""
-    return _looped_1f1b(pp, m, 1, zero_bubble=True, drain_w=True)
-
-
-def zbv(pp: int, m: int) -> list[list[Action]]:
+def _zbv(pp: int, m: int):
     """ZBV with two chunks per rank in a V (module docstring). Built for max(m, 2p − 1)
     micro-batches, as the pattern needs, then the actions of the extra ones are dropped."""
     n = max(m, 2 * pp - 1)
     last = 2 * pp - 1
-    ranks = []
+    F, I, W = 0, 2, 3
+    out = []
     for r in range(pp):
         s0, s1 = r, last - r
         f0 = f1 = b0 = b1 = 0
-        acts: list[Action] = []
+        kind: list[int] = []
+        stage: list[int] = []
+        mb: list[int] = []
+
+        def put(kd: int, st: int, j: int) -> None:
+            kind.append(kd), stage.append(st), mb.append(j)
+
         for _ in range(2 * (pp - r) - 1):
-            acts.append(Action("F", s0, f0)); f0 += 1
+            put(F, s0, f0); f0 += 1
         for _ in range(r):
-            acts.append(Action("F", s1, f1)); f1 += 1
-            acts.append(Action("F", s0, f0)); f0 += 1
+            put(F, s1, f1); f1 += 1
+            put(F, s0, f0); f0 += 1
         for _ in range(pp - r):
-            acts += [Action("F", s1, f1), Action("I", s1, b1), Action("W", s1, b1)]
+            put(F, s1, f1); put(I, s1, b1); put(W, s1, b1)
             f1 += 1; b1 += 1
         while f1 < f0 or f0 < n:
             if f0 < n:
-                acts.append(Action("F", s0, f0)); f0 += 1
-            acts += [Action("I", s0, b0), Action("W", s0, b0)]
+                put(F, s0, f0); f0 += 1
+            put(I, s0, b0); put(W, s0, b0)
             b0 += 1
-            acts += [Action("F", s1, f1), Action("I", s1, b1), Action("W", s1, b1)]
+            put(F, s1, f1); put(I, s1, b1); put(W, s1, b1)
             f1 += 1; b1 += 1
         w0, w1 = b0, b1
         for _ in range(r):
-            acts.append(Action("I", s0, b0)); b0 += 1
-            acts.append(Action("I", s1, b1)); b1 += 1
+            put(I, s0, b0); b0 += 1
+            put(I, s1, b1); b1 += 1
         for _ in range(pp - r):
-            acts.append(Action("I", s0, b0)); b0 += 1
-            acts.append(Action("W", s0, w0)); w0 += 1
-        acts += [Action("W", s1, j) for j in range(w1, b1)]
-        acts += [Action("W", s0, j) for j in range(w0, b0)]
-        ranks.append([a for a in acts if a.microbatch < m])
-    return ranks
+            put(I, s0, b0); b0 += 1
+            put(W, s0, w0); w0 += 1
+        for j in range(w1, b1):
+            put(W, s1, j)
+        for j in range(w0, b0):
+            put(W, s0, j)
+        kd, sg, j = _rank_arrays(kind, stage, mb)
+        keep = j < m
+        out.append((kd[keep], sg[keep], j[keep]))
+    return out
 
 
 #: name → (virtual stages per rank it takes: "1", "2" or ">=2", how stages sit on ranks)
@@ -211,23 +238,42 @@ def check_vpp(schedule: str, vpp: int) -> None:
         raise InputError("vpp", f"the {schedule} schedule needs {need} (got {vpp})")
 
 
-@lru_cache(maxsize=256)
-def build_schedule(name: str, pp: int, m: int, vpp: int = 1) -> tuple[tuple[Action, ...], ...]:
-    """Action lists per rank for ``name`` (one of :data:`SCHEDULES`; cached, immutable)."""
+@lru_cache(maxsize=64)
+def compile_schedule(name: str, pp: int, m: int, vpp: int = 1) -> Schedule:
+    """The array form of schedule ``name`` (one of :data:`SCHEDULES`; cached)."""
     check_vpp(name, vpp)
     if name == "gpipe":
-        ranks = gpipe(pp, m)
+        ranks = _gpipe(pp, m)
     elif name == "1f1b":
-        ranks = one_f_one_b(pp, m)
+        ranks = _looped(pp, m, 1, factor=1)
     elif name == "interleaved":
-        ranks = interleaved(pp, m, vpp)
+        ranks = _looped(pp, m, vpp, factor=2)
     elif name == "zbh1":
-        ranks = zb_h1(pp, m)
+        ranks = _looped(pp, m, 1, factor=1, split=True)
     elif name == "interleaved-zb":
-        ranks = zero_bubble(pp, m, vpp)
+        ranks = _looped(pp, m, vpp, factor=1, split=True)
     else:
-        ranks = zbv(pp, m)
-    return tuple(tuple(acts) for acts in ranks)
+        ranks = _zbv(pp, m)
+    kinds, stages, mbs = zip(*ranks)
+    return Schedule(pp, pp * vpp, m, tuple(kinds), tuple(stages), tuple(mbs))
+
+
+@lru_cache(maxsize=64)
+def build_schedule(name: str, pp: int, m: int, vpp: int = 1) -> tuple[tuple[Action, ...], ...]:
+    """Action lists per rank for ``name`` (one of :data:`SCHEDULES`; cached, immutable)."""
+    return compile_schedule(name, pp, m, vpp).actions()
+
+
+def gpipe(pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    return build_schedule("gpipe", pp, m, 1)
+
+
+def interleaved(pp: int, m: int, vpp: int) -> tuple[tuple[Action, ...], ...]:
+    return build_schedule("interleaved", pp, m, vpp)
+
+
+def one_f_one_b(pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    return build_schedule("1f1b", pp, m, 1)
 
 
 def format_actions(ranks) -> list[str]:

@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.pipeline.schedules import Action
+import numpy as np
+
+from meshplan.pipeline.schedules import Action, Schedule
 
 
 @dataclass(frozen=True)
@@ -52,42 +54,38 @@ class SimResult:
         return sum(self.idle) / sum(self.busy) if sum(self.busy) > 0 else 0.0
 
 
-@lru_cache(maxsize=256)
-def _compile(ranks: tuple[tuple[Action, ...], ...], n_stages: int):
-    """Per rank, each action as (own slot, dependency slot or −1, is_forward, stage, transfer?).
+@lru_cache(maxsize=32)
+def _as_schedule(ranks: tuple[tuple[Action, ...], ...]) -> Schedule:
+    return Schedule.from_actions(ranks)
 
-    Slots number the (kind, stage, micro-batch) triples so the simulation works on flat lists."""
-    slot: dict[tuple[str, int, int], int] = {}
-    for acts in ranks:
-        for a in acts:
-            slot.setdefault((a.kind, a.stage, a.microbatch), len(slot))
-    last = n_stages - 1
 
-    def grad_from(stage: int, mb: int) -> int:
-        """Slot of the action that produces the input gradient of ``stage`` (B or I)."""
-        got = slot.get(("B", stage, mb))
-        return slot.get(("I", stage, mb), -2) if got is None else got
+def _rank_program(sched: Schedule, r: int, n_stages: int, m: int, table: np.ndarray):
+    """Rank r's actions as flat arrays: own slot, dependency slot, duration.
 
-    compiled = []
-    for acts in ranks:
-        row = []
-        for a in acts:
-            own = slot[(a.kind, a.stage, a.microbatch)]
-            if a.kind == "F":
-                dep = slot.get(("F", a.stage - 1, a.microbatch), -2) if a.stage > 0 else -1
-                row.append((own, dep, "F", a.stage, a.stage > 0))
-            elif a.kind == "W":
-                row.append((own, slot.get(("I", a.stage, a.microbatch), -2), "W", a.stage, False))
-            elif a.kind in ("B", "I"):
-                if a.stage == last:
-                    dep = slot.get(("F", a.stage, a.microbatch), -2)
-                else:
-                    dep = grad_from(a.stage + 1, a.microbatch)
-                row.append((own, dep, a.kind, a.stage, a.stage != last))
-            else:
-                raise ValueError(f"unknown action kind {a.kind!r}")
-        compiled.append(tuple(row))
-    return tuple(compiled), len(slot)
+    Slots number (kind, stage, micro-batch) as ((κ·S + stage)·M + mb) with κ = 0 for F, 1 for the
+    input-gradient producers B and I, 2 for W. Dependencies across stages are real slots; the
+    two that stay on the rank (the last stage's B or I on its own F, a W on its I) are checked
+    here once — the producer must come earlier in the rank's list — and then point at the last
+    slot, 3·S·M, which is "done at time 0", as do the first stage's forwards."""
+    kind, stage, mb = sched.kind[r], sched.stage[r], sched.mb[r]
+    S, M = n_stages, m
+    kappa = np.array([0, 1, 1, 2], dtype=np.int64)[kind]
+    own = (kappa * S + stage) * M + mb
+    is_f, is_w = kind == 0, kind == 3
+    last_bwd = ~is_f & ~is_w & (stage == S - 1)
+    local = is_w | last_bwd
+    if local.any():
+        producer = np.where(is_w, (S + stage) * M + mb, stage * M + mb)[local]
+        first_at = {}
+        for pos, slot in enumerate(own.tolist()):
+            first_at.setdefault(slot, pos)
+        where = np.flatnonzero(local)
+        if any(first_at.get(p, len(own)) > w for p, w in zip(producer.tolist(), where.tolist())):
+            raise RuntimeError("pipeline schedule deadlocked: a backward comes before its own forward on a rank")
+    free_dep = 3 * S * M
+    dep = np.where(is_f, np.where(stage > 0, (stage - 1) * M + mb, free_dep), (S + stage + 1) * M + mb)
+    dep = np.where(local, free_dep, dep)
+    return own, dep, table[kind, stage]
 
 
 def simulate(
@@ -100,71 +98,74 @@ def simulate(
     keep_timeline: bool = False,
     wgt: list[float] | None = None,
 ) -> SimResult:
-    """Run the action lists; ``fwd[k]``/``bwd[k]`` are stage k's durations per micro-batch and
-    ``wgt[k]`` the weight-gradient part of ``bwd[k]`` (used by split backwards; default half)."""
-    ranks = tuple(tuple(acts) for acts in ranks)
-    compiled, n_slots = _compile(ranks, n_stages)
-    pp = len(ranks)
-    w_t = list(wgt) if wgt is not None else [x / 2 for x in bwd]
-    dur = {"F": fwd, "B": bwd, "W": w_t, "I": [b - w for b, w in zip(bwd, w_t)]}
-    done = [-1.0] * n_slots  # finish time; −1 = not yet run
+    """Run the schedule (a :class:`Schedule` or action lists per rank); ``fwd[k]``/``bwd[k]`` are
+    stage k's durations per micro-batch and ``wgt[k]`` the weight-gradient part of ``bwd[k]``
+    (used by split backwards; default half)."""
+    sched = ranks if isinstance(ranks, Schedule) else _as_schedule(tuple(tuple(acts) for acts in ranks))
+    pp = sched.pp
+    m = max(sched.microbatches, 1)
+    f_t = np.asarray(fwd, dtype=float)
+    b_t = np.asarray(bwd, dtype=float)
+    w_t = np.asarray(wgt, dtype=float) if wgt is not None else b_t / 2
+    table = np.stack([f_t, b_t, b_t - w_t, w_t])  # rows: F, B, I, W
+    programs = [_rank_program(sched, r, n_stages, m, table) for r in range(pp)]
+    owns = [p[0].tolist() for p in programs]
+    deps = [p[1].tolist() for p in programs]
+    durs = [p[2].tolist() for p in programs]
+    # ready[slot]: when a consumer on the next (or previous) stage may start, i.e. the producer's
+    # end plus the transfer; −1 until it has run; the last slot is always ready
+    ready = [-1.0] * (3 * n_stages * m) + [0.0]
     pos = [0] * pp
     free = [0.0] * pp
-    lines: list[list[tuple[Action, float, float]]] = [[] for _ in range(pp)]
-    remaining = sum(len(a) for a in compiled)
+    lens = [len(o) for o in owns]
+    remaining = sum(lens)
     progressed = True
     while remaining and progressed:
         progressed = False
         for r in range(pp):
-            row = compiled[r]
-            i, t_free = pos[r], free[r]
-            while i < len(row):
-                own, dep, kind, stage, xfer = row[i]
-                if dep == -1:
-                    ready = 0.0
-                else:
-                    if dep < 0 or done[dep] < 0.0:
-                        break
-                    ready = done[dep] + transfer if xfer else done[dep]
-                start = t_free if t_free > ready else ready
-                t_free = start + dur[kind][stage]
-                done[own] = t_free
-                if keep_timeline:
-                    lines[r].append((ranks[r][i], start, t_free))
+            i, n = pos[r], lens[r]
+            if i == n:
+                continue
+            own, dep, dur = owns[r], deps[r], durs[r]
+            t_free = free[r]
+            start = i
+            while i < n:
+                t = ready[dep[i]]
+                if t < 0.0:
+                    break
+                if t > t_free:
+                    t_free = t
+                t_free += dur[i]
+                ready[own[i]] = t_free + transfer
                 i += 1
-            if i != pos[r]:
-                remaining -= i - pos[r]
+            if i != start:
+                remaining -= i - start
                 pos[r], free[r] = i, t_free
                 progressed = True
     if remaining:
         raise RuntimeError("pipeline schedule deadlocked: an action waits on one that never runs")
-    busy, peaks, peak_bytes = [], [], []
+    busy, peaks, peak_bytes, lines = [], [], [], []
+    act = np.asarray(act_bytes, dtype=float) if act_bytes is not None else np.zeros(n_stages)
+    ready_arr = np.asarray(ready) if keep_timeline else None
     for r in range(pp):
-        b = mem = peak_mem = 0.0
-        held = peak = 0
-        for _, _, kind, stage, _ in compiled[r]:
-            w = act_bytes[stage] if act_bytes else 0.0
-            b += dur[kind][stage]
-            if kind == "F":
-                held += 1
-                mem += w
-                if held > peak:
-                    peak = held
-                if mem > peak_mem:
-                    peak_mem = mem
-            elif kind in ("B", "W"):  # I keeps the activations: W still needs them
-                held -= 1
-                mem -= w
-        busy.append(b)
-        peaks.append(peak)
-        peak_bytes.append(peak_mem)
+        kind, stage = sched.kind[r], sched.stage[r]
+        busy.append(sum(durs[r]))  # left to right, as the clock above adds them
+        sign = np.where(kind == 0, 1, np.where((kind == 1) | (kind == 3), -1, 0))  # I keeps them: W needs them
+        held = np.cumsum(sign)
+        peaks.append(int(held.max()) if held.size else 0)
+        mem = np.cumsum(sign * act[stage])
+        peak_bytes.append(float(max(mem.max(), 0.0)) if mem.size else 0.0)
+        if keep_timeline:
+            ends = ready_arr[programs[r][0]] - transfer
+            acts = sched.actions()[r] if isinstance(ranks, Schedule) else ranks[r]
+            lines.append(tuple(zip(acts, (ends - programs[r][2]).tolist(), ends.tolist())))
     return SimResult(
-        makespan=max(free),
+        makespan=max(free) if free else 0.0,
         finish=tuple(free),
         busy=tuple(busy),
         peak_inflight=tuple(peaks),
         peak_activation=tuple(peak_bytes),
-        timeline=tuple(tuple(l) for l in lines) if keep_timeline else None,
+        timeline=tuple(lines) if keep_timeline else None,
     )
 
 
