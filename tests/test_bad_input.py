@@ -74,7 +74,7 @@ BAD = [
     (["--global-batch-tokens", "lots"], "error: global_batch_tokens:"),
     (["--global-batch", "1024", "--global-batch-tokens", "4M"], "error: global_batch_tokens: give --global-batch or"),
     (["--global-batch", "12"], "error: global_batch: 12 sequences must be a multiple of micro_batch x dp"),
-    (["--global-batch", "1000000", "--dp", "1"], "error: global_batch:"),  # a million micro-batches per step
+    (["--global-batch", "2000000", "--dp", "1"], "error: global_batch:"),  # two million micro-batches per step
     (["--tp", "3"], "error: tp: tp (3) must divide the number of attention heads (32)"),
     (["--tp", "3", "--gpus", "24"], "error: tp: tp (3) must divide the number of attention heads (32)"),
     (["--pp", "100"], "error: pp: pp x vpp (100) must not exceed the number of layers (32)"),
