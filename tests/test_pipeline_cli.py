@@ -162,9 +162,18 @@ def test_out_writes_svg(tmp_path):
     assert (tmp_path / "y.SVG").exists()
 
 
+def test_out_writes_png(tmp_path):
+    """`--out x.png` draws the same Gantt with matplotlib (the plot extra, installed for tests)."""
+    pytest.importorskip("matplotlib")
+    code, out, err = run_cli("--schedule", "interleaved", "--vpp", "2", "--out", str(tmp_path / "g.png"))
+    assert code == 0 and err == ""
+    data = (tmp_path / "g.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
 def test_out_refuses_other_extensions_and_directories(tmp_path):
-    assert_one_error(*run_cli("--out", str(tmp_path / "x.png")), "error: out: must be a .svg file")
-    assert not (tmp_path / "x.png").exists()
+    assert_one_error(*run_cli("--out", str(tmp_path / "x.jpg")), "error: out: must be a .svg or .png file")
+    assert not (tmp_path / "x.jpg").exists()
     folder = tmp_path / "d.svg"
     folder.mkdir()
     assert_one_error(*run_cli("--out", str(folder)), "error: out:")

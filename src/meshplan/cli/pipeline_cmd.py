@@ -267,10 +267,10 @@ def _out_path(out: Optional[str]) -> Optional[Path]:
     if out is None:
         return None
     path = Path(out).expanduser()
-    if path.suffix.lower() != ".svg":
-        raise InputError("out", f"must be a .svg file (got '{out}'); only SVG is written")
+    if path.suffix.lower() not in (".svg", ".png"):
+        raise InputError("out", f"must be a .svg or .png file (got '{out}')")
     if path.is_dir():
-        raise InputError("out", f"'{out}' is a directory; give a file name ending in .svg")
+        raise InputError("out", f"'{out}' is a directory; give a file name ending in .svg or .png")
     if not path.parent.is_dir():
         raise InputError("out", f"directory '{path.parent}' does not exist")
     return path
@@ -281,13 +281,13 @@ def pipeline(
     microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches m per step.")] = 8,
     vpp: Annotated[Optional[int], typer.Option("--vpp", help="Virtual stages (chunks) per rank; > 1 selects interleaved. (default: 1, or 2 with --schedule interleaved)", show_default=False)] = None,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help=f"Pipeline schedule: {', '.join(schedule_names())}. (default: 1f1b, or interleaved when --vpp > 1)", show_default=False)] = None,
-    fwd: Annotated[Optional[float], typer.Option("--fwd", help="Forward time per micro-batch of one rank's whole share; each of v chunks gets 1/v. (default: 1)", show_default=False)] = None,
-    bwd: Annotated[Optional[float], typer.Option("--bwd", help="Backward time per micro-batch of one rank's whole share; each chunk gets 1/v. (default: 2)", show_default=False)] = None,
-    wgrad: Annotated[Optional[float], typer.Option("--wgrad", help="Weight-gradient part of --bwd, run as W by schedules that split the backward (the rest is I). (default: half of --bwd)", show_default=False)] = None,
-    transfer: Annotated[float, typer.Option("--transfer", help="Point-to-point time between consecutive stages.")] = 0.0,
+    fwd: Annotated[Optional[float], typer.Option("--fwd", "--f", help="Forward time per micro-batch of one rank's whole share; each of v chunks gets 1/v. (default: 1)", show_default=False)] = None,
+    bwd: Annotated[Optional[float], typer.Option("--bwd", "--b", help="Backward time per micro-batch of one rank's whole share; each chunk gets 1/v. (default: 2)", show_default=False)] = None,
+    wgrad: Annotated[Optional[float], typer.Option("--wgrad", "--w", help="Weight-gradient part of --bwd, run as W by schedules that split the backward (the rest is I). (default: half of --bwd)", show_default=False)] = None,
+    transfer: Annotated[float, typer.Option("--transfer", "--p2p", help="Point-to-point time between consecutive stages.")] = 0.0,
     stage_times: Annotated[Optional[str], typer.Option("--stage-times", help="Per virtual stage 'f0:b0,f1:b1,...' in pipeline order (p·v pairs), instead of --fwd/--bwd.", show_default=False)] = None,
     unit: Annotated[str, typer.Option("--unit", help="Label of the time unit the numbers are in.")] = "ms",
-    out: Annotated[Optional[str], typer.Option("--out", help="Write the Gantt as an SVG file at this path (.svg).", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the Gantt picture to this path: .svg, or .png (needs matplotlib, the 'plot' extra).", show_default=False)] = None,
     actions: Annotated[bool, typer.Option("--actions", help="Also print each rank's action list in torch notation (0F0,0F1,0B0,...).")] = False,
     width: Annotated[Optional[int], typer.Option("--width", help="Columns of the terminal Gantt. (default: fit the terminal, at most 120)", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
@@ -304,10 +304,15 @@ def pipeline(
     run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times)
     if path is not None:
         title = f"{run['schedule']} pipeline: p = {run['pp']}, m = {run['m']}, v = {run['v']}"
-        try:
-            path.write_text(svg_gantt(run["result"], title, unit), encoding="utf-8")
-        except OSError as err:
-            raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
+        if path.suffix.lower() == ".png":
+            from meshplan.pipeline.gantt_png import write_png_gantt
+
+            write_png_gantt(run["result"], title, path, unit)
+        else:
+            try:
+                path.write_text(svg_gantt(run["result"], title, unit), encoding="utf-8")
+            except OSError as err:
+                raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
     if json_out:
         typer.echo(json.dumps(to_json(run), allow_nan=False))
         return
