@@ -238,3 +238,32 @@ def test_split_backward_schedule_is_drawn_and_timed(tmp_path):
     assert any("I" in g for g in gantt) and any("W" in g for g in gantt)
     root = ET.fromstring((tmp_path / "s.svg").read_text(encoding="utf-8"))
     assert sum(r.get("class") == "action" for r in root.iter("{http://www.w3.org/2000/svg}rect")) == 3 * 8 * 4
+
+
+# ---- schedules from a file in torch's notation -----------------------------------------------------
+
+
+def test_actions_file_simulates_what_it_reads(tmp_path):
+    """A schedule written in torch's notation (one rank per line, comm actions and comments
+    allowed) simulates to the same makespan as the built-in one it came from."""
+    from meshplan.pipeline.schedules import format_actions
+
+    rows = format_actions(build_schedule("zbv", 4, 8, 2))
+    rows[0] = "4SEND_F0," + rows[0] + ",0REDUCE_GRAD"  # torch's runtime actions are skipped
+    f = tmp_path / "zbv.txt"
+    f.write_text("# ZBV, p = 4, m = 8\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    got = run_json("--actions-file", str(f))
+    built = run_json("--schedule", "zbv", "-m", "8")
+    assert (got["pp"], got["microbatches"], got["vpp"]) == (4, 8, 2)
+    assert got["makespan"] == built["makespan"] == 25.5
+    assert [r["actions"] for r in got["ranks"]] == [r["actions"] for r in built["ranks"]]
+
+
+def test_actions_file_bad_input(tmp_path):
+    assert_one_error(*run_cli("--actions-file", str(tmp_path / "missing.txt")), "error: actions_file: no such file")
+    (tmp_path / "empty.txt").write_text("# nothing\n\n", encoding="utf-8")
+    assert_one_error(*run_cli("--actions-file", str(tmp_path / "empty.txt")), "has no actions")
+    (tmp_path / "junk.txt").write_text("0F0,0X1\n", encoding="utf-8")
+    assert_one_error(*run_cli("--actions-file", str(tmp_path / "junk.txt")), "error: actions.rank0:")
+    (tmp_path / "stuck.txt").write_text("0F0,0B1\n1F0,1B0\n", encoding="utf-8")  # 0B1 waits forever
+    assert_one_error(*run_cli("--actions-file", str(tmp_path / "stuck.txt")), "deadlocked")

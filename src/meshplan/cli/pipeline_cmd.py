@@ -100,15 +100,44 @@ def parse_stage_times(text: str, n_stages: int) -> tuple[list[float], list[float
     return fwd, bwd, (None if wgt[0] is None else [float(w) for w in wgt])
 
 
+def read_actions_file(path: str) -> tuple[tuple, ...]:
+    """One rank per non-empty line, actions in torch's notation (what torch's schedules print or
+    write as CSV); '#' starts a comment."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise InputError("actions_file", f"no such file: {path}")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError("actions_file", f"cannot read {path}: {err.__class__.__name__}") from None
+    rows = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    rows = [row for row in rows if row]
+    if not rows:
+        raise InputError("actions_file", f"{path} has no actions (one rank per line, e.g. 0F0,0F1,0B0,0B1)")
+    ranks = sched.parse_actions(rows)
+    if sum(len(acts) for acts in ranks) > MAX_ACTIONS:
+        raise InputError("actions_file", f"more than {MAX_ACTIONS:,} actions to draw")
+    return ranks
+
+
 def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], fwd: Optional[float],
-                 bwd: Optional[float], wgrad: Optional[float], transfer: float, stage_times: Optional[str]) -> dict:
-    """Check the inputs, build and simulate the schedule; everything the outputs need, in one dict."""
+                 bwd: Optional[float], wgrad: Optional[float], transfer: float, stage_times: Optional[str],
+                 actions_file: Optional[str] = None) -> dict:
+    """Check the inputs, build and simulate the schedule; everything the outputs need, in one dict.
+    With ``actions_file`` the schedule is read from it (torch's notation) instead of built."""
+    if actions_file is not None:
+        given = read_actions_file(actions_file)
+        pp = len(given)
+        m = 1 + max((a.microbatch for acts in given for a in acts), default=0)
+        schedule = "from-file"
     _count("pp", pp, MAX_PP)
     _count("microbatches", m, MAX_M)
     if vpp is not None:
         _count("vpp", vpp, MAX_VPP)
     name = (schedule or ("interleaved" if vpp and vpp > 1 else "1f1b")).strip()
     v_asked = vpp if vpp is not None else (2 if name in ("interleaved", "interleaved-zb", "zbv") else 1)
+    if actions_file is not None:
+        v_asked = max(1, math.ceil((1 + max((a.stage for acts in given for a in acts), default=0)) / pp))
     if pp * v_asked * m > MAX_ACTIONS // 2:
         raise InputError("microbatches", f"p·v·m = {pp * v_asked * m:,} is too many micro-batch stages to draw (at most {MAX_ACTIONS // 2:,})")
     transfer = _time("transfer", transfer, positive=False)
@@ -120,7 +149,7 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
     if w_rank is not None and w_rank > b_rank:
         raise InputError("wgrad", f"must not exceed the backward time {b_rank:g}: W is the weight-gradient part of it")
 
-    ranks = sched.build_schedule(name, pp, m, v_asked)
+    ranks = given if actions_file is not None else sched.build_schedule(name, pp, m, v_asked)
     n_stages = 1 + max(a.stage for acts in ranks for a in acts)
     v = max(1, math.ceil(n_stages / pp))
     if vpp is not None and v != vpp:
@@ -285,6 +314,7 @@ def pipeline(
     bwd: Annotated[Optional[float], typer.Option("--bwd", "--b", help="Backward time per micro-batch of one rank's whole share; each chunk gets 1/v. (default: 2)", show_default=False)] = None,
     wgrad: Annotated[Optional[float], typer.Option("--wgrad", "--w", help="Weight-gradient part of --bwd, run as W by schedules that split the backward (the rest is I). (default: half of --bwd)", show_default=False)] = None,
     transfer: Annotated[float, typer.Option("--transfer", "--p2p", help="Point-to-point time between consecutive stages.")] = 0.0,
+    actions_file: Annotated[Optional[str], typer.Option("--actions-file", help="Simulate the schedule in this file instead: one rank per line in torch's action notation (0F0,0F1,0B0,...; comm actions skipped).", show_default=False)] = None,
     stage_times: Annotated[Optional[str], typer.Option("--stage-times", help="Per virtual stage 'f0:b0,f1:b1,...' in pipeline order (p·v pairs), instead of --fwd/--bwd.", show_default=False)] = None,
     unit: Annotated[str, typer.Option("--unit", help="Label of the time unit the numbers are in.")] = "ms",
     out: Annotated[Optional[str], typer.Option("--out", help="Write the Gantt picture to this path: .svg, or .png (needs matplotlib, the 'plot' extra).", show_default=False)] = None,
@@ -301,7 +331,7 @@ def pipeline(
     if width is not None:
         _count("width", width, 1000)
     path = _out_path(out)
-    run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times)
+    run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, actions_file)
     if path is not None:
         title = f"{run['schedule']} pipeline: p = {run['pp']}, m = {run['m']}, v = {run['v']}"
         if path.suffix.lower() == ".png":
