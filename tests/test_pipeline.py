@@ -424,3 +424,13 @@ def test_seed_001_micro_batches_for_a_bubble_under_5_percent_at_p8():
     assert first_m("interleaved", 2, "bubble_fraction") == 72
     assert first_m("interleaved", 4, "bubble_fraction") == 36
     assert run("interleaved", 8, 64, 2).bubble_fraction == pytest.approx(7 / (2 * 64 + 7), rel=1e-12)
+
+
+def test_backward_before_its_own_forward_is_refused():
+    """On one rank the last stage's B needs its own F first, and a W its I: the other order can
+    never run."""
+    with pytest.raises(RuntimeError, match="deadlocked"):
+        simulate(_parse(["0B0,0F0"]), 1, [1.0], [2.0])
+    with pytest.raises(RuntimeError, match="deadlocked"):
+        simulate(_parse(["0F0,0W0,0I0"]), 1, [1.0], [2.0])
+    assert simulate(_parse(["0F0,0I0,0W0"]), 1, [1.0], [2.0]).makespan == 3.0

@@ -76,11 +76,11 @@ def _rank_program(sched: Schedule, r: int, n_stages: int, m: int, table: np.ndar
     local = is_w | last_bwd
     if local.any():
         producer = np.where(is_w, (S + stage) * M + mb, stage * M + mb)[local]
-        first_at = {}
-        for pos, slot in enumerate(own.tolist()):
-            first_at.setdefault(slot, pos)
-        where = np.flatnonzero(local)
-        if any(first_at.get(p, len(own)) > w for p, w in zip(producer.tolist(), where.tolist())):
+        order = np.argsort(own, kind="stable")  # first occurrence of each slot first
+        sorted_own = own[order]
+        at = np.minimum(np.searchsorted(sorted_own, producer), own.size - 1)
+        found = sorted_own[at] == producer
+        if not (found & (order[at] < np.flatnonzero(local))).all():
             raise RuntimeError("pipeline schedule deadlocked: a backward comes before its own forward on a rank")
     free_dep = 3 * S * M
     dep = np.where(is_f, np.where(stage > 0, (stage - 1) * M + mb, free_dep), (S + stage + 1) * M + mb)
