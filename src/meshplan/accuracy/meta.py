@@ -1,0 +1,227 @@
+"""Meta's runs: Llama 3 405B pre-training (the paper's Table 4) and the torchtitan benchmarks
+(Llama 3.1 8B/70B/405B on H100, 2024-12; Llama 3.1 8B on H200 by Trainy/WhiteFiber, 2025-06)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from meshplan.accuracy.formulas import llama3_model_flops, step_from_tflops, step_from_tokens_per_gpu
+from meshplan.accuracy.runs import MappedRun, unsupported
+from meshplan.catalog import load_gpu, load_model
+from meshplan.cost.params import count_params
+from meshplan.presets import get_preset
+from meshplan.specs.hardware import ClusterSpec, GPUSpec
+from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
+from meshplan.units import GiB
+
+LLAMA3_BATCH_TOKENS = 16 * 2**20  # "16M tokens" = 2,048 x 8,192
+
+
+# ---- Llama 3 405B (Table 4) ---------------------------------------------------------------------
+
+
+def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
+    src = "Llama 3 paper (arXiv 2407.21783), Table 4"
+    n, cp, dp, s = r["gpu_count"], r["cp"], r["dp"], r["seq_len"]
+    preset = get_preset("llama3-405b-8k" if n == 8192 else "llama3-405b-16k")
+    v = dict(preset.values)
+    if (r["tp"], r["pp"]) != (v["tp"], v["pp"]):
+        return [unsupported(r, "llama3", src, f"layout TP{r['tp']} PP{r['pp']} differs from the preset's")]
+    model = load_model(v["model"])
+    plan = TrainingPlan.build(
+        where="plan", tp=v["tp"], cp=cp, pp=v["pp"], dp=dp, vpp=v["vpp"], schedule=v["schedule"],
+        micro_batch=v["micro_batch"], global_batch=LLAMA3_BATCH_TOKENS // s, seq_len=s,
+        recompute=v["recompute"], zero=v["zero"], rank_order=tuple(v["rank_order"].split(",")),
+        precision=PrecisionRecipe(precision="bf16", grad_dtype="fp32"),
+    )
+    cluster = ClusterSpec.of(load_gpu(v["gpu"]), n, pod_size=v["pod_size"],
+                             oversubscription=v["oversubscription"])
+    N = count_params(model).total
+    X = r["tflops_per_gpu"]
+    tokens = plan.tokens_per_step
+    step = step_from_tflops(llama3_model_flops(tokens, N, model.n_layers, model.hidden, s), n, X)
+    formula = (
+        f"Llama 3 model FLOPs (6·N + 12·L·h·s) per token, N = {N:,} (Llama 3.1 405B), L = {model.n_layers}, "
+        f"h = {model.hidden}, s = {s}, non-causal attention term (the ground truth's derivation; the "
+        f"paper does not print its formula), x {tokens:,} tokens, divided by {n} GPUs x {X} TFLOP/s"
+    )
+    per_rank = plan.global_batch // dp
+    assumptions = [
+        f"preset '{preset.name}' (src/meshplan/presets.py): TP{v['tp']} PP{v['pp']}, interleaved with "
+        f"vpp {v['vpp']} ('V > 1', value unpublished), micro-batch {v['micro_batch']}, ZeRO-2-like sharding, "
+        f"3,072-GPU pods with 1:7 oversubscription above, rank order {v['rank_order']}",
+        f"16M-token batch = {plan.global_batch} x {s:,}: {per_rank} sequences per DP rank",
+        ("no activation checkpointing (the paper, for 8K pre-training)" if cp == 1 else
+         "no activation checkpointing assumed for the 128K stage too (each GPU still holds 8,192 "
+         "tokens per micro-batch with CP 16); DP 8 as the ground truth corrects the printed 4"),
+        "BF16 with fp32 gradient accumulation and fp32 reduce-scatter (the paper)",
+        "catalog Llama 3.1 405B (vocabulary 128,256; the paper rounds it to 128,000)",
+        "Llama 3's own schedule variant (tunable consecutive micro-batches per chunk, async P2P) "
+        "approximated by Megatron's interleaved schedule; first and last stages one layer fewer "
+        "(meshplan's default split)",
+        "document masking not modelled: attention spans whole sequences",
+        "H100 SXM 80GB HBM3 at 700 W (catalog), 400 Gb/s RoCE per GPU",
+    ]
+    if cp > 1:
+        assumptions.append(
+            "context parallelism modelled as ring send/recv of K/V overlapped with attention; Llama 3 "
+            "all-gathers K/V (2·CP load-balanced chunks)"
+        )
+    return [MappedRun(
+        id=r["id"], run_id=r["id"], group="llama3", source=src, gpu="h100-sxm-80gb", gpus=n,
+        model=model, cluster=cluster, plan=plan, published_step_s=step, formula=formula,
+        assumptions=assumptions,
+    )]
+
+
+# ---- torchtitan benchmarks ----------------------------------------------------------------------
+
+TORCHTITAN_MODELS = {"Llama 3.1 8B": "llama3-8b", "Llama 3.1 70B": "llama3-70b", "Llama 3.1 405B": "llama3-405b"}
+
+
+def h100_96gb() -> GPUSpec:
+    """Meta Grand Teton's H100 SXM with 96 GB HBM2e: the catalog H100 with 96 GiB."""
+    return load_gpu("h100-sxm-80gb").model_copy(update={"name": "h100-sxm-96gb", "hbm_bytes": 96 * GiB})
+
+
+def _numbers(text: Any) -> list[float]:
+    """The first number of each '/'-separated part: '10938 (4 nodes) / 10753 (8 nodes)' -> both."""
+    out = []
+    for part in str(text).split("/"):
+        m = re.search(r"\d+(?:\.\d+)?", part)
+        if m:
+            out.append(float(m.group()))
+    return out
+
+
+def _fsdp_notes(pp: int) -> list[str]:
+    return [
+        "FSDP2 = ZeRO-3 over dp x cp; torchtitan's mixed precision (bf16 compute, fp32 reduce) as "
+        "meshplan's bf16 + fp32 gradients + fp32 master + Adam (18 B/param sharded; FSDP2 keeps "
+        "fp32 parameters and gradients, 16 B/param)",
+        "reshard after forward: yes" if pp == 1 else
+        "reshard after forward: no (torchtitan's default policy with pipeline parallelism)",
+        "SDPA flash attention, causal; rank order tp, cp, dp, pp (torchtitan's mesh, innermost first)",
+    ]
+
+
+def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: bool) -> list[str]:
+    notes = []
+    if recompute == "selective":
+        notes.append(
+            "torchtitan's op-level selective AC (saves matmul outputs except every second one, and "
+            "the SDPA output) mapped to meshplan's selective recompute, which repeats only the "
+            "attention core: the real run recomputes more (about half the matmul forward)"
+        )
+    else:
+        notes.append("full activation checkpointing of every layer")
+    if fp8:
+        notes.append(
+            "Float8 linears (torchao, dynamic scaling) as meshplan fp8: GEMMs at the FP8 peak, "
+            "attention in bf16; cast/scale kernels not modelled; weights gathered in bf16"
+        )
+    if compiled:
+        notes.append("torch.compile not modelled: predicted as eager")
+    return notes
+
+
+def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
+    src = "torchtitan benchmarks (Llama 3.1 on H100, 2024-12)"
+    name = TORCHTITAN_MODELS.get(r["model"])
+    if name is None:
+        return [unsupported(r, "torchtitan", src, f"no catalog model for {r['model']}")]
+    model = load_model(name)
+    notes = str(r.get("notes") or "")
+    tp, pp, cp, dp, n, s = r["tp"], r["pp"], r["cp"], r["dp"], r["gpu_count"], r["seq_len"]
+    m_lbs = re.search(r"local batch (\d+)", notes)
+    if r.get("global_batch_seqs"):
+        global_batch = r["global_batch_seqs"]
+        lbs = global_batch // dp
+    elif m_lbs:
+        lbs = int(m_lbs.group(1))
+        global_batch = lbs * dp
+    else:
+        return [unsupported(r, "torchtitan", src, "no global or local batch size given")]
+    recompute = "selective" if str(r["activation_recompute"]).startswith("selective") else "full"
+    fp8 = "Float8" in str(r["precision"])
+    compiled = "compile" in notes
+    interleaved = "Interleaved" in notes
+    async_tp = tp > 1 and ("AsyncTP" in notes or interleaved)
+    assumptions: list[str] = []
+    if pp > 1:
+        m = pp  # torchtitan's default number of micro-batches: the pipeline degree
+        micro = lbs // m
+        vpp = 2 if interleaved else 1
+        assumptions.append(
+            f"{m} micro-batches of {micro} (torchtitan's default: as many micro-batches as pipeline "
+            f"ranks; local batch {lbs}), "
+            + ("interleaved 1F1B with 2 stages per rank (not stated)" if interleaved else "1F1B")
+        )
+    else:
+        micro, vpp = lbs, 1
+        assumptions.append(f"local batch {lbs} as one micro-batch (no pipeline, no accumulation)")
+    plan = TrainingPlan.build(
+        where="plan", tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+        micro_batch=micro, global_batch=global_batch, seq_len=s, recompute=recompute,
+        sequence_parallel=tp > 1, zero=3, reshard_after_forward=pp == 1,
+        precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
+        tp_comm_overlap=async_tp,
+    )
+    cluster = ClusterSpec.of(h100_96gb(), n)
+    if interleaved:
+        assumptions.append("compile + Float8 + AsyncTP as in the 1F1B row (the interleaved row's note omits them)")
+    if tp > 1:
+        assumptions.append("TP with sequence parallelism" + (" and AsyncTP (TP comm overlapped with GEMMs)" if async_tp else ""))
+    if cp > 1:
+        assumptions.append("context parallelism modelled as ring send/recv of K/V overlapped with attention")
+    assumptions += _torchtitan_common(r, recompute, fp8, compiled) + _fsdp_notes(pp) + [
+        "H100 SXM with 96 GB HBM2e (capacity 96 GiB); catalog HBM3 bandwidth and 700 W clocks kept: "
+        "the 500 W power cap is not modelled",
+        "Grand Teton: 8 GPUs per NVSwitch node, 400 Gb/s RDMA per GPU",
+        "published memory is torchtitan's peak (reserved) memory; meshplan's is its allocated peak "
+        "plus a 2 GiB runtime reserve",
+    ]
+    tps = float(r["tokens_per_s_per_gpu"])
+    step = step_from_tokens_per_gpu(global_batch * s, n, tps)
+    formula = f"global batch tokens / (tokens/s per GPU x GPUs) = {global_batch * s:,} / ({tps:g} x {n})"
+    return [MappedRun(
+        id=r["id"], run_id=r["id"], group="torchtitan", source=src, gpu="h100-sxm-96gb (500 W)", gpus=n,
+        model=model, cluster=cluster, plan=plan, published_step_s=step, formula=formula,
+        published_mem_gib=float(r["peak_memory_gib"]), assumptions=assumptions,
+    )]
+
+
+def map_trainy(r: dict[str, Any]) -> list[MappedRun]:
+    """One row, two measurements (32 and 64 GPUs): two mapped runs."""
+    src = "torchtitan benchmark (Trainy/WhiteFiber, H200, 2025-06)"
+    gpus = [int(x) for x in _numbers(r["gpu_count"])]
+    tps = _numbers(r["tokens_per_s_per_gpu"])
+    mem = _numbers(r["peak_memory_gib"])
+    if not (len(gpus) == len(tps) == len(mem)) or not gpus:
+        return [unsupported(r, "trainy", src, "cannot pair GPU counts with throughputs")]
+    model = load_model("llama3-8b")
+    out = []
+    for n, t, g in zip(gpus, tps, mem):
+        b = r["micro_batch"]
+        plan = TrainingPlan.build(
+            where="plan", dp=n, micro_batch=b, global_batch=b * n, seq_len=r["seq_len"],
+            recompute="selective", sequence_parallel=False, zero=3,
+            precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"),
+        )
+        cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), n)
+        assumptions = [
+            f"FSDP over all {n} GPUs, local batch {b} as one micro-batch, global batch {b * n} sequences",
+            "FSDP2 with float8 all-gather: meshplan gathers 2-byte weights (fp8 all-gather not modelled)",
+        ] + _torchtitan_common(r, "selective", True, True) + _fsdp_notes(1) + [
+            "H200 SXM 141GB (catalog), 8 per node, 400 Gb/s ConnectX-7 per GPU",
+            "published memory is torchtitan's peak (reserved) memory",
+        ]
+        step = step_from_tokens_per_gpu(b * n * r["seq_len"], n, t)
+        out.append(MappedRun(
+            id=f"{r['id']}@{n}gpu", run_id=r["id"], group="trainy", source=src, gpu="h200-sxm-141gb",
+            gpus=n, model=model, cluster=cluster, plan=plan, published_step_s=step,
+            formula=f"global batch tokens / (tokens/s per GPU x GPUs) = {b * n * r['seq_len']:,} / ({t:g} x {n})",
+            published_mem_gib=g, assumptions=assumptions,
+        ))
+    return out

@@ -1,0 +1,134 @@
+"""Predict every published run with :func:`meshplan.estimate.estimate` and compare.
+
+Each supported run is estimated exactly as ``meshplan estimate`` would: the same ``estimate``, the
+same catalog, the same calibration table (``meshplan.cost.calibration.calibration_for``, read
+inside ``estimate`` and ``ClusterSpec.of``); nothing here is tuned for validation.
+
+Errors are signed fractions, ``(predicted − published) / published`` (positive: meshplan predicts
+a slower step, or more memory). MAPE is the mean of ``|error|`` over a group's supported rows
+(a fraction; 0.057 = 5.7 %), per source group and over all supported rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Optional
+
+from meshplan.accuracy.runs import MappedRun, map_runs
+from meshplan.estimate import estimate
+from meshplan.units import GiB
+
+
+@dataclass
+class RunResult:
+    id: str
+    run_id: str
+    group: str
+    source: str
+    gpu: str
+    gpus: Optional[int]
+    status: str  # "ok" | "unsupported"
+    reason: str = ""
+    published_step_s: Optional[float] = None
+    predicted_step_s: Optional[float] = None
+    error: Optional[float] = None  # signed fraction
+    published_mem_gib: Optional[float] = None
+    predicted_mem_gib: Optional[float] = None
+    mem_error: Optional[float] = None  # signed fraction
+    predicted_mfu: Optional[float] = None
+    fits: Optional[bool] = None  # predicted peak within the GPU's memory
+    breakdown: dict[str, float] = field(default_factory=dict)  # predicted step, seconds by part
+    assumptions: list[str] = field(default_factory=list)
+    formula: str = ""
+
+
+@dataclass
+class GroupSummary:
+    group: str
+    rows: int  # all rows of the group
+    supported: int
+    mape: Optional[float]  # mean |error| of step time over supported rows
+    mean_error: Optional[float]  # mean signed error (bias)
+    max_abs_error: Optional[float]
+    mem_rows: int
+    mem_mape: Optional[float]
+
+
+@dataclass
+class ValidationReport:
+    rows: list[RunResult]
+    groups: dict[str, GroupSummary]
+    overall: GroupSummary
+    worst: list[RunResult]  # supported rows by |error|, largest first
+
+    def supported(self) -> list[RunResult]:
+        return [r for r in self.rows if r.status == "ok"]
+
+    def unsupported(self) -> list[RunResult]:
+        return [r for r in self.rows if r.status != "ok"]
+
+    def row(self, row_id: str) -> RunResult:
+        for r in self.rows:
+            if r.id == row_id:
+                return r
+        raise KeyError(row_id)
+
+    def to_dict(self) -> dict:
+        return {
+            "rows": [asdict(r) for r in self.rows],
+            "groups": {k: asdict(g) for k, g in self.groups.items()},
+            "overall": asdict(self.overall),
+            "worst": [r.id for r in self.worst],
+        }
+
+
+def _mean(xs: list[float]) -> Optional[float]:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(group: str, rows: list[RunResult]) -> GroupSummary:
+    errs = [r.error for r in rows if r.status == "ok" and r.error is not None]
+    mems = [r.mem_error for r in rows if r.status == "ok" and r.mem_error is not None]
+    return GroupSummary(
+        group=group,
+        rows=len(rows),
+        supported=sum(r.status == "ok" for r in rows),
+        mape=_mean([abs(e) for e in errs]),
+        mean_error=_mean(errs),
+        max_abs_error=max((abs(e) for e in errs), default=None),
+        mem_rows=len(mems),
+        mem_mape=_mean([abs(e) for e in mems]),
+    )
+
+
+def predict(run: MappedRun) -> RunResult:
+    """One mapped run through ``estimate`` (unsupported runs pass through with their reason)."""
+    res = RunResult(
+        id=run.id, run_id=run.run_id, group=run.group, source=run.source, gpu=run.gpu, gpus=run.gpus,
+        status=run.status, reason=run.reason, published_step_s=run.published_step_s,
+        published_mem_gib=run.published_mem_gib, assumptions=list(run.assumptions), formula=run.formula,
+    )
+    if not run.supported:
+        return res
+    est = estimate(run.model, run.cluster, run.plan)
+    res.predicted_step_s = est.time.step_s
+    res.predicted_mem_gib = est.peak_bytes / GiB
+    res.predicted_mfu = est.mfu
+    res.fits = est.fits
+    res.breakdown = est.time.breakdown()
+    if run.published_step_s:
+        res.error = (res.predicted_step_s - run.published_step_s) / run.published_step_s
+    if run.published_mem_gib:
+        res.mem_error = (res.predicted_mem_gib - run.published_mem_gib) / run.published_mem_gib
+    return res
+
+
+def validate_runs(runs: Optional[Iterable[MappedRun]] = None, *, worst: int = 5) -> ValidationReport:
+    """Predict every published run (or ``runs``) and summarize the errors by source group."""
+    rows = [predict(r) for r in (map_runs() if runs is None else runs)]
+    by_group: dict[str, list[RunResult]] = {}
+    for r in rows:
+        by_group.setdefault(r.group, []).append(r)
+    groups = {g: summarize(g, rs) for g, rs in by_group.items()}
+    ranked = sorted((r for r in rows if r.error is not None), key=lambda r: abs(r.error), reverse=True)
+    return ValidationReport(rows=rows, groups=groups, overall=summarize("overall", rows), worst=ranked[:worst])
