@@ -206,12 +206,20 @@ def test_preset_human_output_shows_published_figures_beside_the_estimate():
     assert code == 0 and err == ""
     est = _preset_library_estimate()
     assert "Estimate vs published" in out and "2407.21783" in out
-    tflops_row = next(line for line in out.splitlines() if "model TFLOP/s per GPU" in line and "400" in line)
-    assert f"{est.model_tflops_per_gpu:,.1f}" in tflops_row
-    assert f"{100 * (est.model_tflops_per_gpu - 400) / 400:+.1f}%" in tflops_row
-    mfu_row = next(line for line in out.splitlines() if line.strip().startswith("MFU ") and "41%" in line)
-    assert f"{100 * est.mfu:.1f}%" in mfu_row
-    assert f"{100 * (est.mfu - 0.41) / 0.41:+.1f}%" in mfu_row
+    # both sides on the authors' FLOP count, (6·N + 12·L·h·s) per token: their 400 TFLOP/s is a
+    # step of F / (16,384 × 400e12) seconds; meshplan's step gives F / (16,384 × step) TFLOP/s
+    F = 2048 * 8192 * (6 * 405_853_388_800 + 12 * 126 * 16384 * 8192)
+    step_pub = F / (16384 * 400e12)
+    step_row = next(line for line in out.splitlines() if line.strip().startswith("step time (s)"))
+    assert f"{est.time.step_s:.3f}" in step_row and f"{step_pub:.3f}" in step_row
+    assert f"{100 * (est.time.step_s - step_pub) / step_pub:+.1f}%" in step_row
+    tflops = F / (16384 * est.time.step_s) / 1e12
+    tflops_row = next(line for line in out.splitlines() if "TFLOP/s per GPU (their formula)" in line)
+    assert f"{tflops:,.1f}" in tflops_row and f"{100 * (tflops - 400) / 400:+.1f}%" in tflops_row
+    mfu = tflops * 1e12 / 989.4e12
+    mfu_row = next(line for line in out.splitlines() if line.strip().startswith("MFU (their formula)"))
+    assert f"{100 * mfu:.1f}%" in mfu_row and f"{100 * (mfu - 0.41) / 0.41:+.1f}%" in mfu_row
+    assert f"{est.model_tflops_per_gpu:,.1f} TFLOP/s per GPU" in out  # meshplan's own convention, stated
     assert f"{est.run_cost()['days']:,.2f}" in out  # 15.6T tokens
 
 

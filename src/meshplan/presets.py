@@ -8,7 +8,7 @@ given on the command line override a preset's values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 LLAMA3_SOURCE = (
     "Llama Team, 'The Llama 3 Herd of Models' (arXiv 2407.21783), Table 4 (TFLOP/s per GPU, "
@@ -18,13 +18,30 @@ LLAMA3_SOURCE = (
 
 @dataclass(frozen=True)
 class Published:
-    """What a run's authors reported (``None``: not published). MFU as a fraction."""
+    """What a run's authors reported (``None``: not published). MFU as a fraction.
+
+    ``flops_per_step`` is the authors' own FLOP count for a step of the plan (their TFLOP/s and MFU
+    are measured with it), described by ``formula``: the comparison converts meshplan's step time
+    with that count, so both sides use one convention (DESIGN.md: compare step times)."""
 
     source: str
     model_tflops_per_gpu: Optional[float] = None
     mfu: Optional[float] = None
     step_s: Optional[float] = None
     tokens_per_s: Optional[float] = None
+    flops_per_step: Optional[Callable[[Any], float]] = None
+    formula: str = ""
+
+
+def _llama3_flops(est: Any) -> float:
+    """Llama 3's model FLOPs per step, (6·N + 12·L·h·s) per token (accuracy.formulas)."""
+    from meshplan.accuracy.formulas import llama3_model_flops
+
+    m = est.model
+    return float(llama3_model_flops(est.plan.tokens_per_step, est.params.total, m.n_layers, m.hidden, est.plan.seq_len))
+
+
+LLAMA3_FORMULA = "(6·N + 12·L·h·s) FLOPs per token (non-causal attention term), N = all parameters"
 
 
 @dataclass(frozen=True)
@@ -64,14 +81,16 @@ PRESETS: dict[str, Preset] = {
         name="llama3-405b-16k",
         description="Llama 3 405B pre-training on 16,384 H100s: TP8 CP1 PP16 DP128, 8K sequences, 16M-token batches",
         values=_llama3_405b(16384, 128),
-        published=Published(source=LLAMA3_SOURCE, model_tflops_per_gpu=400.0, mfu=0.41),
+        published=Published(source=LLAMA3_SOURCE, model_tflops_per_gpu=400.0, mfu=0.41,
+                            flops_per_step=_llama3_flops, formula=LLAMA3_FORMULA),
         notes=("16 sequences per DP rank; default layer split 7, 8 x 14, 7 (one layer fewer on the first and last stages)",),
     ),
     "llama3-405b-8k": Preset(
         name="llama3-405b-8k",
         description="Llama 3 405B pre-training on 8,192 H100s: TP8 CP1 PP16 DP64, 8K sequences, 16M-token batches",
         values=_llama3_405b(8192, 64),
-        published=Published(source=LLAMA3_SOURCE, model_tflops_per_gpu=430.0, mfu=0.43),
+        published=Published(source=LLAMA3_SOURCE, model_tflops_per_gpu=430.0, mfu=0.43,
+                            flops_per_step=_llama3_flops, formula=LLAMA3_FORMULA),
         notes=("32 sequences per DP rank",),
     ),
 }

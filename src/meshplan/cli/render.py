@@ -192,11 +192,25 @@ def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
     def diff(pred: float, ref: float) -> str:
         return f"{100 * (pred - ref) / ref:+.1f}%"
 
-    if pub.model_tflops_per_gpu is not None:
-        t.add_row("model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:,.1f}", f"{pub.model_tflops_per_gpu:g}",
-                  diff(est.model_tflops_per_gpu, pub.model_tflops_per_gpu))
-    if pub.mfu is not None:
-        t.add_row("MFU", _pct(est.mfu), _pct(pub.mfu, 0), diff(est.mfu, pub.mfu))
+    n, peak = est.plan.num_gpus, est.mfu_peak
+    if pub.flops_per_step is not None and pub.model_tflops_per_gpu is not None:
+        # the authors' FLOP count turns their TFLOP/s into a step time and meshplan's step into
+        # TFLOP/s and MFU on their basis
+        flops = pub.flops_per_step(est)
+        step_pub = flops / (n * pub.model_tflops_per_gpu * 1e12)
+        tflops = flops / (n * est.time.step_s) / 1e12
+        t.add_row("step time (s)", f"{est.time.step_s:.3f}", f"{step_pub:.3f}", diff(est.time.step_s, step_pub))
+        t.add_row("TFLOP/s per GPU (their formula)", f"{tflops:,.1f}", f"{pub.model_tflops_per_gpu:g}",
+                  diff(tflops, pub.model_tflops_per_gpu))
+        if pub.mfu is not None:
+            mfu = tflops * 1e12 / peak
+            t.add_row("MFU (their formula)", _pct(mfu), _pct(pub.mfu, 0), diff(mfu, pub.mfu))
+    else:
+        if pub.model_tflops_per_gpu is not None:
+            t.add_row("model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:,.1f}", f"{pub.model_tflops_per_gpu:g}",
+                      diff(est.model_tflops_per_gpu, pub.model_tflops_per_gpu))
+        if pub.mfu is not None:
+            t.add_row("MFU", _pct(est.mfu), _pct(pub.mfu, 0), diff(est.mfu, pub.mfu))
     if pub.step_s is not None:
         t.add_row("step time (s)", f"{est.time.step_s:.3f}", f"{pub.step_s:g}", diff(est.time.step_s, pub.step_s))
     if pub.tokens_per_s is not None:
@@ -222,6 +236,9 @@ def print_estimate(est: Estimate, preset: Optional[Preset], unit: str) -> None:
             out.print()
             out.print(pt)
             out.print(f"published: {preset.published.source}")
+            if preset.published.formula:
+                out.print(f"their FLOP count: {preset.published.formula}; meshplan's own (causal "
+                          f"attention) gives {est.model_tflops_per_gpu:,.1f} TFLOP/s per GPU, MFU {_pct(est.mfu)}")
             for note in preset.notes:
                 out.print(f"note: {note}")
     out.print()
