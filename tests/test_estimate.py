@@ -272,3 +272,21 @@ def test_zero_bubble_schedules_in_the_estimate(schedule, vpp):
     holder = 0 if schedule == "zbv" else 3
     assert "logits_grad" in stages[holder]["other_detail"]
     assert sum(s["params"] for s in stages) == sum(s["params"] for s in ref.to_dict()["memory"]["stages"])
+
+
+def test_fp8_casts_cost_hbm_traffic():
+    """FP8 with dynamic scaling reads each bf16 operand twice (amax, then cast) and writes one
+    byte: 5 bytes per element of input and weight forward; backward the output gradient's cast
+    and the FP8 transposes of input and weight (2 bytes per element each)."""
+    from meshplan.cost.compute import fp8_cast_bytes
+
+    m, n, k = 8192, 6144, 4096
+    fwd, bwd = fp8_cast_bytes([(m, n, k)], 2)
+    assert fwd == 5 * (m * k + k * n)
+    assert bwd == 5 * m * n + 2 * (m * k + k * n)
+    # so FP8 is faster than BF16, but less than the 2x of its peak
+    model, cluster = load_model("llama3-8b"), ClusterSpec.of(H100, 8)
+    base = dict(dp=8, global_batch=16, seq_len=8192, recompute="selective", zero=3)
+    bf16 = estimate(model, cluster, TrainingPlan(**base)).time.step_s
+    fp8 = estimate(model, cluster, TrainingPlan(**base, precision=PrecisionRecipe(precision="fp8"))).time.step_s
+    assert 1.0 < bf16 / fp8 < 1.6

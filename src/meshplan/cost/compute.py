@@ -168,7 +168,25 @@ def layer_op_times(
     n_mem_kernels = 7
     fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead + fm_attn
     bm = 2 * (fm - fm_attn) + bm_attn
+    if compute_dtype == "fp8":
+        cast_f, cast_b = fp8_cast_bytes(gemms, e)
+        fm += memory_time(cast_f, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
+        bm += memory_time(cast_b, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
     return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw)
+
+
+def fp8_cast_bytes(gemms: list[tuple[float, float, float]], e: int) -> tuple[float, float]:
+    """HBM traffic of FP8 training's casts with dynamic (current) scaling, forward and backward,
+    for GEMMs (m, n, k) whose operands live in ``e``-byte precision: each operand cast to FP8 is
+    read once for its absolute maximum and once more to write one byte per element, e + e + 1
+    bytes per element — the input (m·k) and weight (k·n) forward; the output gradient (m·n) and
+    the transposed FP8 copies of input and weight that the two backward GEMMs read, backward
+    (Transformer Engine / torchao float8 recipes; Micikevicius et al. 2022, "FP8 Formats for Deep
+    Learning", Sec. 4)."""
+    per = 2 * e + 1
+    fwd = sum(per * (m * k + k * n) for m, n, k in gemms)
+    bwd = sum(per * m * n + 2 * (m * k + k * n) for m, n, k in gemms)  # grad cast; FP8 transposes
+    return fwd, bwd
 
 
 def embedding_op_times(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, gpu: GPUSpec, cal: Calibration, act_bytes: int) -> OpTimes:
