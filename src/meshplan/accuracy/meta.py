@@ -119,7 +119,7 @@ def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: b
     if fp8:
         notes.append(
             "Float8 linears (torchao, dynamic scaling) as meshplan fp8: GEMMs at the FP8 peak, "
-            "attention in bf16; cast/scale kernels not modelled; weights gathered in bf16"
+            "attention in bf16; the FP8 casts modelled as HBM traffic (amax + cast per operand); weights gathered in bf16"
         )
     if compiled:
         notes.append("torch.compile not modelled: predicted as eager")
