@@ -163,3 +163,16 @@ def test_seed_004_compute_budget_15T():
     assert B * s == D
     f = step_flops(load_model("llama3-405b"), s, B)
     assert f.dense == 6 * 403_747_897_344 * D == 36_337_310_760_960 * 10**12
+
+
+def test_op_level_selective_recompute_flops():
+    """torchtitan's op-level selective checkpointing repeats every second matmul in forward order
+    (q, k, v, o, gate, up, down → k, o, up): 2·T·L·(h·g·d + a·d·h + h·f) extra FLOPs."""
+    from meshplan.cost.params import op_sac_recomputed
+
+    m = load_model("llama3-8b")
+    assert [name for name, _, _ in op_sac_recomputed(m)] == ["k", "o", "up"]
+    T = 8192 * 2
+    got = step_flops(m, 8192, 2, recompute="op")
+    assert got.recompute == 2 * T * 32 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336)
+    assert got.model == step_flops(m, 8192, 2).model

@@ -331,6 +331,8 @@ def estimate(
         recompute_layer = ops.fwd
     elif plan.recompute == "selective":
         recompute_layer = ops.fwd_attention
+    elif plan.recompute == "op":
+        recompute_layer = ops.fwd_op_recompute
     else:
         recompute_layer = 0.0
 

@@ -108,11 +108,10 @@ def _fsdp_notes(pp: int) -> list[str]:
 
 def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: bool) -> list[str]:
     notes = []
-    if recompute == "selective":
+    if recompute == "op":
         notes.append(
-            "torchtitan's op-level selective AC (saves matmul outputs except every second one, and "
-            "the SDPA output) mapped to meshplan's selective recompute, which repeats only the "
-            "attention core: the real run recomputes more (about half the matmul forward)"
+            "torchtitan's op-level selective AC (saves the outputs of every other matmul and of SDPA, "
+            "recomputes the rest) as meshplan's recompute 'op'"
         )
     else:
         notes.append("full activation checkpointing of every layer")
@@ -143,7 +142,7 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         global_batch = lbs * dp
     else:
         return [unsupported(r, "torchtitan", src, "no global or local batch size given")]
-    recompute = "selective" if str(r["activation_recompute"]).startswith("selective") else "full"
+    recompute = "op" if str(r["activation_recompute"]).startswith("selective") else "full"
     fp8 = "Float8" in str(r["precision"])
     compiled = "compile" in notes
     interleaved = "Interleaved" in notes
@@ -206,14 +205,14 @@ def map_trainy(r: dict[str, Any]) -> list[MappedRun]:
         b = r["micro_batch"]
         plan = TrainingPlan.build(
             where="plan", dp=n, micro_batch=b, global_batch=b * n, seq_len=r["seq_len"],
-            recompute="selective", sequence_parallel=False, zero=3,
+            recompute="op", sequence_parallel=False, zero=3,
             precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"),
         )
         cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), n)
         assumptions = [
             f"FSDP over all {n} GPUs, local batch {b} as one micro-batch, global batch {b * n} sequences",
             "FSDP2 with float8 all-gather: meshplan gathers 2-byte weights (fp8 all-gather not modelled)",
-        ] + _torchtitan_common(r, "selective", True, True) + _fsdp_notes(1) + [
+        ] + _torchtitan_common(r, "op", True, True) + _fsdp_notes(1) + [
             "H200 SXM 141GB (catalog), 8 per node, 400 Gb/s ConnectX-7 per GPU",
             "published memory is torchtitan's peak (reserved) memory",
         ]

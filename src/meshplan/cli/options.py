@@ -78,7 +78,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "global_batch": (Optional[int], _opt("--global-batch", "Sequences per optimizer step. (default: about 4M tokens: micro_batch·dp·m with m = round(4,194,304 / (seq_len·micro_batch·dp)) in 1..1024, a multiple of pp when interleaved)", P_BATCH)),
     "global_batch_tokens": (Optional[str], _opt("--global-batch-tokens", "Tokens per optimizer step, a multiple of --seq-len, instead of --global-batch. k, M, G are binary here, as batch sizes are quoted: 16M = 16,777,216 = 2,048 x 8,192.", P_BATCH)),
     "seq_len": (Optional[int], _opt("--seq-len", "Sequence length in tokens. (default: 4096)", P_BATCH)),
-    "recompute": (Optional[Literal["none", "selective", "full"]], _opt("--recompute", "Activation recomputation. (default: none)", P_MEMORY)),
+    "recompute": (Optional[Literal["none", "selective", "op", "full"]], _opt("--recompute", "Activation recomputation: none; selective (Megatron: the attention core); op (torchtitan's op-level selective AC: every second matmul and the element-wise ops); full. (default: none)", P_MEMORY)),
     "sequence_parallel": (Optional[bool], _opt("--sequence-parallel/--no-sequence-parallel", "Megatron sequence parallelism with TP. (default: on)", P_MEMORY)),
     "zero": (Optional[Literal["0", "1", "2", "3"]], _opt("--zero", "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights (FSDP). (default: 1)", P_MEMORY)),
     "dp_shard": (Optional[int], _opt("--dp-shard", "HSDP: shard model state within groups of this many DP ranks. (default: dp)", P_MEMORY)),

@@ -34,6 +34,9 @@ A gated MLP keeps the fused gate|up output (2·n·f·e, the SwiGLU input) and th
 input (n·f·e), as Megatron-LM's fused ``bias_swiglu`` does (it recomputes SiLU in backward);
 plain eager PyTorch also keeps SiLU's output, one n·f·e more.
 
+torchtitan's op-level selective checkpointing ("op") keeps the layer input, the outputs of every
+other matmul and of the attention kernel, and recomputes the rest (``op_sac_saved``).
+
 Full recompute keeps only the layer input but rebuilds one layer's full set of activations during
 its backward: that working set is reported separately (``working``).
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.params import kv_heads_per_rank, padded_vocab
+from meshplan.cost.params import kv_heads_per_rank, layer_matmuls, matmuls_per_rank, padded_vocab
 from meshplan.specs.model import ModelSpec
 
 
@@ -120,7 +123,25 @@ def layer_activations(
         return LayerActivations(full - core, core, tuple(kept))
     rep = tp if sequence_parallel else 1
     layer_input = micro_batch * seq_len / cp * model.hidden * act_bytes / rep
+    if recompute == "op":
+        kept = [("layer_input", layer_input)] + op_sac_saved(model, micro_batch, seq_len, tp, cp, act_bytes)
+        return LayerActivations(sum(b for _, b in kept), full, tuple(kept))
     return LayerActivations(layer_input, full, (("layer_input", layer_input),))
+
+
+def op_sac_saved(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, act_bytes: int) -> list[tuple[str, float]]:
+    """What torchtitan's op-level selective checkpointing keeps besides the layer input: the
+    outputs of every other matmul in forward order (q, v, gate, down for Llama; column-parallel
+    outputs split t ways, row-parallel ones full width before their reduction) and of the
+    attention kernel (its output and fp32 log-sum-exp); everything else is recomputed."""
+    n = micro_batch * seq_len / cp
+    e = act_bytes
+    a_r = model.n_heads / tp
+    shapes = matmuls_per_rank(model, tp)
+    kept = [(f"{name}_output", n * shapes[name][1] * e) for name, _, _ in layer_matmuls(model)[0::2]]
+    kept.append(("attention_output", n * a_r * model.head_dim * e))
+    kept.append(("flash_softmax_stats", 4 * n * a_r))
+    return kept
 
 
 def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, sp: bool) -> float:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.params import kv_heads_per_rank, padded_vocab
+from meshplan.cost.params import kv_heads_per_rank, matmuls_per_rank, op_sac_recomputed, padded_vocab
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 
@@ -81,6 +81,7 @@ class OpTimes:
     bwd_attention: float
     bwd_memory: float
     bwd_weight: float = 0.0  # the weight-gradient GEMMs inside bwd_gemm (a split backward's W)
+    fwd_op_recompute: float = 0.0  # what torchtitan's op-level checkpointing repeats in backward
 
     @property
     def fwd(self) -> float:
@@ -143,7 +144,6 @@ def layer_op_times(
         core = 4.0 * micro_batch * a_r * d * q_len * kv_len * 0.5  # causal: masked blocks skipped
         fa = core / (peak16 * cal.attention_fwd_efficiency) + cal.kernel_overhead
         ba = 2.5 * core / (peak16 * cal.attention_bwd_efficiency) + cal.kernel_overhead
-        fm_attn = bm_attn = 0.0
     else:
         # two batched GEMMs (QKᵀ and A·V over b·a/t heads): one launch each
         batch = micro_batch * a_r
@@ -155,7 +155,6 @@ def layer_op_times(
         softmax = memory_time(scores * 3 * e + drop, gpu, cal)  # scale + mask + softmax
         fa = per + per_av + softmax
         ba = 2 * (per + per_av) + 2 * softmax
-        fm_attn = bm_attn = 0.0
     # memory-bound elementwise work, bytes read + written per forward
     rep = tp if sequence_parallel else 1
     nh = tokens * h * e / rep
@@ -166,13 +165,19 @@ def layer_op_times(
     if model.dropout:
         mem += 2 * (2 * nh + tokens * h / rep)
     n_mem_kernels = 7
-    fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead + fm_attn
-    bm = 2 * (fm - fm_attn) + bm_attn
+    fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead
+    bm = 2 * fm
+    # op-level selective checkpointing repeats every second matmul (separate q, k, v as torchtitan
+    # writes them) and the element-wise work, not the attention kernel
+    shapes = matmuls_per_rank(model, tp)
+    op_rec = fm + sum(
+        float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal, peak, e)) for nm, _, _ in op_sac_recomputed(model)
+    )
     if compute_dtype == "fp8":
         cast_f, cast_b = fp8_cast_bytes(gemms, e)
         fm += memory_time(cast_f, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
         bm += memory_time(cast_b, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
-    return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw)
+    return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec)
 
 
 def fp8_cast_bytes(gemms: list[tuple[float, float, float]], e: int) -> tuple[float, float]:

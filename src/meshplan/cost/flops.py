@@ -15,7 +15,9 @@ step = B·s, L layers, a query heads, d head dimension, s sequence length, B seq
   al. 2022, Sec. 5). The LM head is never recomputed. Korthikanti's Eq. 8 prints the selective
   hardware FLOPs as ``72·B·L·s·h²·(1 + s/3h + V/12hL)``, whose attention term is three times
   the attention forward; one repeated forward gives ``72·B·L·s·h²·(1 + 2s/9h + V/12hL)``, which
-  is what meshplan counts (the tests show the difference, 8·B·L·s²·h).
+  is what meshplan counts (the tests show the difference, 8·B·L·s²·h). torchtitan's op-level
+  selective checkpointing ("op") repeats every second matmul of the layer in forward order (k, o
+  and up for Llama: ``2·T·L·(h·g·d + a·d·h + h·f)``), not the attention core.
 
 Identities checked in the tests: for GPT shapes (a·d = h, f = 4h, no GQA) with full attention
 and full recompute this equals Narayanan et al. 2021 Eq. 3, ``96·B·s·L·h²·(1 + s/6h + V/16Lh)``;
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.params import count_params
+from meshplan.cost.params import count_params, op_sac_recomputed
 from meshplan.specs.model import ModelSpec
 
 
@@ -69,6 +71,8 @@ def step_flops(
         extra = 2 * counts.layer.matmul * model.n_layers * tokens + attn_fwd
     elif recompute == "selective":
         extra = attn_fwd
+    elif recompute == "op":
+        extra = 2 * sum(i * o for _, i, o in op_sac_recomputed(model)) * model.n_layers * tokens
     else:
         extra = 0
     return StepFlops(dense=dense, attention=attention, recompute=extra)

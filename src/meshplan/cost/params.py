@@ -76,6 +76,33 @@ class ParamCounts:
         return self.total - self.embedding - self.position_embedding - self.lm_head
 
 
+def layer_matmuls(model: ModelSpec) -> list[tuple[str, int, int]]:
+    """The layer's weight matmuls in forward order as (name, input width, output width), with
+    separate q, k, v projections as Hugging Face and torchtitan write them: q, k, v, o, then
+    gate, up, down (gated MLP) or fc1, fc2."""
+    h, f, q, kv = model.hidden, model.ffn_hidden, model.q_dim, model.kv_dim
+    attn = [("q", h, q), ("k", h, kv), ("v", h, kv), ("o", q, h)]
+    mlp = [("gate", h, f), ("up", h, f), ("down", f, h)] if model.gated_mlp else [("fc1", h, f), ("fc2", f, h)]
+    return attn + mlp
+
+
+def matmuls_per_rank(model: ModelSpec, tp: int) -> dict[str, tuple[float, float]]:
+    """(input width, output width) of each layer matmul on one TP rank: column-parallel ones
+    (q, k, v, gate, up, fc1) split their output t ways, row-parallel ones (o, down, fc2) their
+    input, producing a full-width partial sum."""
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    q, kv = model.q_dim / tp, kv_heads_per_rank(model, tp) * d
+    table = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h),
+             "gate": (h, f / tp), "up": (h, f / tp), "down": (f / tp, h), "fc1": (h, f / tp), "fc2": (f / tp, h)}
+    return {name: table[name] for name, _, _ in layer_matmuls(model)}
+
+
+def op_sac_recomputed(model: ModelSpec) -> list[tuple[str, int, int]]:
+    """The matmuls torchtitan's op-level selective activation checkpointing recomputes: every
+    second one in forward order (its policy saves the output of the 1st, 3rd, ... mm)."""
+    return layer_matmuls(model)[1::2]
+
+
 def _norm_params(model: ModelSpec) -> int:
     return 2 * model.hidden if model.norm == "layernorm" else model.hidden
 

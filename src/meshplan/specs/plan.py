@@ -112,7 +112,7 @@ class TrainingPlan(Spec):
     micro_batch: int = Field(default=1, ge=1, le=1_000_000)
     global_batch: int = Field(ge=1, le=1_000_000_000)  # sequences per optimizer step
     seq_len: int = Field(ge=1, le=100_000_000)
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Literal["none", "selective", "op", "full"] = "none"
     sequence_parallel: bool = True
     zero: Literal[0, 1, 2, 3] = 1
     precision: PrecisionRecipe = PrecisionRecipe()
