@@ -382,7 +382,11 @@ def estimate(
 
     shard = plan.shard_degree
     layer_params = layer_params_per_rank(model, t)
-    if plan.zero == 3 and shard > 1:
+    # ZeRO-3 that keeps weights gathered and gradients unsharded through the step communicates like
+    # ZeRO-1/2 (one reduce-scatter after the last backward, one all-gather before the first
+    # forward) and holds what they hold, on top of its shards
+    once_per_step = plan.zero == 3 and plan.fsdp_accumulate_unsharded
+    if plan.zero == 3 and shard > 1 and not once_per_step:
         ag = coll.collective_time("all_gather", layer_params * rec.weight_bytes, pl_shard, cluster, cal)
         rs = coll.collective_time("reduce_scatter", layer_params * rec.grad_bytes, pl_shard, cluster, cal)
         fsdp_layer_fwd = exposed(ag, ops.fwd)
@@ -449,10 +453,12 @@ def estimate(
         if last in mine:
             other["logits_grad"] = 4 * tokens * v_r
         if plan.zero == 3 and shard > 1:
-            if plan.reshard_after_forward:
+            if plan.reshard_after_forward and not once_per_step:
                 other["gathered_weights"] = 2 * layer_params * rec.weight_bytes
             else:
                 other["gathered_weights"] = params * rec.weight_bytes * (1 - 1 / shard)
+            if once_per_step:
+                other["unsharded_gradients"] = params * rec.grad_bytes
         if plan.zero >= 2 and shard > 1:
             other["grad_reduce_buckets"] = 2 * layer_params * rec.grad_bytes
         if t > 1:
@@ -479,7 +485,7 @@ def estimate(
         if plan.zero == 0:
             grad_comm = coll.collective_time("all_reduce", grad_bytes, pl_dpcp, cluster, cal)
             pg = 0.0
-        elif plan.zero in (1, 2):
+        elif plan.zero in (1, 2) or once_per_step:
             grad_comm = coll.collective_time("reduce_scatter", grad_bytes, pl_shard, cluster, cal)
             pg = coll.collective_time("all_gather", params * rec.weight_bytes, pl_shard, cluster, cal)
         else:

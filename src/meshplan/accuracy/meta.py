@@ -101,7 +101,9 @@ def _fsdp_notes(pp: int) -> list[str]:
         "meshplan's bf16 + fp32 gradients + fp32 master + Adam (18 B/param sharded; FSDP2 keeps "
         "fp32 parameters and gradients, 16 B/param)",
         "reshard after forward: yes" if pp == 1 else
-        "reshard after forward: no (torchtitan's default policy with pipeline parallelism)",
+        "reshard after forward: no (torchtitan's default with pipeline parallelism), and torch's "
+        "pipeline schedules keep weights gathered and gradients unsharded until the last "
+        "micro-batch (meshplan's fsdp_accumulate_unsharded)",
         "SDPA flash attention, causal; rank order tp, cp, dp, pp (torchtitan's mesh, innermost first)",
     ]
 
@@ -163,7 +165,7 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
     plan = TrainingPlan.build(
         where="plan", tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
         micro_batch=micro, global_batch=global_batch, seq_len=s, recompute=recompute,
-        sequence_parallel=tp > 1, zero=3, reshard_after_forward=pp == 1,
+        sequence_parallel=tp > 1, zero=3, reshard_after_forward=pp == 1, fsdp_accumulate_unsharded=pp > 1,
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
         tp_comm_overlap=async_tp,
     )

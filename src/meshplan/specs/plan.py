@@ -124,6 +124,9 @@ class TrainingPlan(Spec):
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered weights after forward
+    # ZeRO-3/FSDP: keep weights gathered and gradients unsharded across the step's micro-batches,
+    # one all-gather and one reduce-scatter per step (torch.distributed.pipelining with FSDP2)
+    fsdp_accumulate_unsharded: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingPlan":
