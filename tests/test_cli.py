@@ -353,3 +353,11 @@ def test_subprocess_json_and_error():
     proc = _subprocess("estimate", "--tp", "3")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == ["error: tp: tp (3) must divide the number of attention heads (32)"]
+
+
+def test_default_global_batch_fits_every_interleaved_schedule():
+    """Without a batch, the default number of micro-batches is rounded up to a multiple of pp for
+    both interleaved schedules, so that they split into equal rounds."""
+    for schedule in ("interleaved", "interleaved-zb"):
+        d = run_json("--model", "llama3-8b", "--gpus", "48", "--pp", "8", "--schedule", schedule, "--seq-len", "2048")
+        assert d["plan"]["grad_accum"] % 8 == 0

@@ -289,16 +289,24 @@ def test_optimizer_step_time_scales_with_the_recipe():
 
 def test_fsdp_accumulating_unsharded_holds_gathered_weights_and_gradients():
     """ZeRO-3 whose weights stay gathered and gradients unsharded through the step's micro-batches
-    (torch.distributed.pipelining with FSDP2) holds, beyond its shards, (1 − 1/N) of the stage's
-    weights and all of its gradients, and reduce-scatters once per step instead of per layer and
-    micro-batch."""
+    (torch.distributed.pipelining with FSDP2) holds, beyond its shards, the other (1 − 1/N) of
+    the stage's weights and of its gradients — one full copy of each — and reduce-scatters once per
+    step instead of per layer and micro-batch."""
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 32)
     base = dict(pp=4, dp=8, zero=3, global_batch=64, seq_len=4096, reshard_after_forward=False)
     per = estimate(model, cluster, TrainingPlan(**base)).to_dict()
     acc = estimate(model, cluster, TrainingPlan(**base, fsdp_accumulate_unsharded=True)).to_dict()
     s = acc["memory"]["stages"][1]
     P = s["params"]
-    assert s["other_detail"]["unsharded_gradients"] == P * 4  # fp32 gradients
+    assert s["other_detail"]["unsharded_gradients"] == pytest.approx(P * 4 * (1 - 1 / 8), rel=1e-12)  # fp32
+    assert s["gradients"] + s["other_detail"]["unsharded_gradients"] == pytest.approx(P * 4, rel=1e-12)
     assert s["other_detail"]["gathered_weights"] == pytest.approx(P * 2 * (1 - 1 / 8), rel=1e-12)
     assert "unsharded_gradients" not in per["memory"]["stages"][1]["other_detail"]
     assert acc["time"]["breakdown"]["fsdp_comm"] == 0.0 and acc["time"]["breakdown"]["dp_comm"] > 0.0
+
+
+def test_fsdp_accumulate_unsharded_needs_zero3():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="zero = 3"):
+        TrainingPlan(dp=8, zero=2, global_batch=8, seq_len=1024, fsdp_accumulate_unsharded=True)

@@ -434,3 +434,23 @@ def test_backward_before_its_own_forward_is_refused():
     with pytest.raises(RuntimeError, match="deadlocked"):
         simulate(_parse(["0F0,0W0,0I0"]), 1, [1.0], [2.0])
     assert simulate(_parse(["0F0,0I0,0W0"]), 1, [1.0], [2.0]).makespan == 3.0
+
+
+def test_zbv_turn_on_one_rank_has_no_transfer():
+    """ZBV puts stages p − 1 and p on rank p − 1: passing from one to the other costs no transfer.
+    With transfer 0.5 on p = 4, m = 8 (per-chunk f = 1, i = w = 1) rank 3 starts 4F0 right after
+    3F0 ends, and the makespan matches an event-driven reference that charges transfers between
+    ranks only: 57.5."""
+    sched = build_schedule("zbv", 4, 8, 2)
+    sim = simulate(sched, 8, [1.0] * 8, [2.0] * 8, transfer=0.5, keep_timeline=True, wgt=[1.0] * 8)
+    rank3 = {str(a): (s, e) for a, s, e in sim.timeline[3]}
+    assert rank3["4F0"][0] == rank3["3F0"][1]
+    assert sim.makespan == 57.5
+
+
+def test_interleaved_closed_form_needs_m_at_least_p():
+    from meshplan.pipeline.simulate import uniform_makespan
+
+    assert uniform_makespan("interleaved", 4, 3, 2, 0.5, 1.0) is None
+    assert run("interleaved", 4, 3, 2).makespan == 15.0  # the simulation is the answer
+    assert uniform_makespan("interleaved", 4, 8, 2, 0.5, 1.0) == run("interleaved", 4, 8, 2).makespan

@@ -457,8 +457,8 @@ def estimate(
                 other["gathered_weights"] = 2 * layer_params * rec.weight_bytes
             else:
                 other["gathered_weights"] = params * rec.weight_bytes * (1 - 1 / shard)
-            if once_per_step:
-                other["unsharded_gradients"] = params * rec.grad_bytes
+            if once_per_step:  # the sharded gradient is a slice of it until the reduce-scatter
+                other["unsharded_gradients"] = params * rec.grad_bytes * (1 - 1 / shard)
         if plan.zero >= 2 and shard > 1:
             other["grad_reduce_buckets"] = 2 * layer_params * rec.grad_bytes
         if t > 1:

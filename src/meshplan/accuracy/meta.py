@@ -151,12 +151,12 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
     async_tp = tp > 1 and ("AsyncTP" in notes or interleaved)
     assumptions: list[str] = []
     if pp > 1:
-        m = pp  # torchtitan's default number of micro-batches: the pipeline degree
-        micro = lbs // m
         vpp = 2 if interleaved else 1
+        m = pp * vpp  # torchtitan's default number of micro-batches: the total number of stages
+        micro = lbs // m
         assumptions.append(
             f"{m} micro-batches of {micro} (torchtitan's default: as many micro-batches as pipeline "
-            f"ranks; local batch {lbs}), "
+            f"stages, pp x stages per rank; local batch {lbs}), "
             + ("interleaved 1F1B with 2 stages per rank (not stated)" if interleaved else "1F1B")
         )
     else:

@@ -12,7 +12,7 @@ Defaults worth knowing (also in ``--help``):
 * Global batch, when neither ``--global-batch`` nor ``--global-batch-tokens`` is given: about
   4M tokens per step (4,194,304 = 1,024 sequences of 4,096, the batch of Llama 2 and of Llama 3's
   first stage), i.e. ``m = round(4,194,304 / (seq_len·micro_batch·dp))`` micro-batches per DP rank,
-  at least 1 and at most 1,024, rounded up to a multiple of pp for the interleaved schedule;
+  at least 1 and at most 1,024, rounded up to a multiple of pp for the interleaved schedules;
   global batch = micro_batch·m·dp sequences.
 * ``--vpp`` > 1 without ``--schedule`` selects the interleaved schedule; ``--schedule
   interleaved``, ``interleaved-zb`` or ``zbv`` without ``--vpp`` uses 2 virtual stages per rank.
@@ -370,7 +370,7 @@ def resolve(args: PlanArgs) -> Setup:
     else:
         m = round(DEFAULT_BATCH_TOKENS / (s * b * dp))
         m = min(max(m, 1), MAX_DEFAULT_MICROBATCHES)
-        if schedule == "interleaved":
+        if schedule in ("interleaved", "interleaved-zb"):  # equal rounds of micro-batches
             m = -(-m // pp) * pp
         global_batch = b * dp * m
     _positive_int("global_batch", global_batch, cap=1_000_000_000)

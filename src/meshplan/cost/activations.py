@@ -125,7 +125,9 @@ def layer_activations(
     layer_input = micro_batch * seq_len / cp * model.hidden * act_bytes / rep
     if recompute == "op":
         kept = [("layer_input", layer_input)] + op_sac_saved(model, micro_batch, seq_len, tp, cp, act_bytes)
-        return LayerActivations(sum(b for _, b in kept), full, tuple(kept))
+        stored = sum(b for _, b in kept)
+        # the backward rebuilds what was not kept, from the layer input
+        return LayerActivations(stored, full - stored + layer_input, tuple(kept))
     return LayerActivations(layer_input, full, (("layer_input", layer_input),))
 
 

@@ -63,28 +63,30 @@ def _rank_program(sched: Schedule, r: int, n_stages: int, m: int, table: np.ndar
     """Rank r's actions as flat arrays: own slot, dependency slot, duration.
 
     Slots number (kind, stage, micro-batch) as ((κ·S + stage)·M + mb) with κ = 0 for F, 1 for the
-    input-gradient producers B and I, 2 for W. Dependencies across stages are real slots; the
-    two that stay on the rank (the last stage's B or I on its own F, a W on its I) are checked
-    here once — the producer must come earlier in the rank's list — and then point at the last
-    slot, 3·S·M, which is "done at time 0", as do the first stage's forwards."""
+    input-gradient producers B and I, 2 for W. A dependency on another rank is a real slot, whose
+    ready time includes the transfer; one on this rank (the last stage's B or I on its own F, a W
+    on its I, ZBV's turn from stage p − 1 to p) needs no transfer and is checked here once — the
+    producer must come earlier in the rank's list — and then points at the last slot, 3·S·M,
+    which is "done at time 0", as do the first stage's forwards."""
     kind, stage, mb = sched.kind[r], sched.stage[r], sched.mb[r]
     S, M = n_stages, m
     kappa = np.array([0, 1, 1, 2], dtype=np.int64)[kind]
     own = (kappa * S + stage) * M + mb
     is_f, is_w = kind == 0, kind == 3
-    last_bwd = ~is_f & ~is_w & (stage == S - 1)
-    local = is_w | last_bwd
-    if local.any():
-        producer = np.where(is_w, (S + stage) * M + mb, stage * M + mb)[local]
+    free_dep = 3 * S * M
+    dep = np.where(
+        is_f,
+        np.where(stage > 0, (stage - 1) * M + mb, free_dep),
+        np.where(is_w, (S + stage) * M + mb, np.where(stage == S - 1, stage * M + mb, (S + stage + 1) * M + mb)),
+    )
+    if own.size:
         order = np.argsort(own, kind="stable")  # first occurrence of each slot first
         sorted_own = own[order]
-        at = np.minimum(np.searchsorted(sorted_own, producer), own.size - 1)
-        found = sorted_own[at] == producer
-        if not (found & (order[at] < np.flatnonzero(local))).all():
-            raise RuntimeError("pipeline schedule deadlocked: a backward comes before its own forward on a rank")
-    free_dep = 3 * S * M
-    dep = np.where(is_f, np.where(stage > 0, (stage - 1) * M + mb, free_dep), (S + stage + 1) * M + mb)
-    dep = np.where(local, free_dep, dep)
+        at = np.minimum(np.searchsorted(sorted_own, dep), own.size - 1)
+        here = sorted_own[at] == dep  # produced on this rank
+        if (order[at][here] > np.flatnonzero(here)).any():
+            raise RuntimeError("pipeline schedule deadlocked: an action comes before what it needs on its own rank")
+        dep = np.where(here, free_dep, dep)
     return own, dep, table[kind, stage]
 
 
@@ -169,11 +171,12 @@ def simulate(
     )
 
 
-def uniform_makespan(schedule: str, pp: int, m: int, vpp: int, f: float, b: float) -> float:
+def uniform_makespan(schedule: str, pp: int, m: int, vpp: int, f: float, b: float) -> float | None:
     """Closed form for equal stages and free transfers: (m + p − 1)·(f + b) for GPipe and 1F1B,
-    (m·v + p − 1)·(f + b) for interleaved with per-chunk times f, b (Narayanan et al. 2021)."""
+    (m·v + p − 1)·(f + b) for interleaved with per-chunk times f, b (Narayanan et al. 2021) — which
+    needs m ≥ p (fewer micro-batches leave the later chunks waiting); ``None`` otherwise."""
     if schedule == "interleaved":
-        return (m * vpp + pp - 1) * (f + b)
+        return (m * vpp + pp - 1) * (f + b) if m >= pp else None
     return (m + pp - 1) * (f + b)
 
 

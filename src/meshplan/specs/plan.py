@@ -145,6 +145,8 @@ class TrainingPlan(Spec):
             )
         if self.dp_shard is not None and self.dp % self.dp_shard:
             raise ValueError(f"dp_shard ({self.dp_shard}) must divide dp ({self.dp})")
+        if self.fsdp_accumulate_unsharded and self.zero != 3:
+            raise ValueError("fsdp_accumulate_unsharded applies to ZeRO-3 / FSDP (zero = 3) only")
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
         if self.layer_split is not None and any(n < 1 for n in self.layer_split):
