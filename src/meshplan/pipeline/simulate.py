@@ -59,8 +59,23 @@ def _as_schedule(ranks: tuple[tuple[Action, ...], ...]) -> Schedule:
     return Schedule.from_actions(ranks)
 
 
-def _rank_program(sched: Schedule, r: int, n_stages: int, m: int, table: np.ndarray):
-    """Rank r's actions as flat arrays: own slot, dependency slot, duration.
+@lru_cache(maxsize=64)
+def _structure(sched: Schedule, n_stages: int):
+    """Per rank, the own and dependency slots as lists (what the clock loop reads) and as arrays,
+    and the ±1 activation signs of the memory walk: everything that does not depend on the
+    durations, computed once per schedule."""
+    m = max(sched.microbatches, 1)
+    out = []
+    for r in range(sched.pp):
+        own, dep = _rank_program(sched, r, n_stages, m)
+        kind = sched.kind[r]
+        sign = np.where(kind == 0, 1, np.where((kind == 1) | (kind == 3), -1, 0))  # I keeps them: W needs them
+        out.append((own.tolist(), dep.tolist(), own, sign))
+    return tuple(out)
+
+
+def _rank_program(sched: Schedule, r: int, n_stages: int, m: int):
+    """Rank r's actions as flat arrays: own slot and dependency slot.
 
     Slots number (kind, stage, micro-batch) as ((κ·S + stage)·M + mb) with κ = 0 for F, 1 for the
     input-gradient producers B and I, 2 for W. A dependency on another rank is a real slot, whose
@@ -87,7 +102,7 @@ def _rank_program(sched: Schedule, r: int, n_stages: int, m: int, table: np.ndar
         if (order[at][here] > np.flatnonzero(here)).any():
             raise RuntimeError("pipeline schedule deadlocked: an action comes before what it needs on its own rank")
         dep = np.where(here, free_dep, dep)
-    return own, dep, table[kind, stage]
+    return own, dep
 
 
 def simulate(
@@ -110,10 +125,11 @@ def simulate(
     b_t = np.asarray(bwd, dtype=float)
     w_t = np.asarray(wgt, dtype=float) if wgt is not None else b_t / 2
     table = np.stack([f_t, b_t, b_t - w_t, w_t])  # rows: F, B, I, W
-    programs = [_rank_program(sched, r, n_stages, m, table) for r in range(pp)]
-    owns = [p[0].tolist() for p in programs]
-    deps = [p[1].tolist() for p in programs]
-    durs = [p[2].tolist() for p in programs]
+    structure = _structure(sched, n_stages)
+    owns = [s[0] for s in structure]
+    deps = [s[1] for s in structure]
+    dur_arrays = [table[sched.kind[r], sched.stage[r]] for r in range(pp)]
+    durs = [d.tolist() for d in dur_arrays]
     # ready[slot]: when a consumer on the next (or previous) stage may start, i.e. the producer's
     # end plus the transfer; −1 until it has run; the last slot is always ready
     ready = [-1.0] * (3 * n_stages * m) + [0.0]
@@ -150,17 +166,16 @@ def simulate(
     act = np.asarray(act_bytes, dtype=float) if act_bytes is not None else np.zeros(n_stages)
     ready_arr = np.asarray(ready) if keep_timeline else None
     for r in range(pp):
-        kind, stage = sched.kind[r], sched.stage[r]
+        stage, sign = sched.stage[r], structure[r][3]
         busy.append(sum(durs[r]))  # left to right, as the clock above adds them
-        sign = np.where(kind == 0, 1, np.where((kind == 1) | (kind == 3), -1, 0))  # I keeps them: W needs them
         held = np.cumsum(sign)
         peaks.append(int(held.max()) if held.size else 0)
         mem = np.cumsum(sign * act[stage])
         peak_bytes.append(float(max(mem.max(), 0.0)) if mem.size else 0.0)
         if keep_timeline:
-            ends = ready_arr[programs[r][0]] - transfer
+            ends = ready_arr[structure[r][2]] - transfer
             acts = sched.actions()[r] if isinstance(ranks, Schedule) else ranks[r]
-            lines.append(tuple(zip(acts, (ends - programs[r][2]).tolist(), ends.tolist())))
+            lines.append(tuple(zip(acts, (ends - dur_arrays[r]).tolist(), ends.tolist())))
     return SimResult(
         makespan=max(free) if free else 0.0,
         finish=tuple(free),
