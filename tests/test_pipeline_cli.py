@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from meshplan.cli.app import main
-from meshplan.pipeline.schedules import Action, build_schedule, format_actions
+from meshplan.pipeline.schedules import build_schedule, format_actions
 from meshplan.pipeline.simulate import simulate
 
 

@@ -44,7 +44,7 @@ from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 from meshplan.specs.validate import check_plan
-from meshplan.units import DAY, GiB, HOUR, TFLOPS, fmt_bytes, fmt_seconds
+from meshplan.units import DAY, HOUR, TFLOPS, fmt_bytes, fmt_seconds
 
 SCHEMA_VERSION = 1
 
@@ -341,7 +341,6 @@ def estimate(
     pl_tp = coll.placement(cluster, sizes, order, ("tp",))
     pl_cp = coll.placement(cluster, sizes, order, ("cp",))
     pl_pp = coll.placement(cluster, sizes, order, ("pp",))
-    pl_dp = coll.placement(cluster, sizes, order, ("dp",))
     pl_shard = coll.placement(cluster, sizes, order, ("dp", "cp"), span={"dp": plan.dp_shard or plan.dp})
     pl_dpcp = coll.placement(cluster, sizes, order, ("dp", "cp"))
     pl_rep = coll.placement(cluster, sizes, order, ("dp",), every=plan.dp_shard or plan.dp)
@@ -565,7 +564,12 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float) -> 
     d.append(Derivation(
         "flops.hardware_per_step", "Hardware FLOPs per step", "model FLOPs + recompute FLOPs",
         (("model", f"{f.model:.4e}"), ("recompute", f"{f.recompute:.4e} ({p.recompute})")),
-        f"{f.hardware:.4e} FLOP", "HFU basis; selective = one extra attention-core forward (Korthikanti et al. 2022 Sec. 5)"))
+        f"{f.hardware:.4e} FLOP", "HFU basis; " + {
+            "none": "no recompute",
+            "selective": "one extra attention-core forward (Korthikanti et al. 2022 Sec. 5)",
+            "op": "every second layer matmul repeated (torchtitan's op-level checkpointing)",
+            "full": "the layers' whole forward repeated (Narayanan et al. 2021 Eq. 3)",
+        }[p.recompute]))
     d.append(Derivation(
         f"memory.stages[{worst.rank}].weights", "Weights per GPU (worst stage)",
         "P · w" + (" / N" if p.zero >= 3 else ""),

@@ -24,7 +24,6 @@ gradients); of a memory-bound op, twice its forward traffic.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
