@@ -17,25 +17,26 @@ from meshplan.cost.activations import (
     layer_activations,
 )
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, plan_placements, tp_collective_time
+from meshplan.cost.compose import (
+    after_pipeline,
+    layer_times,
+    rank_other_items,
+    stage_activations,
+    stage_times,
+    total_of,
+)
 from meshplan.cost.compute import (
     OpTimes,
     embedding_op_times,
     head_op_times,
     layer_op_times,
     optimizer_step_time,
+    recompute_time,
 )
 from meshplan.cost.flops import StepFlops, step_flops
 from meshplan.cost.memory import StageMemory, model_state_bytes
-from meshplan.cost.params import (
-    ParamCounts,
-    count_params,
-    embedding_params_per_rank,
-    head_params_per_rank,
-    kv_heads_per_rank,
-    layer_params_per_rank,
-    padded_vocab,
-)
-from meshplan.cost.step import exposed
+from meshplan.cost.params import ParamCounts, count_params, layer_params_per_rank, padded_vocab, rank_params
 from meshplan.explain import Derivation
 from meshplan.pipeline.schedules import compile_schedule, stage_style
 from meshplan.pipeline.simulate import SimResult, simulate
@@ -292,10 +293,6 @@ class Estimate:
 # ---- the composition -------------------------------------------------------------------------
 
 
-def _axis_sizes(plan: TrainingPlan) -> dict[str, int]:
-    return {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp}
-
-
 def estimate(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -327,106 +324,42 @@ def estimate(
     ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e)
     emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
     head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e)
-    if plan.recompute == "full":
-        recompute_layer = ops.fwd
-    elif plan.recompute == "selective":
-        recompute_layer = ops.fwd_attention
-    elif plan.recompute == "op":
-        recompute_layer = ops.fwd_op_recompute
-    else:
-        recompute_layer = 0.0
-
-    sizes = _axis_sizes(plan)
-    order = plan.rank_order
-    pl_tp = coll.placement(cluster, sizes, order, ("tp",))
-    pl_cp = coll.placement(cluster, sizes, order, ("cp",))
-    pl_pp = coll.placement(cluster, sizes, order, ("pp",))
-    pl_shard = coll.placement(cluster, sizes, order, ("dp", "cp"), span={"dp": plan.dp_shard or plan.dp})
-    pl_dpcp = coll.placement(cluster, sizes, order, ("dp", "cp"))
-    pl_rep = coll.placement(cluster, sizes, order, ("dp",), every=plan.dp_shard or plan.dp)
-
+    recompute_layer = recompute_time(ops, plan.recompute)
+    pl = plan_placements(cluster, plan)
     tokens = b * s / c
     act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
-    if t > 1:
-        if sp:
-            tp_one = coll.collective_time("all_gather", act_msg, pl_tp, cluster, cal) + coll.collective_time(
-                "reduce_scatter", act_msg, pl_tp, cluster, cal
-            )
-        else:
-            tp_one = coll.collective_time("all_reduce", act_msg, pl_tp, cluster, cal)
-        tp_layer_fwd = tp_layer_bwd = 2 * tp_one
-        if plan.tp_comm_overlap:
-            tp_layer_fwd = exposed(tp_layer_fwd, ops.fwd_gemm)
-            tp_layer_bwd = exposed(tp_layer_bwd, ops.bwd_gemm)
-        # embedding: all-reduce of its output (reduce-scatter with SP) forward, and with SP an
-        # all-gather of the output gradient backward; LM head: with SP an all-gather of its input
-        # forward and a reduce-scatter of the input gradient backward, without SP an all-reduce
-        # of the input gradient backward only
-        half = tp_one / 2 if sp else 0.0
-        tp_emb_f, tp_emb_b = (half, half) if sp else (tp_one, 0.0)
-        tp_head_f, tp_head_b = (half, half) if sp else (0.0, tp_one)
-    else:
-        tp_one = tp_layer_fwd = tp_layer_bwd = tp_emb_f = tp_emb_b = tp_head_f = tp_head_b = 0.0
-
-    if c > 1:
-        kv_bytes = 2 * tokens * kv_heads_per_rank(model, t) * model.head_dim * e
-        step_comm = coll.collective_time("send_recv", kv_bytes, pl_cp, cluster, cal)
-        cp_layer_fwd = (c - 1) * exposed(step_comm, ops.fwd_attention / c)
-        cp_layer_bwd = (c - 1) * exposed(2 * step_comm, ops.bwd_attention / c)
-    else:
-        cp_layer_fwd = cp_layer_bwd = 0.0
-    # full recompute repeats the forward's collectives inside the backward
-    tp_recompute = tp_layer_fwd if plan.recompute == "full" else 0.0
-    cp_recompute = cp_layer_fwd if plan.recompute == "full" else 0.0
-
+    tp_one = tp_collective_time(act_msg, sp, pl.tp, cluster, cal)
+    cp_step = coll.collective_time("send_recv", cp_kv_bytes(model, tokens, t, e), pl.cp, cluster, cal)
     shard = plan.shard_degree
     layer_params = layer_params_per_rank(model, t)
     # ZeRO-3 that keeps weights gathered and gradients unsharded through the step communicates like
     # ZeRO-1/2 (one reduce-scatter after the last backward, one all-gather before the first
     # forward) and holds what they hold, on top of its shards
     once_per_step = plan.zero == 3 and plan.fsdp_accumulate_unsharded
-    if plan.zero == 3 and shard > 1 and not once_per_step:
-        ag = coll.collective_time("all_gather", layer_params * rec.weight_bytes, pl_shard, cluster, cal)
-        rs = coll.collective_time("reduce_scatter", layer_params * rec.grad_bytes, pl_shard, cluster, cal)
-        fsdp_layer_fwd = exposed(ag, ops.fwd)
-        fsdp_layer_bwd = exposed((ag if plan.reshard_after_forward else 0.0) + rs, ops.bwd + recompute_layer)
-    else:
-        fsdp_layer_fwd = fsdp_layer_bwd = 0.0
-
-    # ---- per virtual stage durations ---------------------------------------------------------
-    fwd, bwd, wgt, comp_f, comp_b, recomp_b = [], [], [], [], [], []
-    tp_f, tp_b, cp_f, cp_b, fs_f, fs_b = [], [], [], [], [], []
-    for k, n_l in enumerate(split):
-        cf = n_l * ops.fwd + (emb_ops.fwd if k == 0 else 0.0) + (head_ops.fwd if k == last else 0.0)
-        rb = n_l * recompute_layer
-        cb = n_l * ops.bwd + rb + (emb_ops.bwd if k == 0 else 0.0) + (head_ops.bwd if k == last else 0.0)
-        tf = n_l * tp_layer_fwd + (tp_emb_f if k == 0 else 0.0) + (tp_head_f if k == last else 0.0)
-        tb = n_l * (tp_layer_bwd + tp_recompute) + (tp_emb_b if k == 0 else 0.0) + (tp_head_b if k == last else 0.0)
-        comp_f.append(cf)
-        comp_b.append(cb)
-        recomp_b.append(rb)
-        tp_f.append(tf)
-        tp_b.append(tb)
-        cp_f.append(n_l * cp_layer_fwd)
-        cp_b.append(n_l * (cp_layer_bwd + cp_recompute))
-        fs_f.append(n_l * fsdp_layer_fwd)
-        fs_b.append(n_l * fsdp_layer_bwd)
-        fwd.append(cf + tf + n_l * cp_layer_fwd + n_l * fsdp_layer_fwd)
-        wgt.append(n_l * ops.bwd_weight + (emb_ops.bwd_weight if k == 0 else 0.0) + (head_ops.bwd_weight if k == last else 0.0))
-        bwd.append(cb + tb + n_l * (cp_layer_bwd + cp_recompute) + n_l * fsdp_layer_bwd)
+    fsdp_per_layer = plan.zero == 3 and shard > 1 and not once_per_step
+    ag = coll.collective_time("all_gather", layer_params * rec.weight_bytes, pl.shard, cluster, cal) if fsdp_per_layer else 0.0
+    rs = coll.collective_time("reduce_scatter", layer_params * rec.grad_bytes, pl.shard, cluster, cal) if fsdp_per_layer else 0.0
+    lt = layer_times(
+        fwd=ops.fwd, bwd=ops.bwd, wgt=ops.bwd_weight, fwd_gemm=ops.fwd_gemm, bwd_gemm=ops.bwd_gemm,
+        fwd_attention=ops.fwd_attention, bwd_attention=ops.bwd_attention, recompute=recompute_layer,
+        full_recompute=plan.recompute == "full",
+        emb=(emb_ops.fwd, emb_ops.bwd, emb_ops.bwd_weight), head=(head_ops.fwd, head_ops.bwd, head_ops.bwd_weight),
+        tp_one=tp_one, sp=sp, tp_comm_overlap=plan.tp_comm_overlap, cp=c, cp_step=cp_step,
+        fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
+        reshard_after_forward=plan.reshard_after_forward,
+    )
+    st = stage_times(split, lt)
+    fwd, bwd = st.fwd, st.bwd
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
     la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
     head_act = head_activation_bytes(model, b, s, t, c, sp, e)
-    stage_act = [
-        n_l * la.stored + (emb_act if k == 0 else 0.0) + (head_act if k == last else 0.0)
-        for k, n_l in enumerate(split)
-    ]
+    stage_act = stage_activations(split, la.stored, emb_act, head_act)
     p2p_bytes = act_msg / (t if sp else 1)
-    p2p = coll.collective_time("send_recv", p2p_bytes, pl_pp, cluster, cal) if pp > 1 else 0.0
+    p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
     ranks = compile_schedule(plan.schedule, pp, m, v)
-    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=wgt)
+    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt)
     style = stage_style(plan.schedule)
 
     # ---- memory and after-pipeline communication per rank ------------------------------------
@@ -434,36 +367,22 @@ def estimate(
     after = []
     opt_times = []
     pg_times = []
-    v_r = padded_vocab(model, t) // t
+    logits_grad = 4 * tokens * (padded_vocab(model, t) // t)
     for r in range(pp):
         mine = stages_of_rank(r, pp, v, style)
         n_layers = sum(split[k] for k in mine)
-        params = n_layers * layer_params
-        if 0 in mine:
-            params += embedding_params_per_rank(model, t)
-        if last in mine:
-            params += head_params_per_rank(model, t, pp)
+        params = rank_params(model, t, pp, n_layers, 0 in mine, last in mine)
         state = model_state_bytes(params, rec, plan.zero, shard)
         act_items = {
             "stored": sim.peak_activation[r],
             "recompute_working_set": la.working if plan.recompute != "none" else 0.0,
         }
-        other = {"runtime_reserve": cal.runtime_reserve}
-        if last in mine:
-            other["logits_grad"] = 4 * tokens * v_r
-        if plan.zero == 3 and shard > 1:
-            if plan.reshard_after_forward and not once_per_step:
-                other["gathered_weights"] = 2 * layer_params * rec.weight_bytes
-            else:
-                other["gathered_weights"] = params * rec.weight_bytes * (1 - 1 / shard)
-            if once_per_step:  # the sharded gradient is a slice of it until the reduce-scatter
-                other["unsharded_gradients"] = params * rec.grad_bytes * (1 - 1 / shard)
-        if plan.zero >= 2 and shard > 1:
-            other["grad_reduce_buckets"] = 2 * layer_params * rec.grad_bytes
-        if t > 1:
-            other["tp_comm_buffers"] = 2 * act_msg
-        if pp > 1:
-            other["pp_comm_buffers"] = 2 * p2p_bytes
+        other = rank_other_items(
+            reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, zero=plan.zero,
+            shard=shard, params=params, layer_params=layer_params, weight_bytes=rec.weight_bytes,
+            grad_bytes=rec.grad_bytes, reshard_after_forward=plan.reshard_after_forward,
+            once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
+        )
         stages.append(
             StageMemory(
                 rank=r,
@@ -472,37 +391,21 @@ def estimate(
                 weights=state.weights,
                 gradients=state.gradients,
                 optimizer=state.optimizer,
-                activations=sum(act_items.values()),
-                other=sum(other.values()),
+                activations=total_of(act_items),
+                other=total_of(other),
                 peak_inflight=sim.peak_inflight[r],
                 activation_items=act_items,
                 other_items=other,
             )
         )
-        # gradient synchronization after the last backward
-        grad_bytes = params * rec.grad_bytes
-        if plan.zero == 0:
-            grad_comm = coll.collective_time("all_reduce", grad_bytes, pl_dpcp, cluster, cal)
-            pg = 0.0
-        elif plan.zero in (1, 2) or once_per_step:
-            grad_comm = coll.collective_time("reduce_scatter", grad_bytes, pl_shard, cluster, cal)
-            pg = coll.collective_time("all_gather", params * rec.weight_bytes, pl_shard, cluster, cal)
-        else:
-            grad_comm = 0.0  # reduce-scattered per layer inside the backward
-            pg = 0.0
-        replicas = pl_rep.size
-        if replicas > 1 and plan.zero >= 1:
-            grad_comm += coll.collective_time("all_reduce", grad_bytes / shard, pl_rep, cluster, cal)
-        last_bwd = sum(bwd[k] for k in mine)
-        first_fwd = sum(fwd[k] for k in mine)
-        if plan.overlap_grad_reduce:
-            after.append(exposed(grad_comm, last_bwd, grad_comm / max(1, n_layers)))
-        else:
-            after.append(grad_comm)
-        if plan.overlap_param_gather:
-            pg_times.append(exposed(pg, first_fwd, pg / max(1, n_layers)))
-        else:
-            pg_times.append(pg)
+        grad_comm, pg = dp_sync_times(params, plan.zero, once_per_step, shard, rec, pl, cluster, cal)
+        a, g = after_pipeline(
+            grad_comm=grad_comm, param_gather=pg, last_bwd=sum(bwd[k] for k in mine),
+            first_fwd=sum(fwd[k] for k in mine), n_layers=n_layers,
+            overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
+        )
+        after.append(a)
+        pg_times.append(g)
         local = params / (shard if plan.zero >= 1 else 1)
         opt_times.append(optimizer_step_time(local, rec, gpu, cal))
 
@@ -511,7 +414,7 @@ def estimate(
     crit = max(range(pp), key=lambda r: ends[r])
     mine = stages_of_rank(crit, pp, v, style)
     per_mb = lambda xs: m * sum(xs[k] for k in mine)  # noqa: E731
-    compute_s = per_mb(comp_f) + per_mb(comp_b)
+    compute_s = per_mb(st.comp_fwd) + per_mb(st.comp_bwd)
     busy = sim.busy[crit]
     slowest = max(range(pp), key=lambda r: opt_times[r] + pg_times[r])
     opt_s, pg_s = opt_times[slowest], pg_times[slowest]
@@ -520,10 +423,10 @@ def estimate(
         step_s=step_s,
         critical_rank=crit,
         compute_s=compute_s,
-        recompute_s=per_mb(recomp_b),
-        tp_comm_s=per_mb(tp_f) + per_mb(tp_b),
-        cp_comm_s=per_mb(cp_f) + per_mb(cp_b),
-        fsdp_comm_s=per_mb(fs_f) + per_mb(fs_b),
+        recompute_s=per_mb(st.recompute),
+        tp_comm_s=per_mb(st.tp_fwd) + per_mb(st.tp_bwd),
+        cp_comm_s=per_mb(st.cp_fwd) + per_mb(st.cp_bwd),
+        fsdp_comm_s=per_mb(st.fsdp_fwd) + per_mb(st.fsdp_bwd),
         pipeline_bubble_s=sim.finish[crit] - busy,
         dp_comm_s=after[crit],
         optimizer_s=opt_s,

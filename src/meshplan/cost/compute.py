@@ -223,3 +223,9 @@ def optimizer_step_time(local_params: float, recipe, gpu: GPUSpec, cal: Calibrat
     ``params × recipe.optimizer_step_bytes / (W·η_hbm)`` (bytes read and written per parameter,
     from the precision recipe: 30 for Megatron's bf16 + fp32-gradient Adam)."""
     return local_params * recipe.optimizer_step_bytes / (gpu.hbm_bandwidth * cal.hbm_efficiency)
+
+
+def recompute_time(ops: OpTimes, mode: str) -> float:
+    """What the backward repeats of one layer's forward: all of it (full), the attention core
+    (selective), every second matmul and the element-wise work (op), or nothing."""
+    return {"full": ops.fwd, "selective": ops.fwd_attention, "op": ops.fwd_op_recompute, "none": 0.0}[mode]

@@ -178,3 +178,15 @@ def head_params_per_rank(model: ModelSpec, tp: int, pp: int) -> int:
     if model.tied_embeddings and pp == 1:
         head = 0
     return _norm_params(model) + head
+
+
+def rank_params(model: ModelSpec, tp: int, pp: int, n_layers: int, has_embedding: bool, has_head: bool) -> int:
+    """Parameters one GPU holds: its pipeline rank's ``n_layers`` layers split by TP, plus the
+    embedding on the rank with the first stage and the final norm and LM head on the one with the
+    last."""
+    params = n_layers * layer_params_per_rank(model, tp)
+    if has_embedding:
+        params += embedding_params_per_rank(model, tp)
+    if has_head:
+        params += head_params_per_rank(model, tp, pp)
+    return params

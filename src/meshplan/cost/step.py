@@ -22,8 +22,13 @@ Per layer and micro-batch (n = b·s/c tokens per GPU, e bytes per activation ele
 
 from __future__ import annotations
 
+import numpy as np
 
-def exposed(comm: float, window: float, tail: float = 0.0) -> float:
+
+def exposed(comm, window, tail=0.0):
     """Part of ``comm`` not hidden behind ``window`` of compute, never less than ``tail``
-    (the piece that can only start after the compute ends)."""
+    (the piece that can only start after the compute ends): max(comm − window, min(tail, comm), 0).
+    Numbers or NumPy arrays (elementwise, same result bit for bit)."""
+    if isinstance(comm, np.ndarray) or isinstance(window, np.ndarray) or isinstance(tail, np.ndarray):
+        return np.maximum(np.maximum(comm - window, np.minimum(tail, comm)), 0.0)
     return max(comm - window, min(tail, comm), 0.0)

@@ -1,0 +1,262 @@
+"""How one plan's per-layer costs add up to per-stage durations and per-rank memory.
+
+These functions are the composition step of :func:`meshplan.estimate.estimate`, written so that
+every numeric argument may be a Python number (one plan) or a NumPy array (many plans at once, as
+:mod:`meshplan.search` evaluates them): the arithmetic is the same expression in the same order
+either way, so the search and ``estimate`` agree to the last bit. Switches that differ between
+plans of one batch (ZeRO stage, sequence parallelism, recompute mode) go through :func:`pick`,
+which is an ``if`` for one plan and ``numpy.where`` for many.
+
+Symbols (per GPU, one micro-batch): n = b·s/c tokens, h hidden size, e bytes per activation
+element, t/c/p TP/CP/PP degrees, N the ZeRO shard degree (dp_shard × cp); the collectives and their
+overlap rules are those of :mod:`meshplan.cost.step`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from meshplan.cost.step import exposed
+
+Num = Union[float, int, np.ndarray]
+
+
+def pick(cond: Any, a: Num, b: Num) -> Num:
+    """``a if cond else b`` for one plan, elementwise for an array of conditions."""
+    if isinstance(cond, np.ndarray):
+        return np.where(cond, a, b)
+    return a if cond else b
+
+
+@dataclass
+class LayerTimes:
+    """Seconds per layer and micro-batch on one GPU (scalars, or arrays over plans): compute, the
+    embedding and LM-head pieces of the first and last stage, and each kind of exposed
+    communication."""
+
+    fwd: Num
+    bwd: Num  # backward including the recompute of the forward
+    wgt: Num  # weight-gradient part of the backward (a split backward's W)
+    recompute: Num
+    emb_fwd: Num
+    emb_bwd: Num
+    emb_wgt: Num
+    head_fwd: Num
+    head_bwd: Num
+    head_wgt: Num
+    tp_fwd: Num
+    tp_bwd: Num  # including the recomputed forward's collectives
+    tp_emb_fwd: Num
+    tp_emb_bwd: Num
+    tp_head_fwd: Num
+    tp_head_bwd: Num
+    cp_fwd: Num
+    cp_bwd: Num
+    fsdp_fwd: Num
+    fsdp_bwd: Num
+
+
+def layer_times(
+    *,
+    fwd: Num,
+    bwd: Num,
+    wgt: Num,
+    fwd_gemm: Num,
+    bwd_gemm: Num,
+    fwd_attention: Num,
+    bwd_attention: Num,
+    recompute: Num,
+    full_recompute: Any,
+    emb: tuple[Num, Num, Num],
+    head: tuple[Num, Num, Num],
+    tp_one: Num,
+    sp: Any,
+    tp_comm_overlap: bool,
+    cp: Num,
+    cp_step: Num,
+    fsdp_per_layer: Any,
+    all_gather: Num,
+    reduce_scatter: Num,
+    reshard_after_forward: bool,
+) -> LayerTimes:
+    """Per-layer times from the layer's op times and the collective times it needs.
+
+    * TP (``tp_one``: one all-reduce, or with sequence parallelism one all-gather + one
+      reduce-scatter, of n·h·e; 0 without TP): 2 per layer forward and 2 backward, hidden behind
+      the GEMMs with TP overlap. The embedding reduces its output forward (reduce-scatter with SP,
+      then an all-gather of its gradient backward); the LM head gathers its input forward with SP
+      and reduces its input gradient backward (Shoeybi et al. 2019; Korthikanti et al. 2022).
+    * CP ring attention: c − 1 steps of ``cp_step`` (K and V), each hidden behind 1/c of the
+      attention, backward twice the bytes (Liu et al. 2023).
+    * ZeRO-3 per layer: all-gather before forward, again before backward unless weights stay
+      gathered, reduce-scatter after, prefetched behind the layer's compute.
+    * Full recompute repeats the forward's TP and CP collectives in the backward.
+    """
+    tp_fwd = tp_bwd = 2 * tp_one
+    if tp_comm_overlap:
+        tp_fwd = exposed(tp_fwd, fwd_gemm)
+        tp_bwd = exposed(tp_bwd, bwd_gemm)
+    half = pick(sp, tp_one / 2, 0.0)
+    cp_fwd = (cp - 1) * exposed(cp_step, fwd_attention / cp)
+    cp_bwd = (cp - 1) * exposed(2 * cp_step, bwd_attention / cp)
+    ag_bwd = all_gather if reshard_after_forward else 0.0
+    fsdp_fwd = pick(fsdp_per_layer, exposed(all_gather, fwd), 0.0)
+    fsdp_bwd = pick(fsdp_per_layer, exposed(ag_bwd + reduce_scatter, bwd + recompute), 0.0)
+    return LayerTimes(
+        fwd=fwd,
+        bwd=bwd,
+        wgt=wgt,
+        recompute=recompute,
+        emb_fwd=emb[0],
+        emb_bwd=emb[1],
+        emb_wgt=emb[2],
+        head_fwd=head[0],
+        head_bwd=head[1],
+        head_wgt=head[2],
+        tp_fwd=tp_fwd,
+        tp_bwd=tp_bwd + pick(full_recompute, tp_fwd, 0.0),
+        tp_emb_fwd=pick(sp, half, tp_one),
+        tp_emb_bwd=pick(sp, half, 0.0),
+        tp_head_fwd=pick(sp, half, 0.0),
+        tp_head_bwd=pick(sp, half, tp_one),
+        cp_fwd=cp_fwd,
+        cp_bwd=cp_bwd + pick(full_recompute, cp_fwd, 0.0),
+        fsdp_fwd=fsdp_fwd,
+        fsdp_bwd=fsdp_bwd,
+    )
+
+
+@dataclass
+class StageTimes:
+    """Per virtual stage k (lists indexed by k, each entry a scalar or an array over plans): the
+    durations the pipeline simulation runs (``fwd``, ``bwd``, ``wgt``) and their parts."""
+
+    fwd: list
+    bwd: list
+    wgt: list
+    comp_fwd: list
+    comp_bwd: list
+    recompute: list
+    tp_fwd: list
+    tp_bwd: list
+    cp_fwd: list
+    cp_bwd: list
+    fsdp_fwd: list
+    fsdp_bwd: list
+
+
+def stage_times(split: tuple[int, ...], lt: LayerTimes) -> StageTimes:
+    """Stage k with n_k layers: n_k × the per-layer times, plus the embedding on stage 0 and the
+    LM head on the last stage (``layer_split`` decides n_k)."""
+    last = len(split) - 1
+    out = StageTimes(*([] for _ in range(12)))
+    for k, n_l in enumerate(split):
+        first_, last_ = k == 0, k == last
+        cf = n_l * lt.fwd + (lt.emb_fwd if first_ else 0.0) + (lt.head_fwd if last_ else 0.0)
+        rb = n_l * lt.recompute
+        cb = n_l * lt.bwd + rb + (lt.emb_bwd if first_ else 0.0) + (lt.head_bwd if last_ else 0.0)
+        tf = n_l * lt.tp_fwd + (lt.tp_emb_fwd if first_ else 0.0) + (lt.tp_head_fwd if last_ else 0.0)
+        tb = n_l * lt.tp_bwd + (lt.tp_emb_bwd if first_ else 0.0) + (lt.tp_head_bwd if last_ else 0.0)
+        out.comp_fwd.append(cf)
+        out.comp_bwd.append(cb)
+        out.recompute.append(rb)
+        out.tp_fwd.append(tf)
+        out.tp_bwd.append(tb)
+        out.cp_fwd.append(n_l * lt.cp_fwd)
+        out.cp_bwd.append(n_l * lt.cp_bwd)
+        out.fsdp_fwd.append(n_l * lt.fsdp_fwd)
+        out.fsdp_bwd.append(n_l * lt.fsdp_bwd)
+        out.fwd.append(cf + tf + n_l * lt.cp_fwd + n_l * lt.fsdp_fwd)
+        out.wgt.append(n_l * lt.wgt + (lt.emb_wgt if first_ else 0.0) + (lt.head_wgt if last_ else 0.0))
+        out.bwd.append(cb + tb + n_l * lt.cp_bwd + n_l * lt.fsdp_bwd)
+    return out
+
+
+def stage_activations(split: tuple[int, ...], layer: Num, embedding: Num, head: Num) -> list:
+    """Activation bytes one micro-batch leaves on each virtual stage: n_k × the layer's stored
+    bytes, plus what the embedding (stage 0) and the LM head (last stage) keep."""
+    last = len(split) - 1
+    return [n_l * layer + (embedding if k == 0 else 0.0) + (head if k == last else 0.0) for k, n_l in enumerate(split)]
+
+
+def rank_other_items(
+    *,
+    reserve: float,
+    holds_head: bool,
+    logits_grad: Num,
+    zero: Any,
+    shard: Num,
+    params: Num,
+    layer_params: Num,
+    weight_bytes: int,
+    grad_bytes: int,
+    reshard_after_forward: bool,
+    once_per_step: bool,
+    tp: Num,
+    act_msg: Num,
+    pp: int,
+    p2p_bytes: Num,
+) -> dict[str, Num]:
+    """Transient buffers of one pipeline rank (bytes; :mod:`meshplan.cost.memory`): the runtime
+    reserve; the fp32 logits' gradient on the last stage; ZeRO-3's gathered weights (the layer in
+    use and the prefetched one, or the whole stage when weights stay gathered) and, when gradients
+    stay unsharded through the step, the rest of them; ZeRO-2/3's reduce-scatter buckets (two
+    layers' gradients); TP buffers (two activation messages) and PP buffers (send and receive).
+    An item that does not apply is 0 (for one plan: absent)."""
+    sharded = shard > 1
+    z3 = (zero == 3) & sharded
+    unsharded_part = 1 - 1 / shard
+    items = {
+        "runtime_reserve": reserve,
+        "logits_grad": logits_grad if holds_head else 0.0,
+        "gathered_weights": pick(
+            z3,
+            2 * layer_params * weight_bytes if (reshard_after_forward and not once_per_step) else params * weight_bytes * unsharded_part,
+            0.0,
+        ),
+        "unsharded_gradients": pick(z3, params * grad_bytes * unsharded_part, 0.0) if once_per_step else 0.0,
+        "grad_reduce_buckets": pick((zero >= 2) & sharded, 2 * layer_params * grad_bytes, 0.0),
+        "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
+        "pp_comm_buffers": 2 * p2p_bytes if pp > 1 else 0.0,
+    }
+    if not any(isinstance(x, np.ndarray) for x in (shard, zero, tp)):  # one plan: list what applies
+        items = {k: v for k, v in items.items() if k == "runtime_reserve" or _applies(k, holds_head, z3, once_per_step, zero, sharded, tp, pp)}
+    return items
+
+
+def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, sharded: bool, tp: int, pp: int) -> bool:
+    """Whether ``name`` is an item of this (one) plan, so a zero-sized buffer is still listed."""
+    return {
+        "logits_grad": holds_head,
+        "gathered_weights": bool(z3),
+        "unsharded_gradients": bool(z3) and once,
+        "grad_reduce_buckets": zero >= 2 and sharded,
+        "tp_comm_buffers": tp > 1,
+        "pp_comm_buffers": pp > 1,
+    }[name]
+
+
+def total_of(items: dict[str, Num]) -> Num:
+    """Sum of the items, left to right (the order the JSON lists them)."""
+    return sum(items.values())
+
+
+def after_pipeline(
+    *,
+    grad_comm: Num,
+    param_gather: Num,
+    last_bwd: Num,
+    first_fwd: Num,
+    n_layers: int,
+    overlap_grad_reduce: bool,
+    overlap_param_gather: bool,
+) -> tuple[Num, Num]:
+    """Exposed DP gradient synchronization after a rank's last backward, and exposed weight
+    all-gather before its first forward: hidden behind that compute when overlapped, except the
+    last layer's bucket (``comm / layers``), which can only start when the compute ends."""
+    after = exposed(grad_comm, last_bwd, grad_comm / max(1, n_layers)) if overlap_grad_reduce else grad_comm
+    pg = exposed(param_gather, first_fwd, param_gather / max(1, n_layers)) if overlap_param_gather else param_gather
+    return after, pg
