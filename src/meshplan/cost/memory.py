@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshplan.cost.compose import pick
 from meshplan.specs.plan import PrecisionRecipe
 
 
@@ -37,10 +38,10 @@ class ModelState:
 
 def model_state_bytes(params: float, recipe: PrecisionRecipe, zero: int, shard: int) -> ModelState:
     """Persistent bytes of ``params`` parameters under ZeRO stage ``zero`` over ``shard`` ranks
-    (table in the module docstring)."""
-    w = params * recipe.weight_bytes / (shard if zero >= 3 else 1)
-    g = params * recipe.grad_bytes / (shard if zero >= 2 else 1)
-    o = params * recipe.optimizer_bytes / (shard if zero >= 1 else 1)
+    (table in the module docstring); numbers, or arrays over plans."""
+    w = params * recipe.weight_bytes / pick(zero >= 3, shard, 1)
+    g = params * recipe.grad_bytes / pick(zero >= 2, shard, 1)
+    o = params * recipe.optimizer_bytes / pick(zero >= 1, shard, 1)
     return ModelState(w, g, o)
 
 

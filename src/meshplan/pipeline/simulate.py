@@ -16,7 +16,8 @@ Activations of a micro-batch are freed by its ``B``, or by its ``W`` when the ba
 
 The makespan is the latest finish. Per rank: busy time (sum of its durations), idle time
 (makespan − busy: the bubble, including waits for transfers), and the peak activation memory,
-found by walking the rank's list: an F adds the stage's activation bytes, a B frees them.
+found by walking the rank's list: an F adds a micro-batch to its chunk, a B frees it; the peak is
+the largest Σ_j live_j·a_j over the walk, a_j the activation bytes of the rank's chunk j.
 """
 
 from __future__ import annotations
@@ -61,17 +62,90 @@ def _as_schedule(ranks: tuple[tuple[Action, ...], ...]) -> Schedule:
 
 @lru_cache(maxsize=64)
 def _structure(sched: Schedule, n_stages: int):
-    """Per rank, the own and dependency slots as lists (what the clock loop reads) and as arrays,
-    and the ±1 activation signs of the memory walk: everything that does not depend on the
-    durations, computed once per schedule."""
+    """Per rank, the own and dependency slots as lists (what the clock loop reads) and as arrays:
+    everything of the clock loop that does not depend on the durations, computed once per
+    schedule."""
     m = max(sched.microbatches, 1)
     out = []
     for r in range(sched.pp):
         own, dep = _rank_program(sched, r, n_stages, m)
-        kind = sched.kind[r]
-        sign = np.where(kind == 0, 1, np.where((kind == 1) | (kind == 3), -1, 0))  # I keeps them: W needs them
-        out.append((own.tolist(), dep.tolist(), own, sign))
+        out.append((own.tolist(), dep.tolist(), own))
     return tuple(out)
+
+
+def _signs(kind: np.ndarray) -> np.ndarray:
+    """+1 for F (a micro-batch's activations arrive), −1 for B and W (freed), 0 for I (kept: the
+    weight gradient W still needs them)."""
+    return np.where(kind == 0, 1, np.where((kind == 1) | (kind == 3), -1, 0))
+
+
+def _live_counts(stage: np.ndarray, sign: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(chunks, rows, peak): the rank's stages in increasing order; the micro-batches of each
+    chunk alive after each action, keeping only rows no other row exceeds in every chunk (the
+    only candidates for the memory peak, whatever each chunk's bytes); and the most chunks
+    alive at once."""
+    chunks = np.unique(stage)
+    if stage.size == 0:
+        return chunks, np.zeros((0, 0), dtype=np.int64), 0
+    if chunks.size == 1:
+        held = np.cumsum(sign)
+        peak = int(max(held.max(), 0))
+        return chunks, np.array([[peak]], dtype=np.int64), peak
+    onehot = (stage[:, None] == chunks[None, :]) * sign[:, None]
+    counts = np.cumsum(onehot, axis=0)
+    peak = int(max(counts.sum(axis=1).max(), 0))
+    # a row can only be undominated right before a release (or at the end)
+    rows = _unique_rows(counts[np.append(sign[1:] <= 0, True)])
+    if len(rows) <= 2048:
+        ge = (rows[None, :, :] >= rows[:, None, :]).all(axis=2)  # ge[i, j]: row j >= row i
+        np.fill_diagonal(ge, False)
+        kept = rows[~ge.any(axis=1)]  # rows are distinct, so >= elsewhere means dominated
+    else:
+        rows = rows[np.argsort(-rows.sum(axis=1), kind="stable")]
+        kept = rows[:1]
+        for row in rows[1:]:
+            if not (kept >= row).all(axis=1).any():
+                kept = np.vstack([kept, row])
+    return chunks, kept.astype(np.int64), peak
+
+
+def _unique_rows(rows: np.ndarray) -> np.ndarray:
+    """Distinct rows of a non-negative integer matrix (one integer code per row when it fits)."""
+    base = int(rows.max(initial=0)) + 1
+    if rows.shape[1] * np.log2(base + 1) < 62:
+        code = np.zeros(len(rows), dtype=np.int64)
+        for j in range(rows.shape[1]):
+            code = code * base + rows[:, j]
+        _, first = np.unique(code, return_index=True)
+        return rows[np.sort(first)]
+    return np.unique(rows, axis=0)
+
+
+@lru_cache(maxsize=256)
+def live_count_peaks(sched: Schedule, n_stages: int) -> tuple[tuple[np.ndarray, np.ndarray, int], ...]:
+    """Per rank, :func:`_live_counts` of its action list: the chunk stages, the undominated rows
+    of live micro-batches per chunk, and the peak count. The activation peak of a rank whose
+    chunks hold a_j bytes per micro-batch is max(0, max over rows of Σ_j row_j·a_j)
+    (:func:`peak_bytes`)."""
+    return tuple(_live_counts(sched.stage[r], _signs(sched.kind[r])) for r in range(sched.pp))
+
+
+def peak_bytes(rows: np.ndarray, act) -> "np.ndarray | float":
+    """max(0, max over rows of Σ_j row_j·a_j), the sum taken left to right over the chunks j.
+    ``act`` holds a_j (one plan: a sequence of numbers) or has shape (plans, chunks); the result
+    is a float or an array over plans."""
+    act = np.asarray(act, dtype=float)
+    if rows.shape[0] == 0:
+        return 0.0 if act.ndim == 1 else np.zeros(act.shape[0])
+    if act.ndim == 1:
+        total = rows[:, 0] * act[0]
+        for j in range(1, rows.shape[1]):
+            total = total + rows[:, j] * act[j]
+        return float(max(total.max(), 0.0))
+    total = rows[None, :, 0] * act[:, 0, None]
+    for j in range(1, rows.shape[1]):
+        total = total + rows[None, :, j] * act[:, j, None]
+    return np.maximum(total.max(axis=1), 0.0)
 
 
 def _rank_program(sched: Schedule, r: int, n_stages: int, m: int):
@@ -126,6 +200,7 @@ def simulate(
     w_t = np.asarray(wgt, dtype=float) if wgt is not None else b_t / 2
     table = np.stack([f_t, b_t, b_t - w_t, w_t])  # rows: F, B, I, W
     structure = _structure(sched, n_stages)
+    live = live_count_peaks(sched, n_stages)
     owns = [s[0] for s in structure]
     deps = [s[1] for s in structure]
     dur_arrays = [table[sched.kind[r], sched.stage[r]] for r in range(pp)]
@@ -162,16 +237,14 @@ def simulate(
                 progressed = True
     if remaining:
         raise RuntimeError("pipeline schedule deadlocked: an action waits on one that never runs")
-    busy, peaks, peak_bytes, lines = [], [], [], []
+    busy, peaks, peak_act, lines = [], [], [], []
     act = np.asarray(act_bytes, dtype=float) if act_bytes is not None else np.zeros(n_stages)
     ready_arr = np.asarray(ready) if keep_timeline else None
     for r in range(pp):
-        stage, sign = sched.stage[r], structure[r][3]
+        chunks, rows, peak = live[r]
         busy.append(sum(durs[r]))  # left to right, as the clock above adds them
-        held = np.cumsum(sign)
-        peaks.append(int(held.max()) if held.size else 0)
-        mem = np.cumsum(sign * act[stage])
-        peak_bytes.append(float(max(mem.max(), 0.0)) if mem.size else 0.0)
+        peaks.append(peak)
+        peak_act.append(peak_bytes(rows, act[chunks]))
         if keep_timeline:
             ends = ready_arr[structure[r][2]] - transfer
             acts = sched.actions()[r] if isinstance(ranks, Schedule) else ranks[r]
@@ -181,7 +254,7 @@ def simulate(
         finish=tuple(free),
         busy=tuple(busy),
         peak_inflight=tuple(peaks),
-        peak_activation=tuple(peak_bytes),
+        peak_activation=tuple(peak_act),
         timeline=tuple(lines) if keep_timeline else None,
     )
 

@@ -1,0 +1,390 @@
+"""``meshplan search``: the best layouts for a model, a GPU count and a batch, and why the others lose.
+
+Layout flags given on the command line (``--tp 8``, ``--schedule interleaved``, ``--zero 1`` …)
+fix that axis; the others are searched within the ``--max-*`` limits. The output ranks the top
+plans by the objective, places a baseline plan (``--baseline``) among them, and counts the
+rejected plans by reason.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from meshplan.cli import render
+from meshplan.cli.options import PlanArgs, parse_batch_tokens, plan_options, resolve
+from meshplan.cli.pipeline_cmd import _out_path
+from meshplan.errors import InputError
+from meshplan.estimate import Estimate
+from meshplan.search.run import OBJECTIVES, SearchResult, describe_rejections, search as run_search
+from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, SearchLimits
+from meshplan.specs.plan import TrainingPlan
+from meshplan.units import GiB as GIB
+
+_LAYOUT_KEYS = {"tp", "cp", "pp", "dp", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard"}
+
+
+def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan:
+    """``"tp=8,pp=16,cp=1,vpp=2,schedule=interleaved"`` over the search's base plan; dp is the
+    rest of the GPUs unless given."""
+    fields: dict[str, Any] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise InputError("baseline", f"expected key=value pairs such as tp=8,pp=16 (got '{part.strip()}')")
+        key, value = (x.strip() for x in part.split("=", 1))
+        key = key.replace("-", "_")
+        if key == "mb":
+            key = "micro_batch"
+        if key == "sp":
+            key = "sequence_parallel"
+        if key not in _LAYOUT_KEYS:
+            raise InputError("baseline", f"unknown key '{key}' (use {', '.join(sorted(_LAYOUT_KEYS))})")
+        if key in ("schedule", "recompute"):
+            fields[key] = value
+        elif key == "sequence_parallel":
+            if value.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise InputError("baseline", f"sequence_parallel must be on or off (got '{value}')")
+            fields[key] = value.lower() in ("true", "1", "on")
+        else:
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                raise InputError("baseline", f"{key} must be a whole number (got '{value}')") from None
+    if fields.get("vpp", 1) > 1 and "schedule" not in fields:
+        fields["schedule"] = "interleaved"
+    if fields.get("schedule") in ("interleaved", "interleaved-zb", "zbv") and "vpp" not in fields:
+        fields["vpp"] = 2
+    inner = fields.get("tp", 1) * fields.get("cp", 1) * fields.get("pp", 1)
+    if "dp" not in fields:
+        if num_gpus % inner:
+            raise InputError("baseline", f"tp x cp x pp = {inner} does not divide the {num_gpus:,} GPUs")
+        fields["dp"] = num_gpus // inner
+    merged = {**base.model_dump(), "tp": 1, "cp": 1, "pp": 1, "vpp": 1, "schedule": "1f1b", **fields}
+    try:
+        return TrainingPlan(**merged)
+    except Exception as err:  # pydantic: one line naming the rule
+        raise InputError("baseline", str(err).splitlines()[-1].strip()) from None
+
+
+def _limits(plan: PlanArgs, max_tp, max_cp, max_pp, max_vpp, max_mb, schedules, hsdp) -> SearchLimits:
+    sched = tuple(s.strip() for s in schedules.split(",")) if schedules else SCHEDULE_NAMES
+    for s in sched:
+        if s not in SCHEDULE_NAMES:
+            raise InputError("schedules", f"unknown schedule '{s}' ({', '.join(SCHEDULE_NAMES)})")
+    if plan.schedule is not None:
+        sched = (plan.schedule,)
+    for name, value in (("max_tp", max_tp), ("max_cp", max_cp), ("max_pp", max_pp), ("max_vpp", max_vpp), ("max_micro_batch", max_mb)):
+        if value is not None and value < 1:
+            raise InputError(name.replace("_", "-"), f"must be at least 1 (got {value})")
+    return SearchLimits(
+        max_tp=max_tp,
+        max_cp=max_cp if max_cp is not None else 16,
+        max_pp=max_pp if max_pp is not None else 128,
+        max_vpp=max_vpp if max_vpp is not None else 8,
+        max_micro_batch=max_mb if max_mb is not None else 8,
+        tp=plan.tp, cp=plan.cp, pp=plan.pp, dp=plan.dp, vpp=plan.vpp, micro_batch=plan.micro_batch,
+        schedules=sched,
+        recompute=(plan.recompute,) if plan.recompute else RECOMPUTE,
+        zero=(int(plan.zero),) if plan.zero is not None else (0, 1, 2, 3),
+        sequence_parallel=(plan.sequence_parallel,) if plan.sequence_parallel is not None else (True, False),
+        hsdp=hsdp,
+    )
+
+
+def _batch_range(text: Optional[str], seq_len: int) -> Optional[tuple[int, ...]]:
+    """``MIN,MAX`` tokens → the global batches (sequences) tried: MIN, then doubling, up to MAX."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise InputError("batch_range", f"expected MIN,MAX tokens such as 4M,16M (got '{text}')")
+    lo, hi = (int(parse_batch_tokens(p.strip())) // seq_len for p in parts)
+    if lo < 1 or hi < lo:
+        raise InputError("batch_range", f"needs 1 sequence <= MIN <= MAX (got {lo:,} and {hi:,} sequences of {seq_len:,} tokens)")
+    out, b = [], lo
+    while b <= hi:
+        out.append(b)
+        b *= 2
+    if out[-1] != hi:
+        out.append(hi)
+    return tuple(out)
+
+
+class _Progress:
+    """A progress bar on stderr (a terminal only), started once the search has run a second."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+        self.tasks: dict[str, Any] = {}
+        import time
+
+        self.t0 = time.perf_counter()
+        self._clock = time.perf_counter
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled or self._clock() - self.t0 < 1.0:
+            return
+        if self.bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.bar.start()
+        if phase not in self.tasks:
+            label = "screening plans" if phase == "screen" else "simulating contenders"
+            self.tasks[phase] = self.bar.add_task(label, total=total or None)
+        self.bar.update(self.tasks[phase], completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _row(est: Estimate) -> dict[str, Any]:
+    p = est.plan
+    b = est.time.breakdown()
+    step = est.time.step_s
+    comm = b["tp_comm"] + b["cp_comm"] + b["fsdp_comm"] + b["dp_comm"] + b["param_gather"]
+    return {
+        "layout": f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}" + (f" shard{p.dp_shard}" if p.dp_shard else ""),
+        "pipeline": "-" if p.pp == 1 else f"{p.schedule}" + (f" v{p.vpp}" if p.vpp > 1 else ""),
+        "batch": f"{p.micro_batch}x{p.grad_accum}",
+        "memory": f"{p.recompute}, {'SP, ' if p.sequence_parallel and p.tp > 1 else ''}ZeRO-{p.zero}",
+        "peak": est.peak_bytes / GIB,
+        "step": step,
+        "bubble": b["pipeline_bubble"] / step,
+        "comm": comm / step,
+        "mfu": est.mfu,
+        "tok": est.tokens_per_s / p.num_gpus,
+    }
+
+
+def _top_table(result: SearchResult, budget_tokens: bool, priced: bool) -> Table:
+    t = Table(title=f"Top {len(result.top)} plans by {result.objective}", title_justify="left")
+    for col in ("#", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "bubble", "exposed comm", "MFU", "tok/s/GPU"):
+        t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
+    if budget_tokens:
+        t.add_column("days", justify="right")
+    if priced:
+        t.add_column("$M", justify="right")
+    for i, r in enumerate(result.top, 1):
+        row = _row(r.estimate)
+        cells = [str(i), row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}",
+                 f"{row['step']:.3f}", f"{row['bubble']:.1%}", f"{row['comm']:.1%}", f"{row['mfu']:.1%}", f"{row['tok']:,.0f}"]
+        run = r.estimate.run_cost()
+        if budget_tokens:
+            cells.append(f"{run['days']:.1f}" if run else "-")
+        if priced:
+            cells.append(f"{run['dollars'] / 1e6:.2f}" if run and "dollars" in run else "-")
+        t.add_row(*cells)
+    return t
+
+
+def _why(best: Estimate, other: Estimate) -> list[str]:
+    """Where the step time of ``other`` differs from ``best``'s, largest first."""
+    a, b = best.time.breakdown(), other.time.breakdown()
+    names = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP communication", "cp_comm": "CP communication",
+             "fsdp_comm": "FSDP communication", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP gradient sync",
+             "optimizer": "optimizer step", "param_gather": "weight all-gather"}
+    diffs = sorted(((b[k] - a[k], k) for k in a), key=lambda x: -abs(x[0]))
+    return [f"{names[k]} {d:+.3f} s" for d, k in diffs if abs(d) >= 0.005 * best.time.step_s][:4]
+
+
+def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: int) -> None:
+    con = render.console()
+    if not result.top:
+        con.print(impossible_line(result, num_gpus))
+        if result.closest:
+            con.print(_closest_table(result))
+    rej = sum(result.rejected.values())
+    con.print(
+        f"Searched {result.evaluated + sum(v for k, v in result.rejected.items() if k != 'memory'):,} plans: "
+        f"{result.evaluated:,} evaluated, {result.feasible:,} fit in {result.usable_bytes / GIB:.1f} GiB, "
+        f"{rej:,} rejected; {result.simulated:,} simulated exactly; {result.seconds:.2f} s"
+    )
+    if result.top:
+        con.print(_top_table(result, budget_tokens, priced))
+        best = result.top[0].estimate
+        for i, r in enumerate(result.top[1:4], 2):
+            why = _why(best, r.estimate)
+            if why:
+                con.print(f"  #{i} vs #1: " + ", ".join(why))
+    if result.rejected:
+        t = Table(title="Rejected", title_justify="left")
+        t.add_column("plans", justify="right")
+        t.add_column("rule")
+        for _, count, rule in describe_rejections(result.rejected):
+            t.add_row(f"{count:,}", rule)
+        con.print(t)
+    if result.baseline is not None:
+        bp = result.baseline
+        row = _row(bp.estimate)
+        faster = bp.faster_exact if bp.faster_exact is not None else bp.faster_at_most
+        exactness = "" if bp.faster_exact is not None else "at most "
+        con.print(
+            f"Baseline {row['layout']} {row['pipeline']} b x m {row['batch']} ({row['memory']}): step {row['step']:.3f} s, "
+            f"MFU {row['mfu']:.1%}, peak {row['peak']:.1f} GiB ({'fits' if bp.fits else 'does not fit'}); "
+            f"{exactness}{faster:,} of {bp.feasible:,} feasible plans are faster (top {bp.percentile:.2%})"
+        )
+        if result.top:
+            why = _why(result.top[0].estimate, bp.estimate)
+            if why:
+                con.print("  baseline vs #1: " + ", ".join(why))
+    if result.pareto:
+        con.print(f"Memory vs throughput front: {len(result.pareto)} plans, "
+                  f"{result.pareto[0].estimate.peak_bytes / GIB:.1f} to {result.pareto[-1].estimate.peak_bytes / GIB:.1f} GiB")
+
+
+def _json(result: SearchResult, num_gpus: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "evaluated": result.evaluated,
+        "feasible": result.feasible,
+        "rejected": dict(result.rejected),
+        "seconds": result.seconds,
+        "simulated": result.simulated,
+        "objective": result.objective,
+        "top": [{"rank": i, "score": r.score, **r.estimate.to_dict()} for i, r in enumerate(result.top, 1)],
+    }
+    if not result.top:
+        out["message"] = impossible_line(result, num_gpus)
+    if result.closest:
+        out["closest"] = [{"over_bytes": over, **est.to_dict()} for est, over in result.closest]
+    if result.baseline is not None:
+        bp = result.baseline
+        out["baseline"] = {"fits": bp.fits, "faster_at_most": bp.faster_at_most, "faster": bp.faster_exact,
+                           "feasible": bp.feasible, "percentile": bp.percentile, **bp.estimate.to_dict()}
+    if result.pareto:
+        out["pareto"] = [{"peak_bytes": r.estimate.peak_bytes, "score": r.score, **r.estimate.to_dict()["plan"]} for r in result.pareto]
+    return out
+
+
+def _write_front(result: SearchResult, out: str) -> None:
+    path = _out_path(out)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("out", "pictures need matplotlib: pip install 'meshplan[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    front = result.pareto or result.top
+    xs = [r.estimate.peak_bytes / GIB for r in front]
+    ys = [r.estimate.tokens_per_s / r.estimate.plan.num_gpus for r in front]
+    ax.step(xs, ys, where="post", color="#1f77b4", label="memory vs throughput front" if result.pareto else "top plans")
+    ax.scatter(xs, ys, color="#1f77b4", zorder=3)
+    for r, x, y in zip(front, xs, ys):
+        p = r.estimate.plan
+        ax.annotate(f"TP{p.tp} CP{p.cp} PP{p.pp}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if result.baseline is not None:
+        e = result.baseline.estimate
+        ax.scatter([e.peak_bytes / GIB], [e.tokens_per_s / e.plan.num_gpus], marker="*", s=160, color="#d62728", label="baseline", zorder=4)
+    ax.axvline(result.usable_bytes / GIB, color="grey", linestyle="--", linewidth=1, label="usable HBM")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path)
+    except OSError as err:
+        raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
+
+
+@plan_options
+def search(
+    plan: PlanArgs,
+    objective: Annotated[str, typer.Option("--objective", help=f"Rank by {', '.join(OBJECTIVES)} (time-to-train needs --tokens, cost --tokens and --price).")] = "throughput",
+    top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 10,
+    headroom: Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free: plans must fit in HBM x (1 - headroom).")] = 0.0,
+    max_tp: Annotated[Optional[int], typer.Option("--max-tp", help="Largest TP degree. (default: GPUs per node)", show_default=False)] = None,
+    max_cp: Annotated[Optional[int], typer.Option("--max-cp", help="Largest CP degree. (default: 16)", show_default=False)] = None,
+    max_pp: Annotated[Optional[int], typer.Option("--max-pp", help="Largest PP degree. (default: 128)", show_default=False)] = None,
+    max_vpp: Annotated[Optional[int], typer.Option("--max-vpp", help="Most virtual stages per rank. (default: 8)", show_default=False)] = None,
+    max_micro_batch: Annotated[Optional[int], typer.Option("--max-micro-batch", help="Largest micro-batch. (default: 8)", show_default=False)] = None,
+    schedules: Annotated[Optional[str], typer.Option("--schedules", help="Comma-separated schedules to consider. (default: all)", show_default=False)] = None,
+    hsdp: Annotated[bool, typer.Option("--hsdp", help="Also try HSDP shard groups (1 < dp_shard < dp).")] = False,
+    batch_range: Annotated[Optional[str], typer.Option("--batch-range", help="Let the global batch vary: MIN,MAX tokens (e.g. 4M,16M), doubling from MIN.", show_default=False)] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Place this plan in the ranking, e.g. 'tp=8,pp=16,cp=1,vpp=2,schedule=interleaved'. (default: the --preset's plan)", show_default=False)] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Also find the memory vs throughput front.")] = False,
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the front (or the top plans) as a picture: .svg or .png.", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
+) -> None:
+    """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
+
+    Layout flags (--tp, --pp, --schedule, --zero, ...) fix that axis. With --preset the preset's model, GPUs, batch and network are used and its plan is the baseline."""
+    if objective not in OBJECTIVES:
+        raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got '{objective}')")
+    if top < 1 or top > 1000:
+        raise InputError("top", f"must be between 1 and 1000 (got {top})")
+    if not 0.0 <= headroom < 1.0:
+        raise InputError("headroom", f"must be a fraction in [0, 1) (got {headroom})")
+    if out is not None:
+        _out_path(out)
+    preset_setup = resolve(plan) if plan.preset is not None else None
+    fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
+    limits = _limits(fixed, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp)
+    neutral = dict(tp=1, cp=1, pp=1, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None, zero=None)
+    one = resolve(replace(plan, **neutral, dp=1, gpus=None))  # base plan fields, model, budget
+    gpus = preset_setup.cluster.num_gpus if preset_setup else (plan.gpus if plan.gpus is not None else (plan.dp * (plan.tp or 1) * (plan.cp or 1) * (plan.pp or 1) if plan.dp else 8))
+    whole = resolve(replace(plan, **neutral, dp=None, gpus=gpus, global_batch=gpus, global_batch_tokens=None))
+    cluster, budget, base = whole.cluster, one.budget, one.plan
+    if objective != "throughput" and not budget.tokens:
+        raise InputError("tokens", f"the {objective} objective needs --tokens")
+    if objective == "cost" and budget.price_per_gpu_hour is None:
+        raise InputError("price", "the cost objective needs --price")
+    base_plan = base.model_copy(update={"rank_order": preset_setup.plan.rank_order}) if preset_setup else base
+    if preset_setup is not None:
+        base_plan = base_plan.model_copy(update={"global_batch": preset_setup.plan.global_batch, "seq_len": preset_setup.plan.seq_len})
+    bl = None
+    if baseline is not None:
+        bl = parse_baseline(baseline, base_plan, cluster.num_gpus)
+    elif preset_setup is not None:
+        bl = preset_setup.plan
+    progress = _Progress(not json_out)
+    try:
+        result = run_search(
+            one.model, cluster, base_plan, limits, global_batches=_batch_range(batch_range, base_plan.seq_len),
+            objective=objective, budget=budget, top_k=top, headroom=headroom, baseline=bl, pareto=pareto or out is not None,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    if out is not None:
+        _write_front(result, out)
+    if json_out:
+        typer.echo(json.dumps(_json(result, cluster.num_gpus), allow_nan=False))
+    else:
+        _print(result, bool(budget.tokens), budget.price_per_gpu_hour is not None, cluster.num_gpus)
+    if not result.top:
+        raise typer.Exit(1)
+
+
+def impossible_line(result: SearchResult, num_gpus: int) -> str:
+    """One line saying why no plan was found."""
+    if result.evaluated == 0:
+        reasons = "; ".join(f"{c:,} plans: {rule}" for _, c, rule in describe_rejections(result.rejected))
+        return f"no valid layout of {num_gpus:,} GPUs within the limits" + (f" ({reasons})" if reasons else "")
+    return f"no plan fits in {result.usable_bytes / GIB:.1f} GiB per GPU: all {result.evaluated:,} evaluated plans need more memory"
+
+
+def _closest_table(result: SearchResult) -> Table:
+    t = Table(title="Closest plans (least memory over the limit)", title_justify="left")
+    for col in ("layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "over by", "worst rank"):
+        t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
+    for est, over in result.closest:
+        row = _row(est)
+        worst = max(range(len(est.stages)), key=lambda i: est.stages[i].total)
+        t.add_row(row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}", f"{over / GIB:.1f} GiB", str(worst))
+    return t

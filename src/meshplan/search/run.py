@@ -1,0 +1,208 @@
+"""The search: enumerate, screen every plan at once, then simulate the contenders exactly.
+
+1. :func:`~meshplan.search.space.enumerate_plans` lists the space and counts structural rejects.
+2. :class:`~meshplan.search.engine.Engine` gives every plan its exact peak memory and a lower
+   bound on its step time; plans above the usable HBM, (1 − headroom) × HBM, are rejected.
+3. Best first: feasible plans in order of their bound on the objective are estimated exactly
+   (:func:`meshplan.estimate.estimate`, the pipeline simulation included) until the k-th best
+   exact value beats the next bound — no plan left unsimulated can enter the top k.
+
+Objectives (lower is better): seconds per token (``throughput``), days for the token budget
+(``time-to-train``) and dollars for it (``cost``). For one GPU count and batch they order plans
+alike; they differ when the batch varies (``--batch-range``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from meshplan.errors import InputError
+from meshplan.estimate import Budget, Estimate, estimate
+from meshplan.search.engine import Engine, Screen
+from meshplan.search.space import REASONS, PlanTable, SearchLimits, enumerate_plans
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+from meshplan.units import HOUR
+
+OBJECTIVES = ("throughput", "time-to-train", "cost")
+
+
+@dataclass
+class Ranked:
+    """One exactly estimated plan and its objective value."""
+
+    estimate: Estimate
+    score: float
+
+
+@dataclass
+class BaselinePlace:
+    """Where a given plan lands: its estimate, whether it fits, and how many feasible plans of the
+    space are faster (exactly counted up to ``better_exact``; beyond that, a bound)."""
+
+    estimate: Estimate
+    fits: bool
+    faster_at_most: int
+    faster_exact: Optional[int]
+    feasible: int
+
+    @property
+    def percentile(self) -> float:
+        """Share of feasible plans that beat it, at most (0 = the best)."""
+        faster = self.faster_exact if self.faster_exact is not None else self.faster_at_most
+        return faster / self.feasible if self.feasible else 0.0
+
+
+@dataclass
+class SearchResult:
+    evaluated: int
+    feasible: int
+    rejected: dict[str, int]
+    seconds: float
+    simulated: int
+    objective: str
+    top: list[Ranked]
+    closest: list[tuple[Estimate, float]] = field(default_factory=list)  # when nothing fits: (plan, bytes over)
+    baseline: Optional[BaselinePlace] = None
+    pareto: list[Ranked] = field(default_factory=list)
+    usable_bytes: float = 0.0
+
+
+def _score(objective: str, seconds_per_token: np.ndarray | float, num_gpus: int, budget: Budget):
+    """Objective value from seconds per token (lower is better)."""
+    if objective == "throughput":
+        return seconds_per_token
+    tokens = budget.tokens or 1.0
+    if objective == "time-to-train":
+        return seconds_per_token * tokens / 86400.0
+    price = budget.price_per_gpu_hour if budget.price_per_gpu_hour is not None else 1.0
+    return seconds_per_token * tokens * num_gpus / HOUR * price
+
+
+def _plan(base: TrainingPlan, table: PlanTable, i: int) -> TrainingPlan:
+    return TrainingPlan(**{**base.model_dump(), **table.row(i)})
+
+
+def search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    base: TrainingPlan,
+    limits: SearchLimits = SearchLimits(),
+    *,
+    global_batches: Optional[tuple[int, ...]] = None,
+    objective: str = "throughput",
+    budget: Budget = Budget(),
+    top_k: int = 10,
+    headroom: float = 0.0,
+    baseline: Optional[TrainingPlan] = None,
+    pareto: bool = False,
+    progress: Optional[Callable[[str, int, int], None]] = None,
+    max_exact: int = 20_000,
+) -> SearchResult:
+    """Search the plans of ``limits`` for ``model`` on ``cluster`` (module docstring). ``base``
+    supplies what is not searched (sequence length, global batch, precision, attention, rank
+    order, overlap switches). ``progress(phase, done, total)`` reports long searches."""
+    if objective not in OBJECTIVES:
+        raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got {objective!r})")
+    if not 0.0 <= headroom < 1.0:
+        raise InputError("headroom", f"must be a fraction in [0, 1) (got {headroom})")
+    if top_k < 1:
+        raise InputError("top", f"must be at least 1 (got {top_k})")
+    t0 = time.perf_counter()
+    batches = global_batches or (base.global_batch,)
+    table = enumerate_plans(model, cluster.num_gpus, cluster.gpus_per_node, base.seq_len, batches, limits)
+    engine = Engine(model, cluster, base)
+    n = len(table)
+    done = [0]
+
+    def tick(k: int) -> None:
+        done[0] += k
+        if progress:
+            progress("screen", done[0], n)
+
+    screen = engine.evaluate(table, tick)
+    usable = cluster.gpu.hbm_bytes * (1.0 - headroom)
+    fits = screen.peak_bytes <= usable
+    rejected = dict(table.rejected)
+    n_oom = int((~fits).sum())
+    if n_oom:
+        rejected["memory"] = n_oom
+    tokens = table.global_batch * base.seq_len
+    bound = _score(objective, screen.step_lower_bound / tokens, cluster.num_gpus, budget)
+    result = SearchResult(
+        evaluated=n, feasible=int(fits.sum()), rejected=rejected, seconds=0.0, simulated=0,
+        objective=objective, top=[], usable_bytes=usable,
+    )
+    exact: dict[int, Ranked] = {}
+
+    def run(i: int) -> Ranked:
+        if i not in exact:
+            est = estimate(model, cluster, _plan(base, table, i), budget)
+            exact[i] = Ranked(est, float(_score(objective, est.time.step_s / est.plan.tokens_per_step, cluster.num_gpus, budget)))
+            if progress:
+                progress("simulate", len(exact), 0)
+        return exact[i]
+
+    feasible_idx = np.flatnonzero(fits)
+    order = feasible_idx[np.argsort(bound[feasible_idx], kind="stable")]
+    best: list[Ranked] = []
+    for i in order.tolist():
+        if len(best) >= top_k and bound[i] >= best[top_k - 1].score:
+            break
+        if len(exact) >= max_exact:
+            break
+        best.append(run(i))
+        best.sort(key=lambda r: r.score)
+    result.top = best[:top_k]
+
+    if not len(feasible_idx) and n:
+        over = screen.peak_bytes - usable
+        for i in np.argsort(over, kind="stable")[:top_k].tolist():
+            result.closest.append((run(i).estimate, float(over[i])))
+
+    if baseline is not None:
+        result.baseline = _place(model, cluster, baseline, budget, objective, bound, order, run, usable, len(feasible_idx))
+    if pareto and len(feasible_idx):
+        result.pareto = _memory_front(screen, feasible_idx, bound, run, max_exact)
+    result.simulated = len(exact)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _place(model, cluster, plan, budget, objective, bound, order, run, usable, n_feasible) -> BaselinePlace:
+    """The baseline's exact estimate and how many feasible plans beat it: at most those whose
+    bound is below its value; simulated exactly when there are at most 2,000 of them."""
+    est = estimate(model, cluster, plan, budget)
+    value = float(_score(objective, est.time.step_s / plan.tokens_per_step, cluster.num_gpus, budget))
+    maybe = order[bound[order] < value]
+    exact_count = None
+    if len(maybe) <= 2000:
+        exact_count = sum(1 for i in maybe.tolist() if run(i).score < value)
+    return BaselinePlace(est, est.peak_bytes <= usable, int(len(maybe)), exact_count, n_feasible)
+
+
+def _memory_front(screen: Screen, feasible_idx: np.ndarray, bound: np.ndarray, run, max_exact: int) -> list[Ranked]:
+    """Plans no other feasible plan beats on both peak memory and the objective, by increasing
+    memory: walking plans by memory, a plan is simulated only when its bound could beat the best
+    value seen at lower memory."""
+    by_mem = feasible_idx[np.lexsort((bound[feasible_idx], screen.peak_bytes[feasible_idx]))]
+    front: list[Ranked] = []
+    best = np.inf
+    for count, i in enumerate(by_mem.tolist()):
+        if bound[i] >= best or count > max_exact:
+            continue
+        r = run(i)
+        if r.score < best:
+            best = r.score
+            front.append(r)
+    return front
+
+
+def describe_rejections(rejected: dict[str, int]) -> list[tuple[str, int, str]]:
+    """(reason key, count, rule) for each reason, most plans first."""
+    return sorted(((k, v, REASONS.get(k, k)) for k, v in rejected.items()), key=lambda x: -x[1])

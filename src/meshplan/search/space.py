@@ -1,0 +1,243 @@
+"""The search space: every layout and switch combination for one model, GPU count and batch.
+
+A plan of the space is a choice of
+
+=================  =============================================================================
+tp, cp, pp, dp     a factorization tp·cp·pp·dp = N of the GPU count (ep = 1: dense models)
+schedule, vpp      pp = 1: none; pp > 1: 1f1b, gpipe, zbh1 (v = 1), zbv (v = 2), interleaved and
+                   interleaved-zb (v = 2 .. max_vpp)
+micro_batch b      1 .. max_micro_batch; m = B / (b·dp) micro-batches per step (B sequences)
+recompute          none, selective, op, full
+sequence parallel  on or off (tp > 1; off without TP)
+ZeRO stage         0 .. 3; with ``hsdp`` also every shard group 1 < dp_shard < dp dividing dp
+=================  =============================================================================
+
+restricted by the user's limits and fixed axes. Structural rules reject plans before they are
+evaluated, each counted under its reason (the first rule a plan breaks, in the order of
+:data:`REASONS`); the rest are evaluated (:mod:`meshplan.search.engine`), and those whose peak
+memory exceeds the usable HBM are rejected for memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from meshplan.errors import InputError
+from meshplan.pipeline.schedules import SCHEDULES
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.validate import MAX_PIPELINE_CHUNKS
+
+RECOMPUTE = ("none", "selective", "op", "full")
+SCHEDULE_NAMES = tuple(SCHEDULES)  # index = schedule code in the plan table
+
+REASONS = {
+    "tp_heads": "tp must divide the attention heads, the KV heads (or be a multiple of them) and the MLP width",
+    "cp_seq": "seq_len must be divisible by 2 x cp (load-balanced causal context parallelism)",
+    "stages_layers": "pp x vpp must not exceed the number of layers",
+    "batch_divisible": "micro_batch x dp must divide the global batch",
+    "interleaved_rounds": "interleaved schedules need the micro-batches in equal rounds of pp",
+    "pipeline_size": f"micro-batches x pp x vpp must not exceed {MAX_PIPELINE_CHUNKS:,} (simulation limit)",
+    "sp_seq": "sequence parallelism needs seq_len / cp divisible by tp",
+    "memory": "peak memory per GPU above the usable HBM",
+}
+
+
+@dataclass(frozen=True)
+class SearchLimits:
+    """What the user allows: upper limits, fixed values (``None`` = searched) and option lists."""
+
+    max_tp: Optional[int] = None  # default: GPUs per node
+    max_cp: int = 16
+    max_pp: int = 128
+    max_vpp: int = 8
+    max_micro_batch: int = 8
+    tp: Optional[int] = None
+    cp: Optional[int] = None
+    pp: Optional[int] = None
+    dp: Optional[int] = None
+    vpp: Optional[int] = None
+    micro_batch: Optional[int] = None
+    schedules: tuple[str, ...] = SCHEDULE_NAMES
+    recompute: tuple[str, ...] = RECOMPUTE
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    sequence_parallel: tuple[bool, ...] = (True, False)
+    hsdp: bool = False
+
+
+@dataclass
+class PlanTable:
+    """The evaluated plans as columns (one entry per plan) and the structural rejections."""
+
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    dp_shard: np.ndarray
+    vpp: np.ndarray
+    schedule: np.ndarray  # code: index into SCHEDULE_NAMES
+    micro_batch: np.ndarray
+    global_batch: np.ndarray
+    recompute: np.ndarray  # code: index into RECOMPUTE
+    sp: np.ndarray
+    zero: np.ndarray
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.tp.size)
+
+    @property
+    def num_microbatches(self) -> np.ndarray:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    def take(self, idx: np.ndarray) -> "PlanTable":
+        cols = {name: getattr(self, name)[idx] for name in COLUMNS}
+        return PlanTable(**cols, rejected=dict(self.rejected))
+
+    def row(self, i: int) -> dict:
+        """Plan ``i`` as TrainingPlan fields."""
+        return {
+            "tp": int(self.tp[i]),
+            "cp": int(self.cp[i]),
+            "pp": int(self.pp[i]),
+            "dp": int(self.dp[i]),
+            "dp_shard": int(self.dp_shard[i]) if self.dp_shard[i] != self.dp[i] else None,
+            "vpp": int(self.vpp[i]),
+            "schedule": SCHEDULE_NAMES[int(self.schedule[i])],
+            "micro_batch": int(self.micro_batch[i]),
+            "global_batch": int(self.global_batch[i]),
+            "recompute": RECOMPUTE[int(self.recompute[i])],
+            "sequence_parallel": bool(self.sp[i]),
+            "zero": int(self.zero[i]),
+        }
+
+
+COLUMNS = ("tp", "cp", "pp", "dp", "dp_shard", "vpp", "schedule", "micro_batch", "global_batch", "recompute", "sp", "zero")
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _axis_values(n: int, fixed: Optional[int], limit: int, name: str) -> list[int]:
+    if fixed is not None:
+        if fixed < 1 or n % fixed:
+            raise InputError(name, f"--{name} {fixed} must be a positive divisor of the GPU count ({n})")
+        return [fixed]
+    return [d for d in divisors(n) if d <= limit]
+
+
+def _schedule_options(pp: int, layers: int, lim: SearchLimits, reject: dict[str, int], inner: int) -> list[tuple[int, int]]:
+    """(schedule code, vpp) pairs for pp ranks; pp·vpp > layers counted as rejected."""
+    if pp == 1:
+        return [(SCHEDULE_NAMES.index("1f1b"), 1)]
+    out = []
+    for name in lim.schedules:
+        rule = SCHEDULES[name][0]
+        vs = [1] if rule == "1" else [2] if rule == "2" else list(range(2, lim.max_vpp + 1))
+        if lim.vpp is not None:
+            vs = [v for v in vs if v == lim.vpp]
+        for v in vs:
+            if pp * v > layers:
+                reject["stages_layers"] = reject.get("stages_layers", 0) + inner
+            else:
+                out.append((SCHEDULE_NAMES.index(name), v))
+    return out
+
+
+def _tp_ok(model: ModelSpec, t: int) -> bool:
+    g = model.n_kv_heads
+    return model.n_heads % t == 0 and (g % t == 0 or t % g == 0) and model.ffn_hidden % t == 0
+
+
+def enumerate_plans(
+    model: ModelSpec,
+    num_gpus: int,
+    gpus_per_node: int,
+    seq_len: int,
+    global_batches: tuple[int, ...],
+    lim: SearchLimits,
+) -> PlanTable:
+    """Every plan of the space (module docstring) that passes the structural rules, as columns;
+    the others counted by reason in ``rejected``."""
+    n = num_gpus
+    max_tp = lim.max_tp if lim.max_tp is not None else gpus_per_node
+    tps = _axis_values(n, lim.tp, max_tp, "tp")
+    cps = _axis_values(n, lim.cp, lim.max_cp, "cp")
+    pps = _axis_values(n, lim.pp, min(lim.max_pp, n), "pp")
+    mbs = [lim.micro_batch] if lim.micro_batch is not None else list(range(1, lim.max_micro_batch + 1))
+    reject: dict[str, int] = {}
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+    rec_codes = np.array([RECOMPUTE.index(r) for r in lim.recompute], dtype=np.int64)
+    interleaved = {SCHEDULE_NAMES.index("interleaved"), SCHEDULE_NAMES.index("interleaved-zb")}
+
+    def add(reason: str, count: int) -> None:
+        reject[reason] = reject.get(reason, 0) + count
+
+    for t in tps:
+        sp_opts = list(lim.sequence_parallel) if t > 1 else [False]  # no SP without TP
+        for c in cps:
+            for p in pps:
+                if n % (t * c * p):
+                    continue
+                d = n // (t * c * p)
+                if lim.dp is not None and d != lim.dp:
+                    continue
+                zero_opts = [(z, d) for z in lim.zero]
+                if lim.hsdp:
+                    zero_opts += [(z, s) for z in lim.zero if z >= 1 for s in divisors(d) if 1 < s < d]
+                inner = len(rec_codes) * len(sp_opts) * len(zero_opts)
+                per_mesh = inner * len(mbs) * len(global_batches)
+                sv = _schedule_options(p, model.n_layers, lim, reject, per_mesh)
+                if not _tp_ok(model, t):
+                    add("tp_heads", per_mesh * len(sv))
+                    continue
+                if c > 1 and seq_len % (2 * c):
+                    add("cp_seq", per_mesh * len(sv))
+                    continue
+                sp_ok = [s for s in sp_opts if not (s and t > 1 and (seq_len // c) % t)]
+                n_sp_bad = len(sp_opts) - len(sp_ok)
+                for code, v in sv:
+                    for gb in global_batches:
+                        for b in mbs:
+                            if gb % (b * d):
+                                add("batch_divisible", inner)
+                                continue
+                            m = gb // (b * d)
+                            if code in interleaved and m % max(1, m // p):
+                                add("interleaved_rounds", inner)
+                                continue
+                            if m * p * v > MAX_PIPELINE_CHUNKS:
+                                add("pipeline_size", inner)
+                                continue
+                            if n_sp_bad:
+                                add("sp_seq", n_sp_bad * len(rec_codes) * len(zero_opts))
+                            if not sp_ok:
+                                continue
+                            k = len(rec_codes) * len(sp_ok) * len(zero_opts)
+                            rec_col = np.repeat(rec_codes, len(sp_ok) * len(zero_opts))
+                            sp_col = np.tile(np.repeat(np.array(sp_ok, dtype=bool), len(zero_opts)), len(rec_codes))
+                            zs = np.array(zero_opts, dtype=np.int64)
+                            z_col = np.tile(zs[:, 0], len(rec_codes) * len(sp_ok))
+                            sh_col = np.tile(zs[:, 1], len(rec_codes) * len(sp_ok))
+                            full = lambda x: np.full(k, x, dtype=np.int64)  # noqa: E731
+                            cols["tp"].append(full(t))
+                            cols["cp"].append(full(c))
+                            cols["pp"].append(full(p))
+                            cols["dp"].append(full(d))
+                            cols["dp_shard"].append(sh_col)
+                            cols["vpp"].append(full(v))
+                            cols["schedule"].append(full(code))
+                            cols["micro_batch"].append(full(b))
+                            cols["global_batch"].append(full(gb))
+                            cols["recompute"].append(rec_col)
+                            cols["sp"].append(sp_col)
+                            cols["zero"].append(z_col)
+    arrays = {
+        name: (np.concatenate(parts) if parts else np.zeros(0, dtype=bool if name == "sp" else np.int64))
+        for name, parts in cols.items()
+    }
+    return PlanTable(**arrays, rejected=reject)
