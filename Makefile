@@ -24,6 +24,7 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_estimate.py
 	$(PY) benchmarks/bench_pipeline.py
+	$(PY) benchmarks/search_speed.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
