@@ -2,7 +2,7 @@
 
 Commands: ``estimate`` (memory, step time, throughput, cost of one plan), ``explain`` (the
 derivation of each figure), ``pipeline`` (what every pipeline rank does when: Gantt, bubble),
-``validate`` (meshplan against published training runs), ``models`` and ``gpus`` (the catalogs).
+``validate`` (meshplan against published training runs), ``search`` (the best layouts among all), ``models`` and ``gpus`` (the catalogs).
 
 Bad input of any kind (an :class:`~meshplan.errors.InputError`, a pydantic validation error, an
 unknown option or an invalid value for one) prints one line, ``error: <field>: <rule>``, on
@@ -22,6 +22,7 @@ from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
+from meshplan.cli.search_cmd import search as search_command
 from meshplan.cli.validate_cmd import validate as validate_command
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
@@ -78,6 +79,7 @@ def explain(
 
 app.command("pipeline")(pipeline_command)
 app.command("validate")(validate_command)
+app.command("search")(search_command)
 
 
 @app.command()
