@@ -1,0 +1,163 @@
+"""``meshplan verify {flops,memory,comm}``: meshplan's predictions against torch on CPU.
+
+Each subcommand takes the plan options of ``meshplan estimate``, builds the Hugging Face model of
+``--model`` (a catalog name or a config.json), measures with torch (FlopCounterMode, MemTracker /
+FSDPMemTracker, collectives counted on a gloo process group), runs meshplan's prediction for the same
+plan and prints one row per item: torch measured, meshplan predicted, the named known difference,
+the difference, the tolerance and the verdict. ``--json`` prints the same as one object. Exit status
+1 when any item is beyond its tolerance, 2 for bad input or when torch is not installed.
+
+torch and transformers are imported only when a subcommand runs (the ``verify`` extra).
+
+Defaults that differ from ``estimate``: dp = 1 (gpus = tp·pp) unless --dp or --gpus is given; the global batch is one micro-batch per DP rank (two per
+pipeline stage with pp > 1, so that the schedule has work to overlap); memory and comm run the fp32
+recipe (``--precision fp32``) and, with dp > 1, FSDP2 (``--zero 3``) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Annotated, Literal
+
+import typer
+from rich import box
+from rich.table import Table
+
+from meshplan.cli import render
+from meshplan.cli.options import PlanArgs, Setup, plan_options, resolve
+from meshplan.errors import InputError
+
+verify_app = typer.Typer(
+    help="Check meshplan against real torch execution on CPU: FLOPs (FlopCounterMode), memory (MemTracker, "
+    "FSDPMemTracker) and collectives (gloo process group). Exit 1 when an item is beyond tolerance.",
+    no_args_is_help=True,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")]
+
+
+def _verify_module(name: str):
+    """``meshplan.verify.<name>``, or one clear error line when the extra is not installed."""
+    import importlib
+
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise InputError("verify", f"needs torch and transformers ({exc.name} is missing): install meshplan[verify]") from None
+    return importlib.import_module(f"meshplan.verify.{name}")
+
+
+def _setup(plan: PlanArgs, kind: str) -> Setup:
+    """resolve() with verify's defaults (see the module docstring)."""
+    args = dataclasses.replace(plan)
+    if args.gpus is None and args.dp is None and args.preset is None:
+        args.dp = 1  # one rank per tp x pp position unless told otherwise
+    if kind in ("memory", "comm"):
+        if args.precision is None:
+            args.precision = "fp32"
+        if args.zero is None:
+            args.zero = "__dp__"  # decided once dp is known
+    zero_auto = args.zero == "__dp__"
+    if zero_auto:
+        args.zero = None
+    if args.global_batch is None and args.global_batch_tokens is None:
+        first = resolve(args)
+        p = first.plan
+        args.global_batch = p.micro_batch * p.dp * (2 * p.pp if p.pp > 1 else 1)
+    if zero_auto:
+        dp = resolve(args).plan.dp
+        args.zero = "3" if dp > 1 else "0"
+    return resolve(args)
+
+
+def _fmt(x: float, unit: str) -> str:
+    if unit == "B" and abs(x) >= 2**20:
+        return f"{x:,.0f} ({x / 2**20:,.2f} MiB)"
+    return f"{x:,.0f}"
+
+
+def _tol(t: float) -> str:
+    return "exact" if t == 0 else f"±{100 * t:g}%"
+
+
+def print_comparison(comparison) -> None:
+    """The rich table of a :class:`~meshplan.verify.compare.Comparison`, then its known differences."""
+    con = render.console()
+    table = Table(title=comparison.title, box=box.SIMPLE_HEAVY, title_justify="left")
+    for col, just in (("item", "left"), ("torch measured", "right"), ("meshplan predicted", "right"),
+                      ("known difference", "right"), ("difference", "right"), ("tolerance", "right"), ("verdict", "left")):
+        table.add_column(col, justify=just)
+    for r in comparison.rows:
+        known = _fmt(r.known, r.unit) if r.known else ""
+        if r.notes and r.known:
+            known += " [" + ", ".join(r.notes) + "]"
+        rel = "" if r.expected == 0 else f" ({100 * r.relative:+.2f}%)"
+        verdict = "[green]ok[/green]" if r.ok else "[bold red]BEYOND[/bold red]"
+        table.add_row(r.item, _fmt(r.measured, r.unit), _fmt(r.predicted, r.unit), known,
+                      f"{r.difference:+,.0f}{rel}", _tol(r.tolerance), verdict)
+    con.print(table)
+    if comparison.known:
+        con.print("Known differences (added to meshplan's figure before judging):")
+        for k in comparison.known.values():
+            con.print(f"  {k.name}: {k.explanation}")
+    for name, text in comparison.setup.get("meshplan_gaps", {}).items():
+        con.print(f"meshplan gap {name}: {text}")
+    how = comparison.setup.get("how")
+    if how:
+        con.print(f"Measured with: {how}")
+    failures = comparison.failures
+    con.print(f"{len(comparison.rows) - len(failures)} of {len(comparison.rows)} items within tolerance"
+              + ("" if not failures else f"; beyond: {', '.join(r.item for r in failures)}"))
+
+
+def _finish(comparison, json_out: bool) -> None:
+    if json_out:
+        typer.echo(json.dumps(comparison.to_dict(), default=str))
+    else:
+        print_comparison(comparison)
+    if not comparison.ok:
+        raise typer.Exit(1)
+
+
+@verify_app.command("flops")
+@plan_options
+def flops(
+    plan: PlanArgs,
+    json_out: JsonFlag = False,
+    attn_impl: Annotated[Literal["sdpa", "eager"], typer.Option("--attn-impl", help="Hugging Face attention implementation: sdpa (CPU flash kernel) or eager (bmm).")] = "sdpa",
+) -> None:
+    """FLOPs of one micro-batch, forward + backward, by FlopCounterMode under FakeTensorMode, against meshplan's dense and attention FLOPs (full s² convention, as the counter counts)."""
+    setup = _setup(plan, "flops")
+    mod = _verify_module("flops")
+    p = setup.plan
+    _finish(mod.compare(setup.model, p.micro_batch, p.seq_len, attn=attn_impl, recompute=p.recompute), json_out)
+
+
+@verify_app.command("memory")
+@plan_options
+def memory(plan: PlanArgs, json_out: JsonFlag = False) -> None:
+    """Weights, gradients, optimizer state, activations and the peak per rank over two AdamW steps: MemTracker on one device, FSDPMemTracker for FSDP2 over a fake process group (--dp N --zero 3)."""
+    setup = _setup(plan, "memory")
+    mod = _verify_module("memory")
+    mod.check_plan(setup.model, setup.plan)
+    _finish(mod.compare(setup.model, setup.plan, setup.cluster), json_out)
+
+
+@verify_app.command("comm")
+@plan_options
+def comm(
+    plan: PlanArgs,
+    json_out: JsonFlag = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the CPU workers are stopped.")] = 240.0,
+) -> None:
+    """Every collective of one training step, counted on tp·pp·dp CPU processes (gloo), against meshplan's communication model: count (exact) and bytes (1%) per rank, axis, collective and phase."""
+    setup = _setup(plan, "comm")
+    mod = _verify_module("comm")
+    predict = _verify_module("predict")
+    mod.check_plan(setup.model, setup.plan)
+    if timeout <= 0:
+        raise InputError("timeout", f"must be a positive number of seconds (got {timeout})")
+    results = mod.launch([(setup.model, setup.plan)], timeout=timeout)[0]
+    _finish(predict.compare(setup.model, setup.plan, results), json_out)

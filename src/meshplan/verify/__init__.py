@@ -1,0 +1,17 @@
+"""Verification against real execution: meshplan's predictions next to what torch measures.
+
+``meshplan.verify`` is the only part of meshplan that imports ``torch`` and ``transformers`` (the
+``verify`` extra: ``pip install 'meshplan[verify]'``). One module per concern:
+
+* :mod:`~meshplan.verify.build`   — the Hugging Face model for a :class:`~meshplan.specs.model.ModelSpec`
+  (config.json written from the spec, built on the meta device or under FakeTensorMode);
+* :mod:`~meshplan.verify.flops`   — FlopCounterMode over forward + backward of one micro-batch;
+* :mod:`~meshplan.verify.memory`  — MemTracker (one device) and FSDPMemTracker (FSDP2 / TP on a fake
+  process group) over two optimizer steps;
+* :mod:`~meshplan.verify.comm`    — one training step per rank on a gloo CPU process group (DDP, FSDP2,
+  TP, TP + SP, pipelining schedules and their combinations) with every collective counted;
+* :mod:`~meshplan.verify.predict` — the collectives meshplan's model charges for the same plan;
+* :mod:`~meshplan.verify.compare` — side-by-side rows with the tolerances of the comparison.
+
+Import the submodules you need; this package file imports nothing heavy.
+"""

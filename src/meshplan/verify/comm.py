@@ -1,0 +1,485 @@
+"""``meshplan verify comm``: one real training step per rank on a gloo CPU process group, every
+collective counted.
+
+How it runs: :func:`launch` starts ``tp·pp·dp`` processes (``multiprocessing`` with *spawn*, a
+free port on 127.0.0.1, a wall-clock timeout after which every worker it started is killed). Each
+worker builds the Hugging Face model of the spec for real on CPU (fp32, fixed seed), lays it out as
+the plan says, with torch's own APIs only:
+
+* pipeline (pp > 1): meshplan's own layer split and stage-to-rank assignment
+  (:func:`meshplan.pipeline.stages.layer_split`, ``stages_of_rank``), each stage a module holding the
+  model's own embedding / decoder layers / norm / head, driven by ``torch.distributed.pipelining``'s
+  schedule of the same name (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble);
+* tensor parallel (tp > 1): ``parallelize_module`` with torchtitan's Llama plan (column-parallel
+  q, k, v, gate, up; row-parallel o, down; vocab-parallel embedding; column-parallel LM head with
+  ``loss_parallel``), plus ``SequenceParallel`` norms and ``PrepareModuleInput`` gathers with SP;
+* data parallel (dp > 1): ZeRO-0 = ``DistributedDataParallel`` (one bucket holding every gradient,
+  ``no_sync`` on all but the last micro-batch), ZeRO-3 = FSDP2 ``fully_shard`` per decoder layer, on
+  the embedding, on the final norm + LM head, and on the root.
+
+It then runs one step to warm up (lazy initialisation, DDP's parameter broadcast, the pipeline's
+shape exchange) and one counted step of ``m`` micro-batches, forward, backward and optimizer.
+
+How it counts: :class:`CollectiveCounter`, a ``TorchDispatchMode`` that sees every ``c10d`` and
+``_c10d_functional`` op (DDP's C++ reducer, FSDP2, DTensor redistributions, pipeline send/recv),
+records the op, its process group (mapped to a mesh axis) and its bytes in nccl-tests' convention
+(all-reduce buffer, all-gather output, reduce-scatter input, send buffer), and whether it ran in
+backward (an autograd graph task is active). It returns ``NotImplemented`` when a DTensor is among
+the argument types, so DTensor unwraps itself and its internal collectives reach the mode as plain
+tensors (otherwise they are missed). Counting is at the op level: gloo implements reduce-scatter
+with an all-reduce underneath, which is not what NCCL would put on the wire.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from typing import Any
+
+from meshplan.errors import InputError
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+
+#: aten op name (namespace.op) -> meshplan collective kind
+OP_KIND = {
+    "c10d.allreduce_": "all_reduce",
+    "_c10d_functional.all_reduce": "all_reduce",
+    "_c10d_functional.all_reduce_": "all_reduce",
+    "c10d._allgather_base_": "all_gather",
+    "c10d.allgather_": "all_gather",
+    "c10d.allgather_into_tensor_coalesced_": "all_gather",
+    "_c10d_functional.all_gather_into_tensor": "all_gather",
+    "_c10d_functional.all_gather_into_tensor_out": "all_gather",
+    "c10d._reduce_scatter_base_": "reduce_scatter",
+    "c10d.reduce_scatter_": "reduce_scatter",
+    "c10d.reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "_c10d_functional.reduce_scatter_tensor": "reduce_scatter",
+    "c10d.alltoall_": "all_to_all",
+    "c10d.alltoall_base_": "all_to_all",
+    "_c10d_functional.all_to_all_single": "all_to_all",
+    "c10d.broadcast_": "broadcast",
+    "_c10d_functional.broadcast": "broadcast",
+    "c10d.send": "send",
+    "c10d.recv_": "recv",
+}
+SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zbh1": "ScheduleInterleavedZeroBubble",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+}
+DEFAULT_TIMEOUT = 240.0
+#: steps run before the counted one: lazy initialisation, the pipeline's shape exchange (step 1) and
+#: DDP's bucket rebuild with its index broadcast (step 2)
+WARMUP_STEPS = 2
+
+
+def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
+    """What the CPU run can lay out; each refusal names the field."""
+    from meshplan.verify.build import model_type
+
+    if plan.cp > 1:
+        raise InputError("cp", "verify comm runs tp, pp and dp (torch's context parallel needs CUDA SDPA kernels)")
+    if plan.ep > 1:
+        raise InputError("ep", "verify comm runs dense models only (ep = 1)")
+    if plan.dp > 1 and plan.zero not in (0, 3):
+        raise InputError("zero", "verify comm runs DDP (--zero 0) or FSDP2 (--zero 3) for data parallelism")
+    if plan.dp_shard is not None and plan.dp_shard != plan.dp:
+        raise InputError("dp_shard", "verify comm runs FSDP2 over the whole dp axis (no HSDP)")
+    if plan.recompute != "none":
+        raise InputError("recompute", "verify comm runs without recompute")
+    if plan.precision.precision != "fp32":
+        raise InputError("precision", "verify comm runs fp32 on CPU (gloo); give --precision fp32")
+    if plan.fsdp_accumulate_unsharded:
+        raise InputError("fsdp_accumulate_unsharded", "not run by verify comm")
+    if model.dropout:
+        raise InputError("model", "verify comm runs models without dropout")
+    if model.tied_embeddings and plan.dp > 1 and plan.zero == 3:
+        raise InputError("model", "tied embeddings would share one weight between the embedding and LM-head FSDP units: verify runs untied models under --zero 3")
+    if (plan.tp > 1 or plan.pp > 1) and model_type(model) not in ("llama", "qwen2"):
+        raise InputError("model", "verify comm lays out TP and PP for Llama-style models (llama, qwen2) only")
+    if plan.tp > 1:
+        for name, value in (("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads), ("ffn_hidden", model.ffn_hidden),
+                            ("vocab_size", model.vocab_size), ("seq_len", plan.seq_len)):
+            if value % plan.tp:
+                raise InputError(name, f"must be a multiple of tp ({plan.tp}) for torch's tensor parallel plan (got {value})")
+    world = plan.tp * plan.pp * plan.dp
+    if world > 16:
+        raise InputError("gpus", f"verify comm starts one CPU process per rank: {world} is more than 16")
+
+
+# ---- the counting mode ------------------------------------------------------------------------
+
+
+def _group_ranks(arg: Any) -> tuple[int, ...] | None:
+    """Global ranks of a process group given as a ProcessGroup or a functional group name."""
+    import torch.distributed as dist
+
+    import torch
+
+    try:
+        if isinstance(arg, torch.ScriptObject):
+            arg = dist.ProcessGroup.unbox(arg)
+        if isinstance(arg, str):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            arg = _resolve_process_group(arg)
+        if isinstance(arg, dist.ProcessGroup):
+            return tuple(dist.get_process_group_ranks(arg))
+    except Exception:  # noqa: BLE001 - a non-group argument
+        return None
+    return None
+
+
+def _nbytes(t: Any) -> int:
+    import torch
+
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (list, tuple)):
+        return sum(_nbytes(x) for x in t)
+    return 0
+
+
+def _collective_bytes(kind: str, name: str, args: tuple, kwargs: dict, out: Any) -> int:
+    """nccl-tests' size: all-reduce buffer, all-gather output, reduce-scatter input, send buffer."""
+    if name.startswith("_c10d_functional"):
+        if kind == "all_gather":
+            return _nbytes(out)
+        return _nbytes(args[0])
+    # c10d ops: (output, input, ...) for the *_base_ ones, (tensors, ...) for the others
+    if name in ("c10d._allgather_base_",):
+        return _nbytes(args[0])
+    if name in ("c10d._reduce_scatter_base_",):
+        return _nbytes(args[1])
+    if name == "c10d.allgather_":
+        return _nbytes(args[0])
+    if name == "c10d.reduce_scatter_":
+        return _nbytes(args[1])
+    return _nbytes(args[0])
+
+
+def make_counter(axis_of: dict[tuple[int, ...], str]):
+    """A TorchDispatchMode recording (kind, axis, phase, bytes) of every collective."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CollectiveCounter(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[dict[str, Any]] = []
+            self.phase_override: str | None = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented  # let DTensor unwrap: its collectives come back as plain tensors
+            out = func(*args, **kwargs)
+            name = f"{func.namespace}.{func._schema.name.split('::')[-1]}"
+            kind = OP_KIND.get(name)
+            if kind is not None:
+                ranks = None
+                for a in list(args) + list(kwargs.values()):
+                    ranks = _group_ranks(a)
+                    if ranks is not None:
+                        break
+                if kind in ("send", "recv"):  # the schedule sends gradients after their backward
+                    phase = "pipeline"
+                else:
+                    phase = self.phase_override or ("backward" if torch._C._current_graph_task_id() != -1 else "forward")
+                self.records.append({
+                    "kind": kind, "op": name, "axis": axis_of.get(tuple(sorted(ranks or ())), "world" if ranks else "?"),
+                    "phase": phase, "bytes": _collective_bytes(kind, name, args, kwargs, out),
+                })
+            return out
+
+    return CollectiveCounter()
+
+
+# ---- building the layout (inside a worker) -----------------------------------------------------
+
+
+def _stage_module_class():
+    import torch
+    from torch import nn
+
+    class Stage(nn.Module):
+        """One pipeline stage (or the whole model): the Hugging Face model's own embedding, decoder
+        layers, final norm and LM head, glued as ``LlamaModel.forward`` does (no KV cache, causal
+        SDPA without a mask, explicit positions so that sequence-sharded inputs keep the full RoPE)."""
+
+        def __init__(self, parts: dict, layer_ids: list[int], first: bool, last: bool, seq_len: int):
+            super().__init__()
+            self.embed = parts["embed"] if first else None
+            self.layers = nn.ModuleDict({str(i): parts["layers"][i] for i in layer_ids})
+            self.norm = parts["norm"] if last else None
+            self.head = parts["head"] if last else None
+            self.rotary = parts["rotary"]
+            self.seq_len = seq_len
+
+        def forward(self, x):
+            if self.embed is not None:
+                x = self.embed(x)
+            pos = torch.arange(self.seq_len).unsqueeze(0)
+            cos_sin = self.rotary(x, pos)
+            for layer in self.layers.values():
+                x = layer(x, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
+            if self.head is not None:
+                x = self.head(self.norm(x))
+            return x
+
+    return Stage
+
+
+def _tp_plan(sp: bool):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    layer = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+    }
+    if sp:
+        layer |= {
+            "input_layernorm": SequenceParallel(),
+            "post_attention_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        }
+    top = {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()),
+        "head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1), use_local_output=False),
+    }
+    if sp:
+        top["norm"] = SequenceParallel()
+    return layer, top
+
+
+def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
+    """This rank's stage modules (one per virtual stage it holds), laid out; and their indices."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from meshplan.pipeline.schedules import stage_style
+    from meshplan.pipeline.stages import layer_split, stages_of_rank
+    from meshplan.verify.build import build_model, parts
+
+    torch.manual_seed(0)
+    net = build_model(model, device="cpu", attn="sdpa")
+    p = parts(net)
+    split = layer_split(model.n_layers, plan.pp, plan.vpp, plan.layer_split)
+    n_stages = len(split)
+    starts = [sum(split[:k]) for k in range(n_stages)]
+    mine = stages_of_rank(rank_pp, plan.pp, plan.vpp, stage_style(plan.schedule)) if plan.pp > 1 else [0]
+    Stage = _stage_module_class()
+    mods = []
+    for k in mine:
+        ids = list(range(starts[k], starts[k] + split[k]))
+        mods.append(Stage(p, ids, k == 0, k == n_stages - 1, plan.seq_len))
+    sp = plan.sequence_parallel and plan.tp > 1
+    for mod in mods:
+        if plan.tp > 1:
+            layer_plan, top_plan = _tp_plan(sp)
+            for layer in mod.layers.values():
+                parallelize_module(layer, mesh["tp"], layer_plan)
+            top = {k: v for k, v in top_plan.items() if getattr(mod, k) is not None}
+            if top:
+                parallelize_module(mod, mesh["tp"], top)
+    wrapped = []
+    for mod in mods:
+        if plan.dp > 1 and plan.zero == 3:
+            dp_mesh = mesh["dp"]
+            if mod.embed is not None:
+                fully_shard(mod.embed, mesh=dp_mesh)
+            for layer in mod.layers.values():
+                fully_shard(layer, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
+            if mod.head is not None:
+                fully_shard([mod.norm, mod.head], mesh=dp_mesh, reshard_after_forward=False)
+            fully_shard(mod, mesh=dp_mesh)
+            wrapped.append(mod)
+        elif plan.dp > 1:
+            grad_mb = sum(q.numel() * q.element_size() for q in mod.parameters()) / 2**20
+            wrapped.append(DDP(mod, process_group=mesh["dp"].get_group(), bucket_cap_mb=grad_mb + 1,
+                               broadcast_buffers=False))
+        else:
+            wrapped.append(mod)
+    return wrapped, mine, n_stages
+
+
+class _Trainer:
+    """This rank's modules, optimizer and (with pp > 1) pipeline schedule, built once; ``step``
+    runs one optimizer step of ``m`` micro-batches."""
+
+    def __init__(self, model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
+        import torch
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        self.model, self.plan = model, plan
+        self.mods, self.mine, self.n_stages = _build(model, plan, mesh, rank_pp)
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, model.vocab_size, (plan.grad_accum * plan.micro_batch, plan.seq_len), generator=g)
+        self.loss_parallel = loss_parallel if plan.tp > 1 else None
+        params = [q for mod in self.mods for q in mod.parameters()]
+        self.opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+        self.sched = None
+        if plan.pp > 1:
+            from torch.distributed.pipelining import PipelineStage
+            from torch.distributed.pipelining import schedules as S
+
+            stages = [PipelineStage(mod, k, self.n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+                      for mod, k in zip(self.mods, self.mine)]
+            cls = getattr(S, SCHEDULES[plan.schedule])
+            multi = plan.schedule not in ("gpipe", "1f1b")
+            self.sched = cls(stages if multi else stages[0], n_microbatches=plan.grad_accum, loss_fn=_loss)
+
+    def step(self, counter=None) -> None:
+        import contextlib
+
+        plan, ids = self.plan, self.ids
+        mode = counter if counter is not None else contextlib.nullcontext()
+        lp = self.loss_parallel() if self.loss_parallel else contextlib.nullcontext()
+        with mode, lp:
+            if self.sched is not None:
+                kw = {"target": ids, "losses": []} if self.n_stages - 1 in self.mine else {}
+                if 0 in self.mine:
+                    self.sched.step(ids, **kw)
+                else:
+                    self.sched.step(**kw)
+            else:
+                mod, b, m = self.mods[0], plan.micro_batch, plan.grad_accum
+                for i in range(m):
+                    x = ids[i * b:(i + 1) * b]
+                    sync = mod.no_sync() if hasattr(mod, "no_sync") and i < m - 1 else contextlib.nullcontext()
+                    with sync:
+                        _loss(mod(x), x).backward()
+            if counter is not None:
+                counter.phase_override = "optimizer"
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=False)
+            if counter is not None:
+                counter.phase_override = None
+
+
+def _loss(logits, target):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def _mesh(plan: TrainingPlan):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sizes = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
+    names = [a for a in reversed(plan.rank_order) if a in sizes]  # outermost first
+    return init_device_mesh("cpu", tuple(sizes[a] for a in names), mesh_dim_names=tuple(names))
+
+
+def run_rank(model: ModelSpec, plan: TrainingPlan) -> dict[str, Any]:
+    """Inside an initialised process group: warm-up step, counted step; this rank's records."""
+    import torch.distributed as dist
+
+    mesh = _mesh(plan)
+    axis_of = {}
+    for name in mesh.mesh_dim_names:
+        axis_of[tuple(sorted(dist.get_process_group_ranks(mesh[name].get_group())))] = name
+    axis_of.setdefault(tuple(range(dist.get_world_size())), "world")
+    rank_pp = mesh["pp"].get_local_rank() if plan.pp > 1 else 0
+    trainer = _Trainer(model, plan, mesh, rank_pp)
+    for _ in range(WARMUP_STEPS):
+        trainer.step()
+    counter = make_counter(axis_of)
+    trainer.step(counter)
+    dist.barrier()
+    return {"rank": dist.get_rank(), "pp_rank": rank_pp, "stages": list(trainer.mine), "records": counter.records}
+
+
+# ---- the launcher -----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[tuple[dict, dict]], out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        for i, (model_d, plan_d) in enumerate(jobs):
+            res = run_rank(ModelSpec.model_validate(model_d), TrainingPlan.model_validate(plan_d))
+            out.put((i, rank, res, None))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out.put((-1, rank, None, traceback.format_exc()))
+
+
+def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_TIMEOUT) -> list[list[dict[str, Any]]]:
+    """Run every (model, plan) job on one set of spawned gloo workers (all jobs need the same world
+    size); per job, the records of every rank in rank order. Raises RuntimeError on a worker error
+    or after ``timeout`` seconds, killing the workers it started."""
+    import multiprocessing as mp
+
+    worlds = {p.tp * p.pp * p.dp for _, p in jobs}
+    if len(worlds) != 1:
+        raise ValueError("all jobs of one launch need the same world size")
+    world = worlds.pop()
+    for m, p in jobs:
+        check_plan(m, p)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    payload = [(m.model_dump(), p.model_dump()) for m, p in jobs]
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, payload, out), daemon=True) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    results: list[list[Any]] = [[None] * world for _ in jobs]
+    pending = len(jobs) * world
+    deadline = time.monotonic() + timeout
+    try:
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"verify comm: workers did not finish within {timeout:.0f} s")
+            try:
+                i, rank, res, err = out.get(timeout=min(left, 1.0))
+            except queue_mod.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"verify comm: worker exited with code {dead[0].exitcode}") from None
+                continue
+            if err is not None:
+                raise RuntimeError(f"verify comm: rank {rank} failed:\n{err}")
+            results[i][rank] = res
+            pending -= 1
+        for proc in procs:
+            proc.join(timeout=30)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+    return results
