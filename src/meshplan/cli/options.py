@@ -62,6 +62,7 @@ def _opt(decl: str, help: str, panel: str, **kw: Any) -> typer.models.OptionInfo
 #: name -> (type, option); the names are PlanArgs' fields and the keys of preset values.
 PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "preset": (Optional[str], _opt("--preset", f"Start from a published run's plan ({', '.join(preset_names())}); other options override it.", P_MODEL)),
+    "plan_file": (Optional[str], _opt("--plan", "Start from an engine config: a torchtitan TOML or --section.key list, Megatron-LM arguments, a DeepSpeed JSON or a nanotron YAML (see `meshplan import`); other options override it.", P_MODEL)),
     "model": (Optional[str], _opt("--model", "Catalog model name (see `meshplan models`) or path to a Hugging Face config.json / meshplan model YAML. (default: llama3-8b)", P_MODEL)),
     "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`). (default: h100-sxm-80gb)", P_MODEL)),
     "gpus": (Optional[int], _opt("--gpus", "Number of GPUs. (default: tp·cp·pp·dp when --dp is given, else 8)", P_LAYOUT)),
@@ -102,6 +103,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
 @dataclass
 class PlanArgs:
     preset: Optional[str] = None
+    plan_file: Optional[str] = None
     model: Optional[str] = None
     gpu: Optional[str] = None
     gpus: Optional[int] = None
@@ -298,9 +300,15 @@ DEFAULTS: dict[str, Any] = {
 
 def resolve(args: PlanArgs) -> Setup:
     """Defaults, then the preset, then what the user gave; checked field by field."""
-    given = {k: v for k, v in asdict(args).items() if v is not None and k != "preset"}
+    given = {k: v for k, v in asdict(args).items() if v is not None and k not in ("preset", "plan_file")}
     preset = get_preset(args.preset) if args.preset is not None else None
     base = dict(preset.values) if preset else {}
+    imported = None
+    if args.plan_file is not None:  # an engine config seeds the plan like a preset (after it)
+        from meshplan.interop import load_plan_file
+
+        imported = load_plan_file(args.plan_file)
+        base.update(imported.options)
     v: dict[str, Any] = {**DEFAULTS, **base, **given}
 
     for name in ("tp", "pp", "cp", "ep", "micro_batch", "seq_len"):
@@ -308,14 +316,14 @@ def resolve(args: PlanArgs) -> Setup:
     for name in ("gpus", "dp", "vpp", "global_batch", "dp_shard", "gpus_per_node", "pod_size"):
         if v.get(name) is not None:
             _positive_int(name, v[name], cap=MAX_GPUS if name in ("gpus", "dp", "pod_size") else 1_000_000_000)
-    model = load_model(v["model"])
+    model = v["model"] if isinstance(v["model"], ModelSpec) else load_model(v["model"])
     gpu = load_gpu(v["gpu"])
 
     # ---- schedule and virtual stages --------------------------------------------------------
     vpp = v.get("vpp")
     schedule = given.get("schedule")
     if schedule is None:
-        if vpp is not None and vpp > 1:
+        if vpp is not None and vpp > 1 and ("vpp" in given or "schedule" not in base):
             schedule = "interleaved"
         else:
             schedule = base.get("schedule", "1f1b")
@@ -329,7 +337,7 @@ def resolve(args: PlanArgs) -> Setup:
     tp, cp, pp = v["tp"], v["cp"], v["pp"]
     inner = tp * cp * pp
     if "gpus" in given or "dp" not in given:
-        gpus = v.get("gpus") if ("gpus" in given or preset) else None
+        gpus = v.get("gpus") if ("gpus" in given or preset or "gpus" in base) else None
         defaulted = gpus is None
         gpus = DEFAULT_GPUS if gpus is None else gpus
         if "dp" in given:
@@ -396,6 +404,8 @@ def resolve(args: PlanArgs) -> Setup:
         plan_fields["layer_split"] = parse_layer_split(v["layer_split"])
     if v.get("rank_order") is not None:
         plan_fields["rank_order"] = parse_rank_order(v["rank_order"])
+    if imported is not None:
+        plan_fields = imported.apply_extra(plan_fields)
     plan = _spec(TrainingPlan, "plan", **plan_fields)
 
     # ---- cluster ----------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""``meshplan export`` (a plan → an engine's config) and ``meshplan import`` (an engine's config →
+the meshplan plan). The mapping lives in :mod:`meshplan.interop`; this module only reads options,
+writes files and prints.
+
+A lossy export prints one ``warning: <field>: <what happens>`` line per plan field the engine
+cannot express, and settings the engine takes in code as ``note:`` lines, all on stderr; the config
+itself goes to stdout or ``--out`` (an existing file is kept unless ``--force``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import typer
+
+from meshplan import interop
+from meshplan.cli.options import PlanArgs, plan_options, resolve
+from meshplan.errors import InputError
+from meshplan.interop.common import catalog_match
+
+Engine = Literal["torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
+
+
+def _out_file(out: str, force: bool) -> Path:
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise InputError("out", f"'{out}' is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise InputError("out", f"directory '{path.parent}' does not exist")
+    if path.exists() and not force:
+        raise InputError("out", f"'{out}' exists; pass --force to overwrite it")
+    return path
+
+
+@plan_options
+def export(
+    plan: PlanArgs,
+    to: Annotated[Engine, typer.Option("--to", help="Engine: torchtitan (--section.key flags), torchtitan-toml (sectioned TOML), megatron (torchrun + Megatron-LM arguments), deepspeed (JSON), nanotron (YAML sections).")],
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the config to this file instead of stdout.", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
+) -> None:
+    """Write the plan as an engine's config; settings the engine cannot express are named on stderr (warning: ...), never dropped silently."""
+    path = _out_file(out, force) if out is not None else None
+    setup = resolve(plan)
+    result = interop.export(to, setup.model, setup.plan, gpus_per_node=setup.cluster.gpus_per_node)
+    if path is not None:
+        try:
+            path.write_text(result.text)
+        except OSError as exc:
+            raise InputError("out", f"cannot write '{out}': {exc.__class__.__name__}") from None
+    for line in result.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    for line in result.notes:
+        print(f"note: {line}", file=sys.stderr)
+    if path is None:
+        typer.echo(result.text, nl=False)
+    else:
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def _flag(name: str, value: Any) -> Optional[str]:
+    opt = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        if name in ("sequence_parallel", "master_weights", "grad_fp32_copy", "tp_comm_overlap"):
+            return opt if value else f"--no-{opt[2:]}"
+        return None
+    return f"{opt} {shlex.quote(str(value))}"
+
+
+def import_(
+    file: Annotated[str, typer.Argument(help="A torchtitan TOML or --section.key list, Megatron-LM arguments (a torchrun command), a DeepSpeed JSON or a nanotron YAML; the format is detected.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
+) -> None:
+    """Read an engine's config and print the meshplan plan it describes, as `meshplan estimate` flags (or --json). `meshplan estimate --plan FILE` estimates it directly."""
+    imported = interop.load_plan_file(file, where="file")
+    parsed = imported.parsed
+    model = parsed.model
+    model_name = None if model is None else (catalog_match(model) or model.name)
+    if json_out:
+        plan = dict(parsed.plan)
+        for k in ("layer_split", "rank_order"):
+            if plan.get(k) is not None:
+                plan[k] = list(plan[k])
+        typer.echo(json.dumps({
+            "format": parsed.format,
+            "model": None if model is None else {"catalog": catalog_match(model), **model.model_dump()},
+            "plan": plan,
+            "options": {k: v for k, v in imported.options.items() if k != "model"},
+            "extra": imported.extra,
+            "notes": list(parsed.notes),
+        }))
+        return
+    for line in parsed.notes:
+        print(f"note: {line}", file=sys.stderr)
+    words = ["meshplan estimate"]
+    if model is not None and catalog_match(model):
+        words.append(f"--model {catalog_match(model)}")
+    opts = imported.options
+    for name in ("gpus", "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
+                 "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
+                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap"):
+        if name in opts and (flag := _flag(name, opts[name])) is not None:
+            words.append(flag)
+    typer.echo(f"# {parsed.format} config {file}" + (f", model {model_name}" if model_name else ""))
+    typer.echo(" \\\n    ".join(words))
+    defaults = {"overlap_grad_reduce": True, "overlap_param_gather": True, "reshard_after_forward": True,
+                "fsdp_accumulate_unsharded": False, "optimizer": "adam"}
+    rest = {k: v for k, v in imported.extra.items() if defaults.get(k) != v}
+    if model is not None and not catalog_match(model):
+        typer.echo(f"# the model is not in the catalog: its shape is in the file ({model.n_layers} layers, hidden {model.hidden})")
+    if rest or (model is not None and not catalog_match(model)):
+        shown = ", ".join(f"{k} = {json.dumps(v)}" for k, v in rest.items())
+        typer.echo(f"# no flag sets {shown or 'the model shape'}: `meshplan estimate --plan {shlex.quote(file)}` uses them")

@@ -1,0 +1,131 @@
+"""Interop with the engines that run a plan: torchtitan, Megatron-LM, DeepSpeed and nanotron.
+
+``export(engine, model, plan)`` writes the engine's config (an :class:`ExportResult`: text, warnings
+for plan fields the engine cannot express, notes for settings it takes in code);
+``parse_text`` / ``load_plan_file`` read a config back (format detected) into plan fields and, where
+the config carries it, the model. ``docs/interop.md`` has the mapping table of every engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from meshplan.errors import InputError
+from meshplan.interop import deepspeed, megatron, nanotron, torchtitan
+from meshplan.interop.common import ExportResult, ParseResult, canonical, plan_fields, to_plan
+from meshplan.interop.detect import FORMATS, detect
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+
+__all__ = [
+    "ENGINES", "ExportResult", "ImportedPlan", "ParseResult", "canonical", "detect", "export",
+    "load_plan_file", "options_of", "parse_text", "plan_fields", "to_plan",
+]
+
+#: engine name (``meshplan export --to``) → exporter
+ENGINES: dict[str, Callable[..., ExportResult]] = {
+    "torchtitan": torchtitan.export,
+    "torchtitan-toml": torchtitan.export_toml,
+    "megatron": megatron.export,
+    "deepspeed": deepspeed.export,
+    "nanotron": nanotron.export,
+}
+
+PARSERS: dict[str, Callable[[str], ParseResult]] = {
+    "torchtitan": torchtitan.parse,
+    "torchtitan-toml": lambda text: torchtitan.parse(text, toml=True),
+    "megatron": megatron.parse,
+    "deepspeed": deepspeed.parse,
+    "nanotron": nanotron.parse,
+}
+assert set(ENGINES) == set(PARSERS) == set(FORMATS)
+
+
+def export(engine: str, model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> ExportResult:
+    if engine not in ENGINES:
+        raise InputError("to", f"unknown engine '{engine}' ({', '.join(ENGINES)})")
+    return ENGINES[engine](model, plan, gpus_per_node=gpus_per_node)
+
+
+def parse_text(text: str, fmt: Optional[str] = None) -> ParseResult:
+    """Parse a config; ``fmt`` (one of :data:`FORMATS`) or detected."""
+    return PARSERS[fmt or detect(text)](text)
+
+
+def read_config(path: str, where: str = "plan") -> str:
+    p = Path(path).expanduser()
+    try:
+        is_file = p.is_file()
+    except (OSError, ValueError):
+        is_file = False
+    if not is_file:
+        raise InputError(where, f"no such file: {path}")
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
+
+
+#: plan fields with a ``meshplan estimate`` option of the same name
+OPTION_FIELDS = ("tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "micro_batch", "global_batch", "seq_len",
+                 "recompute", "sequence_parallel", "dp_shard", "attention", "tp_comm_overlap")
+#: plan fields that no option sets; ``--plan FILE`` carries them
+EXTRA_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "fsdp_accumulate_unsharded")
+
+
+def options_of(parsed: ParseResult) -> dict[str, Any]:
+    """Plan fields as the values of ``meshplan estimate``'s options (PlanArgs names and types)."""
+    f = parsed.plan
+    out: dict[str, Any] = {k: f[k] for k in OPTION_FIELDS if f.get(k) is not None}
+    if f.get("zero") is not None:
+        out["zero"] = str(f["zero"])
+    if f.get("layer_split") is not None:
+        out["layer_split"] = ",".join(str(n) for n in f["layer_split"])
+    if f.get("rank_order") is not None:
+        out["rank_order"] = ",".join(f["rank_order"])
+    for k, v in (f.get("precision") or {}).items():
+        if k != "optimizer":
+            out[k] = v
+    if "dp" in out:
+        out["gpus"] = out["dp"] * f.get("tp", 1) * f.get("cp", 1) * f.get("pp", 1)
+    return out
+
+
+@dataclass(frozen=True)
+class ImportedPlan:
+    """A config read for ``--plan FILE``: option values that seed the plan (flags override them),
+    the model when the file carries one, and plan fields no option sets."""
+
+    parsed: ParseResult
+    options: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def apply_extra(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Add the fields no option sets to the plan's keyword arguments, where they still apply."""
+        out = dict(fields)
+        for k, v in self.extra.items():
+            if k == "fsdp_accumulate_unsharded" and (not v or out.get("zero", 1) != 3):
+                continue
+            if k == "optimizer":
+                out["precision"] = out["precision"].model_copy(update={"optimizer": v})
+                continue
+            out[k] = v
+        return out
+
+
+def load_plan_file(path: str, where: str = "plan") -> ImportedPlan:
+    text = read_config(path, where)
+    try:
+        parsed = parse_text(text, detect(text, where))
+    except InputError as err:  # name the file's format in errors about the whole file
+        raise (InputError(where, err.rule) if err.field == "plan" else err) from None
+    options = options_of(parsed)
+    if parsed.model is not None:
+        options["model"] = parsed.model
+    extra = {k: parsed.plan[k] for k in EXTRA_FIELDS if k in parsed.plan}
+    opt = (parsed.plan.get("precision") or {}).get("optimizer")
+    if opt is not None:
+        extra["optimizer"] = opt
+    return ImportedPlan(parsed, options, extra)

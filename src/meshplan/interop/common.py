@@ -1,0 +1,230 @@
+"""What every engine module shares: the result types, the lossy-export ledger, plan fields to and
+from a :class:`~meshplan.specs.plan.TrainingPlan`, the canonical form that round trips compare,
+and the small text helpers (arg lists, value checks) the parsers use.
+
+Plan fields are the keyword arguments of ``TrainingPlan`` with ``precision`` as a plain dict of
+:class:`~meshplan.specs.plan.PrecisionRecipe` fields; a parser leaves out what its file does not
+say (``dp`` when only the launcher knows the world size), and meshplan's defaults apply.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from meshplan.errors import InputError
+from meshplan.pipeline.stages import default_layer_split
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
+
+DEFAULT_RANK_ORDER = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """An engine config as text, the plan fields it could not express (``field: what happens``,
+    printed as warnings) and settings the engine takes outside the file (printed as notes)."""
+
+    text: str
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """What an engine config says about the plan (fields), the model when the config carries its
+    shape, and notes on settings meshplan read approximately or could not read."""
+
+    format: str
+    plan: dict[str, Any]
+    model: Optional[ModelSpec] = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class Ledger:
+    """Collects the lossy parts of an export: one warning per plan field."""
+
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lose(self, name: str, rule: str) -> None:
+        self.warnings.append(f"{name}: {rule}")
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def result(self, text: str) -> ExportResult:
+        return ExportResult(text, tuple(self.warnings), tuple(self.notes))
+
+
+# ---- plans ----------------------------------------------------------------------------------------
+
+
+def effective_split(model: Optional[ModelSpec], plan: TrainingPlan) -> Optional[tuple[int, ...]]:
+    """Layers per virtual stage that meshplan plans with (the plan's split or the default)."""
+    if plan.layer_split is not None:
+        return tuple(plan.layer_split)
+    if model is None:
+        return None
+    return default_layer_split(model.n_layers, plan.pp * plan.vpp)
+
+
+def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> TrainingPlan:
+    """The plan with settings that change nothing put back to meshplan's defaults, so that two
+    plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
+    ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
+    large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
+    training setting)."""
+    up: dict[str, Any] = {"attention_flops": "causal"}
+    if plan.tp == 1:
+        up.update(sequence_parallel=True, tp_comm_overlap=False)
+    if plan.zero != 3 and plan.dp * plan.cp > 1:
+        up.update(reshard_after_forward=True)
+    if plan.zero == 0:
+        up.update(overlap_param_gather=True)
+    if plan.dp_shard is not None and (plan.dp_shard == plan.dp or plan.zero == 0):
+        up.update(dp_shard=None)
+    if plan.dp * plan.cp == 1:  # nothing to shard over or to reduce across
+        up.update(overlap_grad_reduce=True, overlap_param_gather=True, zero=0, dp_shard=None,
+                  reshard_after_forward=True, fsdp_accumulate_unsharded=False)
+    if plan.layer_split is not None and model is not None:
+        if tuple(plan.layer_split) == default_layer_split(model.n_layers, plan.pp * plan.vpp):
+            up.update(layer_split=None)
+    return plan.model_copy(update=up)
+
+
+def plan_fields(plan: TrainingPlan) -> dict[str, Any]:
+    """A plan as fields (precision as a dict)."""
+    out = plan.model_dump()
+    out["precision"] = dict(out["precision"])
+    return out
+
+
+def to_plan(fields: dict[str, Any], where: str = "plan") -> TrainingPlan:
+    """Build a plan from fields; a missing required field names the field."""
+    f = dict(fields)
+    for name in ("global_batch", "seq_len"):
+        if f.get(name) is None:
+            raise InputError(f"{where}.{name}", "the config does not give it")
+    f["precision"] = PrecisionRecipe.build(where=f"{where}.precision", **dict(f.get("precision") or {}))
+    return TrainingPlan.build(where=where, **f)
+
+
+def same_model(a: ModelSpec, b: ModelSpec) -> bool:
+    """Same shape (name, source and, for rotary models, the position table size aside)."""
+    skip = {"name", "source"} | ({"max_position"} if a.position == "rope" == b.position else set())
+    return all(getattr(a, k) == getattr(b, k) for k in ModelSpec.model_fields if k not in skip)
+
+
+def catalog_match(model: ModelSpec) -> Optional[str]:
+    """The catalog name of a model with this shape, if any."""
+    from meshplan.catalog import load_model, model_names
+
+    for name in model_names():
+        if same_model(load_model(name), model):
+            return name
+    return None
+
+
+# ---- text helpers --------------------------------------------------------------------------------
+
+
+def arg_tokens(text: str) -> list[str]:
+    """Shell words of an argument list: comments, line continuations and quoting handled."""
+    try:
+        return shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise InputError("plan", f"cannot read the argument list: {exc}") from None
+
+
+def arg_pairs(tokens: Iterable[str]) -> list[tuple[str, Optional[str]]]:
+    """``--name value`` / ``--name=value`` / ``--flag`` pairs, in order; other words are skipped
+    (the launcher, the script name, shell variables)."""
+    toks = list(tokens)
+    out: list[tuple[str, Optional[str]]] = []
+    i = 0
+    while i < len(toks):
+        tok = toks[i]
+        if tok.startswith("--") and len(tok) > 2:
+            if "=" in tok:
+                name, value = tok.split("=", 1)
+                out.append((name, value))
+            elif i + 1 < len(toks) and not toks[i + 1].startswith("--"):
+                out.append((tok, toks[i + 1]))
+                i += 1
+            else:
+                out.append((tok, None))
+        i += 1
+    return out
+
+
+def single_values(pairs: Iterable[tuple[str, Optional[str]]], fmt: str) -> dict[str, Optional[str]]:
+    """Flags to values; the same flag twice with different values is a contradiction."""
+    out: dict[str, Optional[str]] = {}
+    for name, value in pairs:
+        if name in out and out[name] != value:
+            raise InputError(name.lstrip("-"), f"given twice with different values ({out[name]!r}, {value!r}) in the {fmt} config")
+        out[name] = value
+    return out
+
+
+def as_int(name: str, value: Any, lo: int = 1) -> int:
+    """A whole number at least ``lo``; anything else names the engine's key."""
+    if isinstance(value, bool):
+        raise InputError(name, f"must be an integer (got {value!r})")
+    try:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        n = int(value) if not isinstance(value, float) else None
+    except (TypeError, ValueError):
+        n = None
+    if n is None:
+        raise InputError(name, f"must be an integer (got {value!r})")
+    if n < lo:
+        raise InputError(name, f"must be at least {lo} (got {n})")
+    return n
+
+
+def as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise InputError(name, f"must be true or false (got {value!r})")
+
+
+def choice(name: str, value: Any, table: dict[str, Any]) -> Any:
+    """``table[value]`` (case-insensitive keys), or a one-line refusal listing the choices."""
+    key = str(value).strip()
+    for k, v in table.items():
+        if k.lower() == key.lower():
+            return v
+    raise InputError(name, f"unsupported value {value!r} (one of {', '.join(table)})")
+
+
+def divide(name: str, total: int, part: int, what: str) -> int:
+    if part <= 0 or total % part:
+        raise InputError(name, f"{total:,} is not a multiple of {what} ({part:,})")
+    return total // part
+
+
+def rank_order_text(order: Iterable[str]) -> str:
+    return ",".join(order)
+
+
+def check_rank_order(order: tuple[str, ...]) -> tuple[str, ...]:
+    if sorted(order) != sorted(AXES):
+        raise InputError("rank_order", f"must list {', '.join(AXES)} once each")
+    return order
+
+
+def warn_defaults(led: Ledger, plan: TrainingPlan, engine: str, checks: dict[str, tuple[Callable[[TrainingPlan], bool], str]]) -> None:
+    """One warning per check that fails: ``checks[field] = (holds(plan), what the engine does)``."""
+    for name, (holds, rule) in checks.items():
+        if not holds(plan):
+            led.lose(name, f"{engine} {rule}")

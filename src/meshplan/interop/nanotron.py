@@ -1,0 +1,208 @@
+"""nanotron: the ``parallelism``, ``tokens`` and ``optimizer`` sections of its YAML config, and the
+model shape under ``model.model_config`` (``src/nanotron/config/parallelism_config.py``,
+``config.py``, ``models_config.py``). Merge them into a full config (``general``, ``model.init_method``,
+the optimizer's learning rate and the data stages are the user's).
+
+Mapping (warnings for what cannot be expressed):
+
+* dp, tp, pp → ``parallelism.dp / tp / pp``; cp → ``context_parallel_size`` and ep →
+  ``expert_parallel_size``, written only when > 1 (releases before they existed still load the file).
+* schedule: 1f1b → ``pp_engine: 1f1b``, gpipe → ``afab`` (all forward, all backward); no interleaving
+  or zero-bubble schedules, no layer split.
+* sequence_parallel → ``tp_mode: REDUCE_SCATTER`` (else ``ALL_REDUCE``); tp_comm_overlap →
+  ``tp_linear_async_communication``.
+* recompute full → ``recompute_layer: true`` (current nanotron; releases to 0.4 call it
+  ``recompute_granularity: FULL``, read too); selective and op cannot be expressed.
+* micro_batch, grad_accum, seq_len → ``tokens.micro_batch_size``, ``batch_accumulation_per_replica``,
+  ``sequence_length`` (``train_steps`` is the user's); zero → ``optimizer.zero_stage`` (0 or 1);
+  grad_dtype fp32 → ``optimizer.accumulate_grad_in_fp32``; precision → ``model.dtype``.
+* Model (Llama family): ``num_hidden_layers, hidden_size, intermediate_size,
+  num_attention_heads, num_key_value_heads, vocab_size, max_position_embeddings,
+  tie_word_embeddings, hidden_act``; biases, LayerNorm, learned positions and dropout cannot be
+  expressed in nanotron's LlamaConfig.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from meshplan.errors import InputError
+from meshplan.interop.common import DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, catalog_match, choice
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+
+SOURCE = "huggingface/nanotron src/nanotron/config/{parallelism_config,config,models_config}.py"
+DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+ACT = {"silu": "swiglu", "gelu": "geglu"}
+
+
+def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger]:
+    led = Ledger()
+    p, r = plan, plan.precision
+    par: dict[str, Any] = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
+    if p.schedule == "gpipe":
+        par["pp_engine"] = "afab"
+    else:
+        par["pp_engine"] = "1f1b"
+        if p.schedule != "1f1b":
+            led.lose("schedule", f"nanotron runs 1f1b or afab (GPipe) on one chunk per rank; {p.schedule} exported as 1f1b")
+    if p.layer_split is not None:
+        led.lose("layer_split", "nanotron splits layers by its own cost estimate; not exported")
+    par["tp_mode"] = "REDUCE_SCATTER" if (p.sequence_parallel and p.tp > 1) else "ALL_REDUCE"
+    par["tp_linear_async_communication"] = bool(p.tp_comm_overlap and p.tp > 1)
+    if p.recompute == "full":
+        par["recompute_layer"] = True
+    elif p.recompute != "none":
+        led.lose("recompute", f"nanotron recomputes whole layers (recompute_layer) or nothing; {p.recompute} exported as none")
+    if p.cp > 1:
+        par["context_parallel_size"] = p.cp
+    if p.ep > 1:
+        par["expert_parallel_size"] = p.ep
+    if tuple(p.rank_order) != DEFAULT_RANK_ORDER:
+        led.lose("rank_order", "nanotron's ParallelContext orders ranks tp, cp, dp, pp (innermost first)")
+
+    tokens = {"sequence_length": p.seq_len, "micro_batch_size": p.micro_batch, "batch_accumulation_per_replica": p.grad_accum}
+    opt: dict[str, Any] = {"zero_stage": min(p.zero, 1), "accumulate_grad_in_fp32": r.grad_dtype == "fp32"}
+    if p.zero > 1:
+        led.lose("zero", f"nanotron has ZeRO-0 and ZeRO-1 only; ZeRO-{p.zero} exported as 1")
+    if p.dp_shard is not None and p.dp_shard != p.dp and p.zero > 0:
+        led.lose("dp_shard", "nanotron shards optimizer state over all DP ranks")
+    if r.optimizer == "sgd":
+        opt["optimizer_factory"] = {"name": "sgd"}
+    if r.precision == "fp8":
+        led.lose("precision.precision", "nanotron's FP8 path is experimental and not in these sections; exported as bfloat16")
+    if r.grad_dtype not in ("fp32", "bf16" if r.precision != "fp16" else "fp16"):
+        led.lose("precision.grad_dtype", "nanotron accumulates gradients in fp32 or in the model dtype")
+    if r.grad_fp32_copy:
+        led.lose("precision.grad_fp32_copy", "nanotron keeps no separate fp32 gradient copy")
+    if not r.master_weights and r.precision != "fp32":
+        led.lose("precision.master_weights", "nanotron's optimizer keeps fp32 master weights for bf16 models")
+    if p.dp * p.cp > 1 and not p.overlap_grad_reduce:
+        led.lose("overlap_grad_reduce", "nanotron overlaps the gradient all-reduce with the backward (DDP buckets)")
+    if p.zero == 1 and p.dp * p.cp > 1 and p.overlap_param_gather:
+        led.lose("overlap_param_gather", "nanotron's ZeRO-1 all-gathers the updated weights after the optimizer step, not overlapped")
+    if p.zero == 3 and not p.reshard_after_forward or p.fsdp_accumulate_unsharded:
+        led.lose("reshard_after_forward", "nanotron has no ZeRO-3")
+    if p.attention != "flash":
+        led.lose("attention", "nanotron's Llama runs flash attention")
+
+    mc = {
+        "num_hidden_layers": model.n_layers, "hidden_size": model.hidden, "intermediate_size": model.ffn_hidden,
+        "num_attention_heads": model.n_heads, "num_key_value_heads": model.n_kv_heads,
+        "vocab_size": model.vocab_size, "max_position_embeddings": model.max_position,
+        "tie_word_embeddings": model.tied_embeddings, "hidden_act": "silu",
+        "is_llama_config": True,
+    }
+    if model.mlp != "swiglu":
+        led.lose("model.mlp", f"nanotron's LlamaConfig has gated MLPs with SiLU; {model.mlp} exported as SwiGLU")
+    for name, ok in (("norm", model.norm == "rmsnorm"), ("position", model.position == "rope"),
+                     ("qkv_bias", not model.qkv_bias), ("linear_bias", not model.linear_bias),
+                     ("parallel_residual", not model.parallel_residual), ("dropout", not model.dropout)):
+        if not ok:
+            led.lose(f"model.{name}", "nanotron's LlamaConfig cannot express it (RMSNorm, RoPE, no biases, no dropout)")
+    if model.head_dim * model.n_heads != model.hidden:
+        led.lose("model.head_dim", "nanotron's LlamaConfig has head_dim = hidden_size / num_attention_heads")
+    mdl = {"dtype": {"fp32": "float32", "fp16": "float16"}.get(r.precision, "bfloat16"), "model_config": mc}
+    return {"model": mdl, "parallelism": par, "tokens": tokens, "optimizer": opt}, led
+
+
+def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
+    secs, led = sections(model, plan)
+    head = (f"# nanotron config sections ({SOURCE}), written by meshplan for {model.name} on {plan.num_gpus:,} GPUs.\n"
+            "# Merge into a full config: general, model.init_method, optimizer learning rate and data stages, tokens.train_steps.\n")
+    return led.result(head + yaml.safe_dump(secs, sort_keys=False))
+
+
+def parse_sections(d: dict[str, Any]) -> ParseResult:
+    notes: list[str] = []
+    par, tok, opt, mdl = (d.get(k) or {} for k in ("parallelism", "tokens", "optimizer", "model"))
+    for name, sec in (("parallelism", par), ("tokens", tok), ("optimizer", opt), ("model", mdl)):
+        if not isinstance(sec, dict):
+            raise InputError(name, "must be a mapping")
+    if not par:
+        raise InputError("parallelism", "a nanotron config needs its parallelism section (dp, tp, pp)")
+    f: dict[str, Any] = {}
+    for k in ("dp", "tp", "pp"):
+        if k not in par:
+            raise InputError(f"parallelism.{k}", "is required")
+        f[k] = as_int(f"parallelism.{k}", par[k])
+    tp = f["tp"]
+    f["cp"] = as_int("parallelism.context_parallel_size", par.get("context_parallel_size", 1))
+    f["ep"] = as_int("parallelism.expert_parallel_size", par.get("expert_parallel_size", 1))
+    engine = str(par.get("pp_engine") or "afab")
+    f["schedule"] = choice("parallelism.pp_engine", engine, {"1f1b": "1f1b", "afab": "gpipe"})
+    f["vpp"] = 1
+    mode = str(par.get("tp_mode") or "ALL_REDUCE")
+    f["sequence_parallel"] = choice("parallelism.tp_mode", mode, {"ALL_REDUCE": False, "REDUCE_SCATTER": True}) or tp == 1
+    f["tp_comm_overlap"] = tp > 1 and as_bool("parallelism.tp_linear_async_communication", par.get("tp_linear_async_communication") or False)
+    full = as_bool("parallelism.recompute_layer", par.get("recompute_layer", False))
+    gran = par.get("recompute_granularity")
+    if gran is not None:
+        old = choice("parallelism.recompute_granularity", gran, {"full": "full", "selective": "selective"})
+        if full and old != "full":
+            raise InputError("parallelism.recompute_layer", "contradicts recompute_granularity")
+        f["recompute"] = old
+    else:
+        f["recompute"] = "full" if full else "none"
+
+    if tok:
+        if "sequence_length" in tok:
+            f["seq_len"] = as_int("tokens.sequence_length", tok["sequence_length"])
+        b = as_int("tokens.micro_batch_size", tok.get("micro_batch_size", 1))
+        m = as_int("tokens.batch_accumulation_per_replica", tok.get("batch_accumulation_per_replica", 1))
+        f["micro_batch"] = b
+        f["global_batch"] = b * m * f["dp"]
+    zero = as_int("optimizer.zero_stage", opt.get("zero_stage", 0), lo=0)
+    if zero > 1:
+        raise InputError("optimizer.zero_stage", f"nanotron has ZeRO-0 and ZeRO-1 (got {zero})")
+    f["zero"] = zero
+    dtype = DTYPES.get(str(mdl.get("dtype", "bfloat16")).replace("torch.", ""))
+    if dtype is None:
+        raise InputError("model.dtype", f"unsupported value {mdl.get('dtype')!r} (one of {', '.join(DTYPES)})")
+    fp32_grads = as_bool("optimizer.accumulate_grad_in_fp32", opt.get("accumulate_grad_in_fp32", True))
+    prec: dict[str, Any] = {"precision": dtype, "grad_dtype": "fp32" if (fp32_grads or dtype == "fp32") else dtype}
+    factory = opt.get("optimizer_factory")
+    if isinstance(factory, dict) and factory.get("name") is not None:
+        prec["optimizer"] = choice("optimizer.optimizer_factory.name", factory["name"], {"adamW": "adam", "adam": "adam", "sgd": "sgd"})
+    f["precision"] = prec
+    f.update(rank_order=DEFAULT_RANK_ORDER, overlap_grad_reduce=True, overlap_param_gather=zero == 0)
+    model = _model(mdl.get("model_config")) if mdl.get("model_config") else None
+    return ParseResult("nanotron", f, model, tuple(notes))
+
+
+def _model(mc: Any) -> ModelSpec:
+    if not isinstance(mc, dict):
+        raise InputError("model.model_config", "must be a mapping")
+    need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    for k in need:
+        if k not in mc:
+            raise InputError(f"model.model_config.{k}", "is required")
+    h, a = as_int("model.model_config.hidden_size", mc["hidden_size"]), as_int("model.model_config.num_attention_heads", mc["num_attention_heads"])
+    if h % a:
+        raise InputError("model.model_config.hidden_size", f"{h} is not a multiple of {a} heads")
+    act = str(mc.get("hidden_act", "silu"))
+    spec = ModelSpec.build(
+        where="model.model_config", name="nanotron-model",
+        n_layers=as_int("model.model_config.num_hidden_layers", mc["num_hidden_layers"]), hidden=h, n_heads=a,
+        n_kv_heads=as_int("model.model_config.num_key_value_heads", mc.get("num_key_value_heads") or a), head_dim=h // a,
+        ffn_hidden=as_int("model.model_config.intermediate_size", mc["intermediate_size"]),
+        vocab_size=as_int("model.model_config.vocab_size", mc["vocab_size"]),
+        max_position=as_int("model.model_config.max_position_embeddings", mc.get("max_position_embeddings", 2048)),
+        mlp=choice("model.model_config.hidden_act", act, ACT), norm="rmsnorm", position="rope",
+        tied_embeddings=as_bool("model.model_config.tie_word_embeddings", mc.get("tie_word_embeddings", False)),
+        source="nanotron model_config",
+    )
+    name = catalog_match(spec)
+    return spec.model_copy(update={"name": name}) if name else spec
+
+
+def parse(text: str) -> ParseResult:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise InputError("plan", "not valid YAML") from None
+    if not isinstance(data, dict):
+        raise InputError("plan", "a nanotron config must be a YAML mapping")
+    return parse_sections(data)

@@ -1,0 +1,372 @@
+"""torchtitan: ``--section.option`` command-line overrides and the equivalent sectioned TOML.
+
+Vocabulary: torchtitan's ``JobConfig`` (``torchtitan/config/job_config.py``, releases 0.1 – 0.2.2),
+the last one read from TOML (``--job.config_file``); torchtitan 0.3 builds configs in Python but
+keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings for the rest):
+
+* tp, cp, pp, ep → ``parallelism.tensor_parallel_degree``, ``context_parallel_degree``,
+  ``pipeline_parallel_degree``, ``expert_parallel_degree``.
+* dp and zero: ZeRO-3 is FSDP2 over ``data_parallel_shard_degree`` = dp_shard (or dp) with
+  ``data_parallel_replicate_degree`` = dp / shard (HSDP when > 1); ZeRO-0 is DDP
+  (``data_parallel_replicate_degree`` = dp, shard 1). ZeRO-1/2 do not exist: exported as FSDP.
+* reshard_after_forward → ``parallelism.fsdp_reshard_after_forward`` ``always`` / ``never``;
+  fsdp_accumulate_unsharded is what torch's pipeline schedules do with FSDP (pp > 1), not a switch.
+* schedule → ``parallelism.pipeline_parallel_schedule``: 1F1B, GPipe, Interleaved1F1B,
+  InterleavedZeroBubble, ZBVZeroBubble (zbh1 has no torch schedule: exported as 1F1B). vpp: single
+  stage schedules run 1 stage per rank, multi-stage ones 2 by default, other counts through
+  ``pipeline_parallel_layers_per_stage``; the split is torchtitan's (embedding and output count as
+  ``pipeline_parallel_first/last_stage_less_layers`` layers), chosen to equal meshplan's.
+* micro_batch → ``parallelism.pipeline_parallel_microbatch_size`` (pp > 1; the local batch is then
+  global / dp) or ``training.local_batch_size`` (pp = 1); global_batch → ``training.global_batch_size``;
+  seq_len → ``training.seq_len``.
+* recompute → ``activation_checkpoint.mode`` none / full, op → selective with
+  ``selective_ac_option = "op"`` (Megatron's attention-core selective has no equivalent: exported as op).
+* precision: bf16 → ``training.mixed_precision_param = "bfloat16"`` with fp32 reduce
+  (``mixed_precision_reduce``), fp32 → ``"float32"``, fp8 → bf16 plus ``model.converters =
+  ["quantize.linear.float8"]``; fp16 cannot be expressed.
+* tp_comm_overlap → ``parallelism.enable_async_tensor_parallel``; sequence parallelism is always on
+  with TP (turning it off cannot be expressed before torchtitan 0.3).
+* Model: ``model.name = "llama3"`` with ``model.flavor`` 8B / 70B / 405B (Llama 3.1); other shapes
+  cannot be named.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from typing import Any, Optional
+
+from meshplan.errors import InputError
+from meshplan.interop.common import (
+    DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_bool, as_int, catalog_match,
+    choice, effective_split,
+)
+from meshplan.pipeline.stages import default_layer_split
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+
+SOURCE = "pytorch/torchtitan torchtitan/config/job_config.py, JobConfig of v0.2"
+FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+             "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
+SINGLE_STAGE = ("1F1B", "GPipe")
+FLOAT8 = ("quantize.linear.float8", "float8")
+
+
+def tt_split(n_stages: int, n_layers: int, first_less: int, last_less: int) -> Optional[tuple[int, ...]]:
+    """torchtitan's ``generate_llm_fqn_per_model_part``: the embedding counts as ``first_less``
+    layers and the output as ``last_less``; the remainder goes to the first stages."""
+    if n_stages == 1:
+        return (n_layers,)
+    eff = n_layers + first_less + last_less
+    base, extra = divmod(eff, n_stages)
+    if base == 0 or first_less > base or last_less > base:
+        return None
+    counts = [base + (k < extra) for k in range(n_stages)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return tuple(counts) if min(counts) >= 1 else None
+
+
+def _pipeline(model: ModelSpec, plan: TrainingPlan, led: Ledger, par: dict[str, Any]) -> None:
+    schedule = plan.schedule
+    if schedule == "zbh1":
+        led.lose("schedule", "torch has no ZB-H1 schedule; exported as 1F1B")
+        schedule = "1f1b"
+    name = SCHEDULES[schedule]
+    par["pipeline_parallel_schedule"] = name
+    n_stages = plan.pp * plan.vpp
+    target = effective_split(model, plan)
+    L = model.n_layers
+    default_vpp = 1 if name in SINGLE_STAGE else 2
+    pairs = [(1, 1), (0, 0), (1, 0), (0, 1)] + [(i, j) for i in range(4) for j in range(4)]
+
+    def stages_lps(first: int, last: int) -> Optional[int]:
+        """``pipeline_parallel_layers_per_stage`` giving pp·vpp stages (None: none does)."""
+        return next((x for x in range(1, L + 7) if math.ceil((L + first + last) / x) == n_stages), None)
+
+    fits = [fl for fl in pairs if tt_split(n_stages, L, *fl) == target and (plan.vpp == default_vpp or stages_lps(*fl))]
+    if fits:
+        first, last = fits[0]
+    else:
+        first, last = 1, 1
+        led.lose("layer_split", f"torchtitan's stage split (embedding and output weighted as layers) cannot give {','.join(map(str, target))}; exported with its default split")
+    if (first, last) != (1, 1):
+        par["pipeline_parallel_first_stage_less_layers"] = first
+        par["pipeline_parallel_last_stage_less_layers"] = last
+    if plan.vpp != default_vpp:
+        lps = stages_lps(first, last)
+        if lps is None:
+            led.lose("vpp", f"no pipeline_parallel_layers_per_stage gives {n_stages} stages of {L} layers; exported with {default_vpp} per rank")
+        else:
+            par["pipeline_parallel_layers_per_stage"] = lps
+    par["pipeline_parallel_microbatch_size"] = plan.micro_batch
+
+
+def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, Any]], Ledger]:
+    """The JobConfig sections for a plan, and what could not be expressed."""
+    led = Ledger()
+    p = plan
+    out: dict[str, dict[str, Any]] = {}
+    name = catalog_match(model)
+    if name in FLAVORS:
+        out["model"] = {"name": "llama3", "flavor": FLAVORS[name]}
+    else:
+        led.lose("model", f"torchtitan names models by flavor (llama3 8B/70B/405B); {model.name} is none: set model.name and model.flavor yourself")
+    if p.precision.precision == "fp8":
+        out.setdefault("model", {})["converters"] = [FLOAT8[0]]
+
+    par: dict[str, Any] = {}
+    if p.zero == 0 or p.dp * p.cp == 1:
+        shard, rep = 1, p.dp
+        if p.zero == 0 and p.cp > 1:
+            led.lose("zero", "torchtitan shards weights over cp with FSDP whenever cp > 1; ZeRO-0 cannot be expressed")
+        if p.zero == 0 and p.dp > 1 and p.tp * p.pp * p.cp > 1:
+            led.lose("zero", "torchtitan's DDP (ZeRO-0) runs only without TP, PP and CP; use FSDP")
+    else:
+        if p.zero in (1, 2):
+            led.lose("zero", f"torchtitan has no ZeRO-{p.zero}: FSDP2 (ZeRO-3) or DDP; exported as FSDP")
+        shard = p.dp_shard or p.dp
+        rep = p.dp // shard
+        if shard == 1 and p.cp == 1:
+            led.lose("zero", "dp_shard = 1 is DDP (ZeRO-0) in torchtitan; exported so")
+        par["fsdp_reshard_after_forward"] = "always" if p.reshard_after_forward else "never"
+        if p.fsdp_accumulate_unsharded != (p.pp > 1):
+            led.lose("fsdp_accumulate_unsharded", "torchtitan keeps FSDP weights gathered across micro-batches exactly when pp > 1 (torch's pipeline schedules)")
+    par["data_parallel_replicate_degree"] = rep
+    par["data_parallel_shard_degree"] = shard
+    par["tensor_parallel_degree"] = p.tp
+    if p.tp > 1:
+        if p.tp_comm_overlap:
+            par["enable_async_tensor_parallel"] = True
+        if not p.sequence_parallel:
+            led.lose("sequence_parallel", "torchtitan (to 0.2) always runs sequence parallelism with TP; exported with it")
+    par["pipeline_parallel_degree"] = p.pp
+    if p.pp > 1:
+        _pipeline(model, p, led, par)
+    par["context_parallel_degree"] = p.cp
+    if p.ep > 1:
+        par["expert_parallel_degree"] = p.ep
+    out["parallelism"] = par
+
+    r = p.precision
+    tr: dict[str, Any] = {
+        "local_batch_size": p.global_batch // p.dp if p.pp > 1 else p.micro_batch,
+        "global_batch_size": p.global_batch,
+        "seq_len": p.seq_len,
+        "mixed_precision_param": "float32" if r.precision == "fp32" else "bfloat16",
+        "mixed_precision_reduce": "float32",
+    }
+    if r.precision == "fp16":
+        led.lose("precision.precision", "torchtitan computes in bf16 or fp32, not fp16; exported as bf16")
+    if r.grad_dtype != "fp32":
+        led.lose("precision.grad_dtype", "torchtitan reduces and keeps gradients in fp32; exported so")
+    if not r.master_weights and r.precision != "fp32":
+        led.lose("precision.master_weights", "torchtitan keeps fp32 parameters (FSDP2 mixed precision); exported so")
+    if r.grad_fp32_copy:
+        led.lose("precision.grad_fp32_copy", "torchtitan keeps no separate fp32 gradient copy")
+    if r.optimizer != "adam":
+        led.lose("precision.optimizer", "torchtitan builds Adam or AdamW (optimizer.name); exported as AdamW")
+    out["training"] = tr
+
+    ac: dict[str, Any] = {"mode": {"none": "none", "full": "full"}.get(p.recompute, "selective")}
+    if p.recompute in ("op", "selective"):
+        ac["selective_ac_option"] = "op"
+        if p.recompute == "selective":
+            led.lose("recompute", "torchtitan cannot recompute only the attention core (Megatron's selective); exported as op-level selective AC, which recomputes more")
+    out["activation_checkpoint"] = ac
+
+    if p.dp * p.cp > 1 and not p.overlap_grad_reduce:
+        led.lose("overlap_grad_reduce", "torchtitan (FSDP2 / DDP) always overlaps the gradient reduction with the backward")
+    if p.dp * p.cp > 1 and p.zero > 0 and not p.overlap_param_gather:
+        led.lose("overlap_param_gather", "torchtitan's FSDP2 always prefetches (overlaps) the weight all-gathers")
+    if tuple(p.rank_order) != DEFAULT_RANK_ORDER:
+        led.lose("rank_order", "torchtitan's mesh is pp, dp_replicate, dp_shard, cp, tp (outermost first): tp,cp,dp,pp innermost first")
+    if p.attention != "flash":
+        led.lose("attention", "torchtitan runs SDPA / flex attention (no materialized scores)")
+    return out, led
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _header(model: ModelSpec, plan: TrainingPlan, what: str) -> list[str]:
+    return [f"# torchtitan {what} ({SOURCE}), written by meshplan for {model.name} on {plan.num_gpus:,} GPUs (NGPU x nodes)."]
+
+
+def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
+    secs, led = sections(model, plan)
+    flags = []
+    for sec, body in secs.items():
+        for key, v in body.items():
+            if v is True:
+                flags.append(f"--{sec}.{key}")
+            elif isinstance(v, list):
+                flags.append(f"--{sec}.{key} " + ",".join(map(str, v)))
+            else:
+                flags.append(f"--{sec}.{key} {v}")
+    lines = _header(model, plan, "command-line overrides") + [x + " \\" for x in flags[:-1]] + flags[-1:]
+    return led.result("\n".join(lines) + "\n")
+
+
+def export_toml(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
+    secs, led = sections(model, plan)
+    lines = _header(model, plan, "job config, TOML (--job.config_file)")
+    for sec, body in secs.items():
+        lines += ["", f"[{sec}]"] + [f"{key} = {_value(v)}" for key, v in body.items()]
+    return led.result("\n".join(lines) + "\n")
+
+
+# ---- parse ------------------------------------------------------------------------------------------
+
+
+def flag_sections(text: str) -> dict[str, dict[str, Any]]:
+    """``--section.key value`` overrides as sections (``--section.no-key`` / ``no_key``: false)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in arg_pairs(arg_tokens(text)):
+        body = name[2:]
+        if "." not in body:
+            continue
+        sec, key = body.split(".", 1)
+        sec, key = sec.replace("-", "_"), key.replace("-", "_")
+        if value is None:
+            value = True
+            if key.startswith("no_"):
+                key, value = key[3:], False
+        d = out.setdefault(sec, {})
+        if key in d and d[key] != value:
+            raise InputError(f"{sec}.{key}", f"given twice with different values ({d[key]!r}, {value!r}) in the torchtitan config")
+        d[key] = value
+    return out
+
+
+def toml_sections(text: str) -> dict[str, dict[str, Any]]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError("plan", f"not valid TOML ({exc})") from None
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
+
+
+def parse(text: str, toml: bool = False) -> ParseResult:
+    s = toml_sections(text) if toml else flag_sections(text)
+    fmt = "torchtitan-toml" if toml else "torchtitan"
+    par, tr = s.get("parallelism", {}), s.get("training", {})
+    ac, mdl = s.get("activation_checkpoint", {}), s.get("model", {})
+    notes: list[str] = []
+
+    def get(sec: dict, name: str, key: str, default: Any, lo: int = 1) -> int:
+        return as_int(f"{name}.{key}", sec.get(key, default), lo)
+
+    model = None
+    if mdl.get("name") is not None:
+        flavor = str(mdl.get("flavor", "debugmodel"))
+        name = {v: k for k, v in FLAVORS.items()}.get(flavor) if str(mdl["name"]) in ("llama3", "llama3_1") else None
+        if name is None:
+            notes.append(f"model: torchtitan model {mdl['name']} flavor {flavor} is not in meshplan's catalog (give --model)")
+        else:
+            from meshplan.catalog import load_model
+
+            model = load_model(name)
+
+    f: dict[str, Any] = {}
+    tp = get(par, "parallelism", "tensor_parallel_degree", 1)
+    pp = get(par, "parallelism", "pipeline_parallel_degree", 1)
+    cp = get(par, "parallelism", "context_parallel_degree", 1)
+    f.update(tp=tp, pp=pp, cp=cp, ep=get(par, "parallelism", "expert_parallel_degree", 1))
+    rep = get(par, "parallelism", "data_parallel_replicate_degree", 1)
+    shard = as_int("parallelism.data_parallel_shard_degree", par.get("data_parallel_shard_degree", -1), lo=-1)
+    if shard in (0,) or shard < -1:
+        raise InputError("parallelism.data_parallel_shard_degree", f"must be -1 (the remaining ranks) or positive (got {shard})")
+    if shard == -1:
+        notes.append("dp: data_parallel_shard_degree = -1 takes the ranks left over, which the file does not say (give --gpus or --dp)")
+    else:
+        f["dp"] = rep * shard
+    fsdp = shard != 1 or cp > 1
+    f["zero"] = 3 if fsdp else 0
+    if fsdp and shard != -1 and rep > 1:
+        f["dp_shard"] = shard
+    reshard = str(par.get("fsdp_reshard_after_forward", "default"))
+    f["reshard_after_forward"] = choice("parallelism.fsdp_reshard_after_forward", reshard,
+                                        {"default": pp == 1, "always": True, "never": False})
+    f["fsdp_accumulate_unsharded"] = fsdp and pp > 1
+    f["sequence_parallel"] = as_bool("parallelism.enable_sequence_parallel", par.get("enable_sequence_parallel", True)) or tp == 1
+    async_tp = par.get("enable_async_tensor_parallel", s.get("compile", {}).get("enable_async_tensor_parallel", False))
+    f["tp_comm_overlap"] = as_bool("parallelism.enable_async_tensor_parallel", async_tp) and tp > 1
+
+    local = get(tr, "training", "local_batch_size", 8)
+    gbs = as_int("training.global_batch_size", tr.get("global_batch_size", -1), lo=-1)
+    if gbs == -1 and "dp" in f:
+        gbs = local * f["dp"]
+    if gbs > 0:
+        f["global_batch"] = gbs
+    f["seq_len"] = get(tr, "training", "seq_len", 2048)
+
+    f["schedule"], f["vpp"] = "1f1b", 1
+    if pp > 1:
+        sched = str(par.get("pipeline_parallel_schedule", "1F1B"))
+        f["schedule"] = choice("parallelism.pipeline_parallel_schedule", sched, {v: k for k, v in SCHEDULES.items()})
+        lps = par.get("pipeline_parallel_layers_per_stage")
+        first = get(par, "parallelism", "pipeline_parallel_first_stage_less_layers", 1, lo=0)
+        last = get(par, "parallelism", "pipeline_parallel_last_stage_less_layers", 1, lo=0)
+        single = SCHEDULES[f["schedule"]] in SINGLE_STAGE
+        if lps is None:
+            f["vpp"] = 1 if single else 2
+        elif model is None:
+            f["vpp"] = 1 if single else 2
+            notes.append("vpp: pipeline_parallel_layers_per_stage needs the model's layer count (no known model.flavor); read as the default stages per rank")
+        else:
+            n = math.ceil((model.n_layers + first + last) / as_int("parallelism.pipeline_parallel_layers_per_stage", lps))
+            if n % pp:
+                raise InputError("parallelism.pipeline_parallel_layers_per_stage", f"gives {n} stages, not a multiple of pipeline_parallel_degree ({pp})")
+            f["vpp"] = n // pp
+        if par.get("module_fqns_per_model_part") is not None:
+            notes.append("layer_split: module_fqns_per_model_part is not read; meshplan's default split is used")
+        elif model is not None:
+            split = tt_split(pp * f["vpp"], model.n_layers, first, last)
+            if split is None:
+                raise InputError("parallelism.pipeline_parallel_first_stage_less_layers", "leaves a stage without layers")
+            if split != default_layer_split(model.n_layers, pp * f["vpp"]):
+                f["layer_split"] = split
+        micro = get(par, "parallelism", "pipeline_parallel_microbatch_size", 1)
+        if local % micro:
+            raise InputError("parallelism.pipeline_parallel_microbatch_size", f"{micro} does not divide training.local_batch_size ({local})")
+        f["micro_batch"] = micro
+        if "dp" in f and gbs > 0 and gbs != local * f["dp"]:
+            notes.append("global_batch: torchtitan runs global / (local x dp) pipeline passes per step; meshplan plans them as one pass of all micro-batches")
+    else:
+        f["micro_batch"] = local
+
+    mode = str(ac.get("mode", "selective"))
+    option = str(ac.get("selective_ac_option", "2"))
+    rec = choice("activation_checkpoint.mode", mode, {"none": "none", "full": "full", "selective": "selective", "memory_budget": "op"})
+    if rec == "selective":
+        if option == "op":
+            rec = "op"
+        else:
+            every = as_int("activation_checkpoint.selective_ac_option", option)
+            rec = "full"
+            if every > 1:
+                notes.append(f"recompute: torchtitan checkpoints every {every}th layer; meshplan models every layer (full)")
+    elif mode == "memory_budget":
+        notes.append("recompute: memory_budget AC read as op-level selective")
+    f["recompute"] = rec
+
+    param = str(tr.get("mixed_precision_param", "bfloat16"))
+    prec = choice("training.mixed_precision_param", param, {"bfloat16": "bf16", "float32": "fp32"})
+    conv = mdl.get("converters", [])
+    conv = [c.strip() for c in conv.split(",")] if isinstance(conv, str) else [str(c) for c in conv]
+    if any(c in FLOAT8 for c in conv):
+        prec = "fp8"
+    f["precision"] = {"precision": prec, "grad_dtype": "fp32"}
+    f["rank_order"] = DEFAULT_RANK_ORDER
+    if not (par or tr):
+        raise InputError("plan", "no torchtitan parallelism or training settings in the file")
+    return ParseResult(fmt, f, model, tuple(notes))

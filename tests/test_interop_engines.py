@@ -1,0 +1,154 @@
+"""The exported configs read by the engines' own parsers, where the engine's package is installed;
+each test is skipped cleanly when it is not (none is a dependency of meshplan's tests: they pull in
+GPU kernels, tokenizers or an sdist build).
+
+Versions these tests were run with (CPU, from PyPI): torchtitan 0.2.2 (``pip install --no-deps
+torchtitan==0.2.2 tyro``: its ``ConfigManager`` reads both the TOML and the ``--section.key``
+flags), DeepSpeed 0.19.8 (``DeepSpeedConfig``, built with ``DS_BUILD_OPS=0``), nanotron 0.2
+(``nanotron.config``; nanotron 0.4 on PyPI fails to import: a circular import). Megatron-LM's
+argument parser is not packaged (megatron-core ships ``megatron/core`` only), so the Megatron
+export is checked against ``arguments.py`` by name in ``test_interop_names.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+import types
+
+import pytest
+import yaml
+
+from meshplan.catalog import load_model
+from meshplan.interop import export
+from meshplan.interop.common import arg_tokens
+from meshplan.specs.plan import TrainingPlan
+
+from test_interop_roundtrip import GRID, MODELS
+
+LLAMA70 = load_model("llama3-70b")
+
+
+def _torchtitan_manager():
+    """torchtitan's ConfigManager, imported without ``torchtitan/__init__.py`` (which pulls in
+    triton kernels through its quantization converters); skip when torchtitan is absent or is not
+    a JobConfig release (0.1 – 0.2)."""
+    if "torchtitan" not in sys.modules:
+        spec = importlib.util.find_spec("torchtitan")
+        if spec is None:
+            pytest.skip("torchtitan is not installed")
+        pkg = types.ModuleType("torchtitan")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__spec__ = spec
+        sys.modules["torchtitan"] = pkg
+    try:
+        import torchtitan.config as tt_config
+    except ImportError as exc:
+        pytest.skip(f"torchtitan's config module does not import here: {exc}")
+    if not hasattr(tt_config, "JobConfig"):
+        pytest.skip("torchtitan 0.3+ builds configs in Python (no JobConfig / TOML)")
+    return tt_config.ConfigManager
+
+
+def _torchtitan_function(path: str, name: str):
+    """One function of torchtitan's source, compiled alone: its module imports GPU kernels."""
+    import ast
+
+    source = (sys.modules["torchtitan"].__path__[0] + "/" + path)
+    tree = ast.parse(open(source).read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    scope: dict = {}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), source, "exec"), scope)
+    return scope[name]
+
+
+@pytest.mark.parametrize(("model_name", "p"), GRID["torchtitan"], ids=range(len(GRID["torchtitan"])))
+def test_torchtitan_config_manager_reads_flags_and_toml(model_name, p, tmp_path):
+    ConfigManager = _torchtitan_manager()
+    model = MODELS[model_name]
+    flags = arg_tokens(export("torchtitan", model, p).text)
+    toml = tmp_path / "job.toml"
+    toml.write_text(export("torchtitan-toml", model, p).text)
+    for args in (flags, ["--job.config_file", str(toml)]):
+        c = ConfigManager().parse_args(args)
+        par, tr = c.parallelism, c.training
+        assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree) == (p.tp, p.pp, p.cp)
+        assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == p.dp
+        assert (tr.global_batch_size, tr.seq_len) == (p.global_batch, p.seq_len)
+        assert c.model.flavor in ("8B", "70B") and c.activation_checkpoint.mode == {"op": "selective", "selective": "selective"}.get(p.recompute, p.recompute)
+        assert par.enable_async_tensor_parallel == p.tp_comm_overlap
+        if p.pp > 1:
+            assert par.pipeline_parallel_microbatch_size == p.micro_batch
+            generate_llm_fqn_per_model_part = _torchtitan_function("distributed/pipeline_parallel.py", "generate_llm_fqn_per_model_part")
+            n_stages = p.pp * p.vpp
+            parts = generate_llm_fqn_per_model_part(n_stages, model.n_layers, par.pipeline_parallel_first_stage_less_layers,
+                                                    par.pipeline_parallel_last_stage_less_layers)
+            from meshplan.interop.common import effective_split
+
+            assert tuple(sum(m.startswith("layers.") for m in part) for part in parts) == effective_split(model, p)
+        else:
+            assert tr.local_batch_size == p.micro_batch
+
+
+class _Mpu:
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+DS_GRID = [p for _, p in GRID["deepspeed"]] + [TrainingPlan(tp=8, pp=4, dp=4, micro_batch=1, global_batch=256, seq_len=4096, zero=1)]
+
+
+@pytest.mark.parametrize("p", DS_GRID, ids=range(len(DS_GRID)))
+def test_deepspeed_config_class_reads_the_json(p, monkeypatch):
+    config_mod = pytest.importorskip("deepspeed.runtime.config")
+    monkeypatch.setattr(config_mod.dist, "get_rank", lambda *a, **k: 0)
+    cfg = json.loads(export("deepspeed", LLAMA70, p).text)
+    ds = config_mod.DeepSpeedConfig(cfg, mpu=_Mpu(p.dp))  # its batch assertion: train = micro x gas x dp
+    assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (p.global_batch, p.micro_batch, p.grad_accum)
+    assert ds.zero_optimization_stage == p.zero
+    if p.zero:
+        assert ds.zero_config.overlap_comm == p.overlap_grad_reduce
+    assert ds.bfloat16_config.enabled == (p.precision.precision in ("bf16", "fp8"))
+    assert ds.float16_config.enabled == (p.precision.precision == "fp16")
+    assert str(ds.grad_accum_dtype) == p.precision.grad_dtype
+    assert ds.pipeline["stages"] == (p.pp if p.pp > 1 else "auto")
+    assert ds.tensor_parallel_config.autotp_size == (p.tp if p.tp > 1 else 0)
+
+
+def _nanotron():
+    try:
+        from nanotron.config import ParallelismArgs, TokensArgs
+        from nanotron.config.config import get_config_from_dict
+        from nanotron.config.models_config import LlamaConfig
+    except ImportError as exc:
+        pytest.skip(f"nanotron is not importable: {exc}")
+    return ParallelismArgs, TokensArgs, LlamaConfig, get_config_from_dict
+
+
+NT_GRID = [(m, p) for m, p in GRID["nanotron"]]
+
+
+@pytest.mark.parametrize(("model_name", "p"), NT_GRID, ids=range(len(NT_GRID)))
+def test_nanotron_dataclasses_read_the_sections(model_name, p):
+    ParallelismArgs, TokensArgs, LlamaConfig, from_dict = _nanotron()
+    secs = yaml.safe_load(export("nanotron", MODELS[model_name], p).text)
+    known = {f.name for f in dataclasses.fields(ParallelismArgs)}
+    par_in = dict(secs["parallelism"])
+    if "recompute_layer" not in known:  # releases before recompute_layer: recompute_granularity
+        if par_in.pop("recompute_layer", False):
+            par_in["recompute_granularity"] = "FULL"
+    if "context_parallel_size" not in known and par_in.get("context_parallel_size", 1) > 1:
+        pytest.skip("this nanotron release predates context parallelism")
+    par = from_dict(par_in, config_class=ParallelismArgs)  # nanotron's strict dacite reader
+    assert (par.dp, par.tp, par.pp) == (p.dp, p.tp, p.pp)
+    assert par.tp_mode.name == ("REDUCE_SCATTER" if p.sequence_parallel and p.tp > 1 else "ALL_REDUCE")
+    assert type(par.pp_engine).__name__ == ("AllForwardAllBackwardPipelineEngine" if p.schedule == "gpipe" else "OneForwardOneBackwardPipelineEngine")
+    tok = from_dict({**secs["tokens"], "train_steps": 1}, config_class=TokensArgs)
+    assert tok.micro_batch_size * tok.batch_accumulation_per_replica * par.dp == p.global_batch
+    mc = from_dict(secs["model"]["model_config"], config_class=LlamaConfig)
+    assert (mc.num_hidden_layers, mc.hidden_size, mc.num_key_value_heads) == (MODELS[model_name].n_layers, MODELS[model_name].hidden, MODELS[model_name].n_kv_heads)

@@ -1,0 +1,198 @@
+"""Round trips export → import for every engine.
+
+* A grid of plans each engine can express: no warning, and the imported plan equals the exported
+  one (after :func:`canonical`, which resets settings that change nothing, e.g. sequence
+  parallelism without TP) and so does the model where the config carries it.
+* Any plan (hypothesis): every field that does not come back is named by a warning (or follows
+  from a warned one, e.g. ``vpp`` from ``schedule``) — a lossy export never drops a setting silently.
+"""
+
+from __future__ import annotations
+
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshplan.catalog import load_model
+from meshplan.interop import ENGINES, canonical, export, parse_text, to_plan
+from meshplan.interop.common import same_model
+from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
+
+MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "llama2-7b", "gpt3-175b")}
+#: engines whose config carries the model shape (torchtitan: by Llama 3.1 flavor)
+CARRIES_MODEL = {"megatron": set(MODELS), "nanotron": {"llama3-8b", "llama3-70b", "llama2-7b"},
+                 "torchtitan": {"llama3-8b", "llama3-70b"}, "torchtitan-toml": {"llama3-8b", "llama3-70b"}}
+#: a warned field and the fields that change with it
+FOLLOWS = {
+    "zero": {"reshard_after_forward", "fsdp_accumulate_unsharded", "dp_shard", "overlap_param_gather", "overlap_grad_reduce"},
+    "schedule": {"vpp", "layer_split"},
+    "fsdp_accumulate_unsharded": {"zero"},
+    "model": {"vpp", "layer_split"},  # torchtitan: without a known flavor the stage count is unknown
+}
+
+
+def diff(a: TrainingPlan, b: TrainingPlan) -> set[str]:
+    return {k for k in TrainingPlan.model_fields if getattr(a, k) != getattr(b, k)}
+
+
+def roundtrip(engine: str, model, plan: TrainingPlan):
+    result = export(engine, model, plan)
+    parsed = parse_text(result.text)
+    fields = dict(parsed.plan)
+    if engine == "deepspeed":  # DeepSpeed's JSON carries neither the sequence length nor the model
+        assert "seq_len" not in fields
+        fields["seq_len"] = plan.seq_len
+    back = to_plan(fields)
+    return result, parsed, back
+
+
+def plan(**kw) -> TrainingPlan:
+    kw.setdefault("global_batch", kw.get("micro_batch", 1) * kw.get("dp", 1) * 4)
+    kw.setdefault("seq_len", 4096)
+    return TrainingPlan(**kw)
+
+
+BF16 = PrecisionRecipe(precision="bf16", grad_dtype="fp32")
+#: per engine: (model, plan) pairs it expresses exactly
+GRID = {
+    "megatron": [
+        ("llama3-8b", plan(tp=2, pp=4, dp=2, zero=1, recompute="selective")),
+        ("llama3-70b", plan(tp=8, pp=4, dp=4, vpp=5, schedule="interleaved", micro_batch=2, recompute="full", tp_comm_overlap=True)),
+        ("llama3-70b", plan(tp=4, pp=3, dp=2, layer_split=(26, 28, 26))),  # uneven ends
+        ("llama3-8b", plan(tp=2, pp=2, dp=2, vpp=3, schedule="interleaved", layer_split=(5, 6, 5, 6, 5, 5))),  # layout
+        ("gpt3-175b", plan(tp=8, pp=8, dp=2, zero=0, sequence_parallel=False, attention="materialized",
+                            precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16", grad_fp32_copy=True))),
+        ("llama2-7b", plan(tp=1, cp=2, dp=8, zero=3, precision=PrecisionRecipe(precision="fp8"), rank_order=("tp", "cp", "pp", "dp"))),
+        ("llama2-7b", plan(dp=8, zero=1, dp_shard=4, overlap_param_gather=False, seq_len=2048)),
+        ("llama3-8b", plan(dp=4, zero=2, precision=PrecisionRecipe(precision="fp32", grad_dtype="fp32", optimizer="sgd"))),
+        ("llama3-8b", plan(tp=2, dp=2, ep=2, zero=1, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp32"))),
+    ],
+    "torchtitan": [
+        ("llama3-8b", plan(dp=8, zero=3, recompute="op")),
+        ("llama3-8b", plan(tp=2, dp=4, zero=3, dp_shard=2, recompute="full", tp_comm_overlap=True, seq_len=8192)),
+        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True)),
+        ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, micro_batch=2)),
+        ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True)),
+        ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True)),
+        ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, reshard_after_forward=True)),
+        ("llama3-8b", plan(cp=2, dp=4, zero=3, precision=PrecisionRecipe(precision="fp8"))),
+        ("llama3-8b", plan(dp=8, zero=0)),
+        ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"))),
+    ],
+    "deepspeed": [
+        ("llama3-8b", plan(dp=8, zero=1, overlap_param_gather=False)),
+        ("llama3-8b", plan(dp=8, zero=3, overlap_grad_reduce=False)),
+        ("llama3-8b", plan(dp=8, zero=3, overlap_param_gather=False, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16"))),
+        ("llama3-8b", plan(tp=4, pp=2, dp=2, zero=1, sequence_parallel=False, overlap_param_gather=False, recompute="full", tp_comm_overlap=True)),
+        ("llama3-8b", plan(cp=4, dp=2, zero=2, overlap_param_gather=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"))),
+        ("llama3-8b", plan(dp=16, zero=0, micro_batch=4, precision=PrecisionRecipe(precision="fp32"))),
+    ],
+    "nanotron": [
+        ("llama3-8b", plan(tp=2, pp=2, dp=2, zero=1, overlap_param_gather=False)),
+        ("llama3-8b", plan(tp=4, pp=4, dp=2, zero=0, schedule="gpipe", recompute="full", tp_comm_overlap=True)),
+        ("llama3-70b", plan(tp=8, dp=2, cp=2, zero=0, sequence_parallel=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"))),
+        ("llama2-7b", plan(dp=4, zero=0, ep=2, precision=PrecisionRecipe(precision="fp32"), micro_batch=3)),
+    ],
+}
+GRID["torchtitan-toml"] = GRID["torchtitan"] + [
+    ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, reshard_after_forward=False)),
+]
+assert set(GRID) == set(ENGINES)
+
+
+@pytest.mark.parametrize(("engine", "model_name", "p"), [(e, m, p) for e, rows in GRID.items() for m, p in rows])
+def test_expressible_plans_round_trip_exactly(engine, model_name, p):
+    model = MODELS[model_name]
+    result, parsed, back = roundtrip(engine, model, p)
+    assert result.warnings == (), result.warnings
+    assert canonical(back, model) == canonical(p, model), diff(canonical(back, model), canonical(p, model))
+    if model_name in CARRIES_MODEL.get(engine, ()):
+        assert parsed.model is not None and same_model(parsed.model, model)
+    else:
+        assert parsed.model is None
+
+
+def test_grid_covers_every_schedule_and_recompute_somewhere():
+    plans = [p for rows in GRID.values() for _, p in rows]
+    assert {p.schedule for p in plans} == {"1f1b", "interleaved", "gpipe", "interleaved-zb", "zbv"}  # zbh1: no engine has it
+    assert {p.recompute for p in plans} == {"none", "selective", "op", "full"}
+    assert {p.zero for p in plans} == {0, 1, 2, 3}
+    assert {p.precision.precision for p in plans} == {"fp32", "bf16", "fp16", "fp8"}
+
+
+# ---- any plan: what does not come back is warned -----------------------------------------------
+
+
+@st.composite
+def plans(draw):
+    name = draw(st.sampled_from(sorted(MODELS)))
+    model = MODELS[name]
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    cp = draw(st.sampled_from([1, 2]))
+    pp = draw(st.sampled_from([1, 2, 4]))
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    ep = draw(st.sampled_from([d for d in (1, 2) if dp % d == 0]))
+    schedule = draw(st.sampled_from(["1f1b", "gpipe", "zbh1", "interleaved", "interleaved-zb", "zbv"] if pp > 1 else ["1f1b"]))
+    vpp = {"interleaved": draw(st.sampled_from([2, 3, 4])), "interleaved-zb": draw(st.sampled_from([2, 4])), "zbv": 2}.get(schedule, 1)
+    stages = pp * vpp
+    split = None
+    if draw(st.booleans()) and stages > 1:
+        cuts = sorted(draw(st.lists(st.integers(1, model.n_layers - 1), min_size=stages - 1, max_size=stages - 1, unique=True)))
+        split = tuple(b - a for a, b in zip([0] + cuts, cuts + [model.n_layers]))
+    micro = draw(st.sampled_from([1, 2]))
+    zero = draw(st.sampled_from([0, 1, 2, 3]))
+    shard = draw(st.sampled_from([None] + [d for d in (1, 2, 4) if dp % d == 0 and d < dp]))
+    prec = draw(st.sampled_from([
+        PrecisionRecipe(), PrecisionRecipe(precision="fp8"), PrecisionRecipe(precision="fp32"),
+        PrecisionRecipe(precision="fp16", grad_dtype="fp16", grad_fp32_copy=True), PrecisionRecipe(precision="fp16"),
+        PrecisionRecipe(precision="bf16", grad_dtype="bf16"), PrecisionRecipe(master_weights=False, grad_dtype="bf16"),
+        PrecisionRecipe(optimizer="sgd"),
+    ]))
+    return model, TrainingPlan(
+        tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, schedule=schedule, layer_split=split, micro_batch=micro,
+        global_batch=micro * dp * draw(st.integers(1, 8)), seq_len=draw(st.sampled_from([2048, 4096, 8192])),
+        recompute=draw(st.sampled_from(["none", "selective", "op", "full"])), sequence_parallel=draw(st.booleans()),
+        zero=zero, dp_shard=shard, precision=prec, attention=draw(st.sampled_from(["flash", "materialized"])),
+        rank_order=draw(st.sampled_from([("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp"), ("cp", "tp", "dp", "pp")])),
+        overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
+        tp_comm_overlap=draw(st.booleans()), reshard_after_forward=draw(st.booleans()),
+        fsdp_accumulate_unsharded=zero == 3 and draw(st.booleans()),
+    )
+
+
+def warned_fields(warnings) -> set[str]:
+    out = {w.split(":")[0].split(".")[0] for w in warnings}
+    for name in list(out):
+        out |= FOLLOWS.get(name, set())
+    return out
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(drawn=plans())
+def test_every_lost_setting_is_warned(engine, drawn):
+    model, p = drawn
+    result, parsed, back = roundtrip(engine, model, p)
+    lost = diff(canonical(back, model), canonical(p, model))
+    assert lost <= warned_fields(result.warnings), (lost, result.warnings)
+    for w in result.warnings:  # one line each, naming a field
+        assert "\n" not in w and w.split(":")[0].split(".")[0] in set(TrainingPlan.model_fields) | {"model"}, w
+    if parsed.model is not None and not any(w.startswith("model") for w in result.warnings):
+        assert same_model(parsed.model, model)
+
+
+def test_llama3_405b_plan_each_engine():
+    """The Llama 3 405B preset's plan (8K stage): what each engine keeps and what it warns about."""
+    from meshplan.cli.options import PlanArgs, resolve
+
+    setup = resolve(PlanArgs(preset="llama3-405b-8k"))
+    model, p = setup.model, setup.plan
+    lost = {}
+    for engine in ENGINES:
+        result, parsed, back = roundtrip(engine, model, p)
+        lost[engine] = sorted(w.split(":")[0] for w in result.warnings)
+        assert (back.tp, back.pp, back.dp, back.global_batch, back.micro_batch) == (8, 16, 64, 2048, 1)
+    assert lost["megatron"] == []  # ZeRO-2 as Megatron-FSDP optim_grads, tp,cp,pp,dp via --use-tp-pp-dp-mapping
+    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "rank_order", "zero"]
+    assert "schedule" in lost["deepspeed"] and "schedule" in lost["nanotron"]
