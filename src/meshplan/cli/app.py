@@ -23,9 +23,10 @@ from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
 from meshplan.cli.search_cmd import search as search_command
-from meshplan.cli.verify_cmd import verify_app
-from meshplan.cli.interop_cmd import export as export_command, import_ as import_command
 from meshplan.cli.validate_cmd import validate as validate_command
+from meshplan.cli.verify_cmd import verify_app
+from meshplan.cli.calc_cmd import calc_app
+from meshplan.cli.interop_cmd import export as export_command, import_ as import_command
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate as run_estimate
@@ -81,8 +82,9 @@ def explain(
 
 app.command("pipeline")(pipeline_command)
 app.command("validate")(validate_command)
-app.command("search")(search_command)
 app.add_typer(verify_app, name="verify")
+app.command("search")(search_command)
+app.add_typer(calc_app, name="calc")
 app.command("export")(export_command)
 app.command("import")(import_command)
 

@@ -184,3 +184,69 @@ def collective_time(op: str, nbytes: float, pl: GroupPlacement, cluster: Cluster
     if pl.size <= 1 or nbytes <= 0:
         return 0.0
     return collective_cost(op, nbytes, pl, cluster, cal).time
+
+
+def wire(op: str, nbytes: float, n: int, algorithm: str = "ring") -> tuple[int, float]:
+    """(latency steps, bytes each GPU sends) of ``op`` over ``n`` ranks on one tier: the two terms
+    of the single-tier model above read with α = 1 and B = 1 (ring all-reduce: 2(n−1) steps and
+    2(n−1)/n·S bytes; all-gather, reduce-scatter, all-to-all: n−1 steps, (n−1)/n·S; tree all-reduce
+    2⌈log₂ n⌉ steps, about 2·S; broadcast/reduce n−1 ring or ⌈log₂ n⌉ tree steps, S; send/recv 1, S)."""
+    steps, sent = _single(op, float(nbytes), max(n, 2) if op == "send_recv" else n, 1.0, 1.0, algorithm)
+    return int(round(steps)), sent
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One piece of a (possibly hierarchical) collective, costed on one tier by ``collective_cost``."""
+
+    name: str  # e.g. "intra-domain reduce-scatter"
+    tier: str  # "scale-up" or "scale-out"
+    cost: CollectiveCost
+    steps: int
+    sent: float  # bytes each GPU of the phase sends
+
+
+def collective_phases(
+    op: str,
+    nbytes: float,
+    pl: GroupPlacement,
+    cluster: ClusterSpec,
+    cal: Calibration,
+    algorithm: str = "auto",
+) -> tuple[Phase, ...]:
+    """The phases whose times ``collective_cost`` adds up (module docstring), each costed by
+    ``collective_cost`` itself on a one-tier group: a group inside one scale-up domain (or one
+    GPU per domain) is one phase; a hierarchical all-reduce is intra-domain reduce-scatter of S,
+    inter-domain all-reduce of S/k and intra-domain all-gather of S; an all-gather is inter-domain
+    all-gather of S/k then intra-domain all-gather of S (a reduce-scatter the reverse);
+    broadcast/reduce cross domains then run inside them. A hierarchical all-to-all runs its intra-
+    and inter-domain parts concurrently, so it stays one phase. The phase times add up to
+    ``collective_cost(...).time`` (tests check it)."""
+    if algorithm == "auto":
+        algorithm = collective_cost(op, nbytes, pl, cluster, cal, "auto").algorithm
+    k, g = pl.per_node, pl.nodes
+    S = float(nbytes)
+    out_tier = "scale-out" if g > 1 else "scale-up"
+    if op == "send_recv" or op == "all_to_all" or g == 1 or k == 1:
+        parts = [(op.replace("_", "-"), out_tier, op, S, pl, algorithm)]
+    else:
+        intra, inter = GroupPlacement(k, k, 1, 1), GroupPlacement(g, 1, g, pl.pods)
+        rs = ("intra-domain reduce-scatter", "scale-up", "reduce_scatter", S, intra, "ring")
+        ag = ("intra-domain all-gather", "scale-up", "all_gather", S, intra, "ring")
+        cross = (f"inter-domain {op.replace('_', '-')}", "scale-out", op, S / k, inter, algorithm)
+        if op == "all_reduce":
+            parts = [rs, cross, ag]
+        elif op == "all_gather":
+            parts = [cross, ag]
+        elif op == "reduce_scatter":
+            parts = [rs, cross]
+        else:  # broadcast / reduce: the whole buffer crosses domains, then moves inside them
+            parts = [
+                (f"inter-domain {op}", "scale-out", op, S, inter, algorithm),
+                (f"intra-domain {op}", "scale-up", op, S, intra, algorithm),
+            ]
+    phases = []
+    for name, tier, o, size, group, alg in parts:
+        steps, sent = wire(o, size, group.size, alg)
+        phases.append(Phase(name, tier, collective_cost(o, size, group, cluster, cal, alg), steps, sent))
+    return tuple(phases)

@@ -1,0 +1,108 @@
+"""The calculators' pictures, drawn with matplotlib (the optional ``plot`` extra), written as SVG or
+PNG by the file's suffix: the LR and batch schedule over tokens, a failure-run timeline, and a
+roofline. matplotlib is imported only here, when a picture is asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from meshplan.errors import InputError
+
+COLORS = {"work": "#4c78a8", "checkpoint": "#f2c14e", "lost": "#e45756", "restart": "#9d755d"}
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("out", "pictures need matplotlib: pip install 'meshplan[plot]'") from None
+    return plt
+
+
+def _save(fig, plt, path: Path) -> None:
+    try:
+        fig.savefig(path, format=path.suffix.lower().lstrip("."), dpi=150)
+    except OSError as err:
+        raise InputError("out", f"cannot write '{path}': {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
+
+
+def plot_schedule(sched, ramp, end_tokens: float | None, path: Path, title: str) -> None:
+    """LR (and, with a ramp, the batch in tokens) over tokens seen; without a ramp, over steps."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    if ramp is not None:
+        last = float(ramp.tokens_at(sched.total)) if end_tokens is None else end_tokens
+        x = np.unique(np.concatenate([np.geomspace(1e6, last, 2000), [s for _, _, s in ramp.phase_steps()][1:]]))
+        steps = ramp.step_at(x)
+        ax.plot(x, sched.lr(steps), color="#4c78a8", label="learning rate")
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens seen")
+        ax2 = ax.twinx()
+        ax2.step(x, ramp.batch_at_tokens(x) / 2**20, where="post", color="#e45756", label="batch (M tokens)")
+        ax2.set_ylabel("global batch (M tokens, 2^20)")
+        ax2.legend(loc="lower right", frameon=False)
+    else:
+        t = np.linspace(0, sched.total, 2000)
+        ax.plot(t, sched.lr(t), color="#4c78a8", label="learning rate")
+        ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.legend(loc="upper left", frameon=False)
+    ax.set_title(title, fontsize=10, loc="left")
+    fig.tight_layout()
+    _save(fig, plt, path)
+
+
+def plot_timelines(timelines: dict[str, list], path: Path, title: str, unit: float = 86400.0, unit_name: str = "days") -> None:
+    """One lane per scenario: work, checkpoint writes, lost work and restarts of run 0."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
+    names = list(timelines)
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.8 * len(names)))
+    for lane, name in enumerate(names):
+        y = len(names) - 1 - lane
+        by_kind: dict[str, list] = {}
+        for s, e, kind in timelines[name]:
+            by_kind.setdefault(kind, []).append((s / unit, (e - s) / unit))
+        for kind, bars in by_kind.items():
+            ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=COLORS[kind], linewidth=0)
+        fails = [e / unit for s, e, kind in timelines[name] if kind == "lost"]  # the failure ends the lost stretch
+        ax.plot(fails, [y + 0.42] * len(fails), "v", color="#e45756", markersize=3)
+    ax.set_yticks(range(len(names)), list(reversed(names)))
+    ax.set_xlabel(f"wall-clock time ({unit_name})")
+    ax.set_title(title, fontsize=10, loc="left")
+    from matplotlib.lines import Line2D
+
+    handles = [Patch(color=c, label=k) for k, c in COLORS.items()]
+    handles.append(Line2D([], [], marker="v", color="#e45756", linestyle="", label="failure"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, frameon=False, fontsize=8)
+    fig.tight_layout()
+    _save(fig, plt, path)
+
+
+def plot_roofline(data: dict, path: Path) -> None:
+    """The roofline of the GPU and dtype with the operation's point."""
+    plt = _pyplot()
+    P, beta, I = data["peak_flops"], data["hbm_bandwidth"], data["intensity"]
+    ridge = data["ridge"]
+    lo, hi = min(I, ridge) / 100, max(I, ridge) * 100
+    x = np.geomspace(lo, hi, 400)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(x, np.minimum(P, x * beta) / 1e12, color="#4c78a8", label=f"{data['gpu']} {data['dtype']}")
+    ax.axvline(ridge, color="#999999", linestyle=":", linewidth=1)
+    ax.annotate(f"ridge {ridge:,.0f} FLOP/B", (ridge, P / 1e12), textcoords="offset points", xytext=(5, -15), fontsize=8)
+    ax.plot([I], [data["attainable_flops"] / 1e12], "o", color="#e45756", label=f"{data['label']} ({data['bound']})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.legend(loc="lower right", frameon=False, fontsize=8)
+    fig.tight_layout()
+    _save(fig, plt, path)
