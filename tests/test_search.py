@@ -7,10 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from meshplan.catalog import load_gpu, load_model
-from meshplan.cli.app import app
 from meshplan.estimate import Budget, estimate
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
 from meshplan.pipeline.simulate import live_count_peaks
@@ -129,9 +127,6 @@ def test_rejections_are_counted_by_reason():
     inner = 4 * 2 * 4  # recompute x SP x ZeRO
     assert table.rejected == {"tp_heads": inner}
     assert set(REASONS) >= set(table.rejected)
-
-
-runner = CliRunner()
 
 
 def _run(*args):

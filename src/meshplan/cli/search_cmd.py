@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from typing import Annotated, Any, Optional
 
@@ -124,13 +125,10 @@ class _Progress:
         self.enabled = enabled and sys.stderr.isatty()
         self.bar = None
         self.tasks: dict[str, Any] = {}
-        import time
-
         self.t0 = time.perf_counter()
-        self._clock = time.perf_counter
 
     def __call__(self, phase: str, done: int, total: int) -> None:
-        if not self.enabled or self._clock() - self.t0 < 1.0:
+        if not self.enabled or time.perf_counter() - self.t0 < 1.0:
             return
         if self.bar is None:
             from rich.console import Console

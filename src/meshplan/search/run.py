@@ -27,7 +27,7 @@ from meshplan.search.space import REASONS, PlanTable, SearchLimits, enumerate_pl
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
-from meshplan.units import HOUR
+from meshplan.units import DAY, HOUR
 
 OBJECTIVES = ("throughput", "time-to-train", "cost")
 
@@ -79,7 +79,7 @@ def _score(objective: str, seconds_per_token: np.ndarray | float, num_gpus: int,
         return seconds_per_token
     tokens = budget.tokens or 1.0
     if objective == "time-to-train":
-        return seconds_per_token * tokens / 86400.0
+        return seconds_per_token * tokens / DAY
     price = budget.price_per_gpu_hour if budget.price_per_gpu_hour is not None else 1.0
     return seconds_per_token * tokens * num_gpus / HOUR * price
 
@@ -193,9 +193,13 @@ def _memory_front(screen: Screen, feasible_idx: np.ndarray, bound: np.ndarray, r
     by_mem = feasible_idx[np.lexsort((bound[feasible_idx], screen.peak_bytes[feasible_idx]))]
     front: list[Ranked] = []
     best = np.inf
-    for count, i in enumerate(by_mem.tolist()):
-        if bound[i] >= best or count > max_exact:
+    simulated = 0
+    for i in by_mem.tolist():
+        if bound[i] >= best:
             continue
+        if simulated >= max_exact:
+            break
+        simulated += 1
         r = run(i)
         if r.score < best:
             best = r.score
