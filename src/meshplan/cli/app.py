@@ -27,6 +27,7 @@ from meshplan.cli.validate_cmd import validate as validate_command
 from meshplan.cli.verify_cmd import verify_app
 from meshplan.cli.calc_cmd import calc_app
 from meshplan.cli.interop_cmd import export as export_command, import_ as import_command
+from meshplan.cli.learn_cmd import learn as learn_command
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate as run_estimate
@@ -87,6 +88,7 @@ app.command("search")(search_command)
 app.add_typer(calc_app, name="calc")
 app.command("export")(export_command)
 app.command("import")(import_command)
+app.command("learn")(learn_command)
 
 
 @app.command()
