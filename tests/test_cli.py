@@ -112,7 +112,7 @@ def test_every_plan_flag_reaches_the_plan():
                  "--seq-len", "8192", "--recompute", "full", "--no-sequence-parallel", "--zero", "3", "--dp-shard", "1",
                  "--precision", "fp8", "--grad-dtype", "bf16", "--no-master-weights", "--grad-fp32-copy",
                  "--attention", "materialized", "--attention-flops", "full", "--schedule", "gpipe",
-                 "--layer-split", "15,17", "--tp-comm-overlap", "--gpus-per-node", "4", "--pod-size", "16",
+                 "--layer-split", "15,17", "--tp-comm-overlap", "--kernels", "eager", "--gpus-per-node", "4", "--pod-size", "16",
                  "--oversubscription", "3")
     p, c = d["plan"], d["cluster"]
     assert (p["tp"], p["cp"], p["pp"], p["dp"], p["dp_shard"]) == (4, 2, 2, 2, 1)
@@ -120,6 +120,7 @@ def test_every_plan_flag_reaches_the_plan():
     assert (p["recompute"], p["sequence_parallel"], p["zero"], p["schedule"]) == ("full", False, 3, "gpipe")
     assert (p["precision"], p["grad_dtype"], p["master_weights"], p["grad_fp32_copy"]) == ("fp8", "bf16", False, True)
     assert (p["attention"], p["attention_flops"], p["layer_split"]) == ("materialized", "full", [15, 17])
+    assert (p["kernels"], p["tp_comm_overlap"]) == ("eager", True)
     assert (c["num_gpus"], c["gpus_per_node"], c["pod_size"], c["oversubscription"]) == (32, 4, 16, 3.0)
 
 

@@ -219,15 +219,19 @@ def refusal(config: Any) -> InputError:
     return caught.value
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "t5", "bert", "qwen2_moe"])
+SUPPORTED = [
+    "deepseek_v3", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "mixtral",
+    "qwen2", "qwen2_moe", "qwen3_moe",
+]
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "t5", "bert", "gemma"])
 def test_unsupported_model_type_is_refused_by_name(model_type: str) -> None:
     err = refusal(hf_config("Mistral-7B-v0.1") | {"model_type": model_type})
     assert err.field == "model_type"
     assert f"'{model_type}'" in str(err)
-    assert str(err) == (
-        f"model_type: '{model_type}' is not supported (supported: gpt2, gpt_neox, llama, mistral, qwen2)"
-    )
-    assert supported_model_types() == ["gpt2", "gpt_neox", "llama", "mistral", "qwen2"]
+    assert str(err) == f"model_type: '{model_type}' is not supported (supported: {', '.join(SUPPORTED)})"
+    assert supported_model_types() == SUPPORTED
 
 
 def test_missing_or_malformed_model_type() -> None:

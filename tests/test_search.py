@@ -206,3 +206,271 @@ def test_cli_front_picture(tmp_path):
     assert code == 0
     assert path.read_text().startswith("<?xml")
     assert "front" in out
+
+
+# ---- closed-form live counts, shared stage times, gathered terms, remembered simulations ----------
+
+
+@pytest.mark.parametrize("name,vs", [("1f1b", [1]), ("zbh1", [1]), ("interleaved", [2, 3, 4]), ("interleaved-zb", [2, 3, 5])])
+@pytest.mark.parametrize("pp", [2, 3, 4, 5, 8])
+def test_closed_form_live_rows_are_the_simulators(name, vs, pp):
+    from meshplan.pipeline.inflight import live_rows, looped_live_rows
+
+    for v in vs:
+        for m in range(1, 4 * pp + 3):
+            if v > 1:
+                try:
+                    rounds_of(pp, m)
+                except Exception:
+                    continue
+            walked = live_count_peaks(compile_schedule(name, pp, m, v), pp * v)
+            closed = looped_live_rows(name, pp, m, v)
+            for r in range(pp):
+                assert walked[r][0].tolist() == [r + j * pp for j in range(v)]  # chunks in stage order
+                assert sorted(map(tuple, closed[r].tolist())) == sorted(map(tuple, walked[r][1].tolist())), (name, pp, m, v, r)
+            assert all(a is b for a, b in zip(live_rows(name, pp, m, v), live_rows(name, pp, m, v)))  # cached
+
+
+def test_live_rows_of_gpipe_and_zbv():
+    from meshplan.pipeline.inflight import live_rows
+
+    for pp, m in ((4, 3), (4, 9), (6, 12)):
+        assert [r.tolist() for r in live_rows("gpipe", pp, m, 1)] == [[[m]]] * pp
+        walked = live_count_peaks(compile_schedule("zbv", pp, m, 2), 2 * pp)
+        assert [r.tolist() for r in live_rows("zbv", pp, m, 2)] == [w[1].tolist() for w in walked]
+
+
+def test_undominated_keeps_the_first_of_equal_rows():
+    from meshplan.pipeline.inflight import undominated
+
+    rows = np.array([[1, 2], [2, 1], [1, 2], [0, 2], [2, 2], [3, 0]])
+    assert undominated(rows).tolist() == [[2, 2], [3, 0]]
+    assert undominated(np.array([[1, 1], [1, 1]])).tolist() == [[1, 1]]
+
+
+def test_shared_stage_times_equal_stage_times_to_the_bit():
+    from meshplan.cost.compose import LayerTimes, stage_times
+    from meshplan.search.engine import _shared_stage_times
+
+    rng = np.random.default_rng(3)
+    lt_args = {k: rng.uniform(1e-3, 1e-2, 50) for k in ("fwd", "bwd", "wgt", "recompute", "emb_fwd", "emb_bwd", "emb_wgt",
+                                                            "head_fwd", "head_bwd", "head_wgt", "tp_fwd", "tp_bwd", "tp_emb_fwd",
+                                                            "tp_emb_bwd", "tp_head_fwd", "tp_head_bwd", "cp_fwd", "cp_bwd",
+                                                            "fsdp_fwd", "fsdp_bwd")}
+    lt = LayerTimes(**lt_args)
+    for split in ((19, 21, 21, 19), (7, 8, 8, 7, 8, 7, 8, 7), (10, 10, 10, 10, 10, 10, 10, 10), (40, 40), (20, 20, 40)):
+        a, b = stage_times(split, lt), _shared_stage_times(split, lt)
+        for part in vars(a):
+            assert len(getattr(a, part)) == len(getattr(b, part)) == len(split)
+            for x, y in zip(getattr(a, part), getattr(b, part)):
+                assert np.array_equal(x, y), (split, part)
+
+
+def test_gather_with_wide_columns_matches_row_by_row():
+    from meshplan.search.engine import _gather
+
+    rng = np.random.default_rng(5)
+    n = 400
+    keys = [rng.integers(0, 3, n), rng.integers(0, 2**40, n) // 2**38 * 2**38, rng.integers(0, 2**40, n) // 2**38 * 2**38 + 7, rng.integers(1, 5, n)]
+    calls = []
+
+    def fn(*row):
+        calls.append(row)
+        return (float(sum(row)), float(row[0] - row[3]))
+
+    got = _gather(fn, keys, 2)
+    want = np.array([fn(*(int(k[i]) for k in keys)) for i in range(n)])
+    assert np.array_equal(got, want)
+    distinct = {tuple(int(k[i]) for k in keys) for i in range(n)}
+    assert len(calls) == len(distinct) + n  # once per distinct row, then the reference calls
+
+
+def test_remembered_simulation_is_the_simulation():
+    from meshplan.pipeline.simulate import _simulate, _simulate_once, simulate
+
+    sched = compile_schedule("interleaved-zb", 4, 8, 2)
+    fwd = [1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 1.0, 1.3]
+    bwd = [2.0 * x for x in fwd]
+    wgt = [0.8 * x for x in fwd]
+    act = [3.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 4.0]
+    _simulate_once.cache_clear()
+    a = simulate(sched, 8, fwd, bwd, transfer=0.05, act_bytes=act, wgt=wgt)
+    b = simulate(sched, 8, list(fwd), list(bwd), transfer=0.05, act_bytes=list(act), wgt=list(wgt))
+    assert a is b and _simulate_once.cache_info().hits == 1
+    c = _simulate(sched, 8, fwd, bwd, 0.05, act, False, wgt)
+    assert (a.makespan, a.finish, a.busy, a.peak_inflight, a.peak_activation) == (c.makespan, c.finish, c.busy, c.peak_inflight, c.peak_activation)
+    d = simulate(sched, 8, fwd, bwd, transfer=0.06, act_bytes=act, wgt=wgt)
+    assert d.makespan > a.makespan  # a different transfer is a different run
+    assert simulate(sched, 8, fwd, bwd, transfer=0.05, act_bytes=act, wgt=wgt, keep_timeline=True).timeline is not None
+
+
+# ---- sanity against published layouts (docs/search.md) ---------------------------------------
+
+
+def test_llama3_8b_on_8_h100_prefers_plain_data_parallelism():
+    # torchtitan trains Llama 3.1 8B on 8 H100 with FSDP8 only (no TP, PP or CP at 8K sequences)
+    model, cluster, base = _setup("llama3-8b", 8, 8192, 16, {})
+    torchtitan = TrainingPlan(**{**base.model_dump(), "dp": 8, "micro_batch": 2, "recompute": "op", "zero": 3})
+    res = search(model, cluster, base, SearchLimits(), top_k=5, baseline=torchtitan)
+    best = res.top[0].estimate.plan
+    assert (best.tp, best.cp, best.pp, best.dp) == (1, 1, 1, 8)
+    assert all(r.estimate.plan.pp == 1 for r in res.top)
+    assert res.baseline.fits and res.baseline.faster_exact is not None
+    assert res.baseline.percentile < 0.02  # torchtitan's configuration is among the best 2 %
+
+
+def test_llama3_70b_on_256_h100_keeps_tp_in_the_node():
+    # allowed TP 16 (across two nodes), the search still keeps TP within the 8-GPU NVLink domain;
+    # NVIDIA NeMo's Llama 3 70B recipe (TP4 CP2 PP4 VPP5, micro-batch 1) ranks in the top 2 %
+    model, cluster, base = _setup("llama3-70b", 256, 8192, 512, {})
+    nemo = TrainingPlan(**{**base.model_dump(), "tp": 4, "cp": 2, "pp": 4, "dp": 8, "vpp": 5, "schedule": "interleaved",
+                           "micro_batch": 1, "recompute": "none", "zero": 1})
+    res = search(model, cluster, base, SearchLimits(max_tp=16, max_micro_batch=2), top_k=5, baseline=nemo)
+    assert all(r.estimate.plan.tp <= 8 for r in res.top)
+    assert all(r.estimate.plan.pp > 1 for r in res.top)  # pipelining beats ZeRO-3's per-micro-batch weight gathers
+    assert res.top[0].estimate.time.step_s <= res.baseline.estimate.time.step_s
+    assert res.baseline.faster_exact is not None and res.baseline.percentile < 0.02
+
+
+# ---- GPUs vs days -------------------------------------------------------------------------------
+
+
+def test_gpu_counts_parse():
+    from meshplan.search.fleet import parse_gpu_counts
+
+    assert parse_gpu_counts("4096:16384", 8) == (4096, 8192, 16384)
+    assert parse_gpu_counts("4096:12288", 8) == (4096, 8192, 12288)
+    assert parse_gpu_counts("16384,4096,4096, 8192", 8) == (4096, 8192, 16384)
+    assert parse_gpu_counts("2:8", 8) == (2, 4, 8)
+    assert parse_gpu_counts("64", 8) == (64,)
+    for bad, rule in (("12", "multiple"), ("3", "multiple"), ("64:8", "must not exceed"), ("a:8", "whole number"),
+                      ("0,8", "positive"), ("8:16:32", "MIN:MAX"), (",", "list"), ("8:" + str(8 * 2**40), "at most")):
+        with pytest.raises(Exception) as err:
+            parse_gpu_counts(bad, 8)
+        assert err.value.field == "gpus_range" and rule in str(err.value), bad
+
+
+def test_front_marks_only_counts_that_cut_the_days():
+    from meshplan.search.fleet import FleetPoint, mark_front
+
+    class _Days(FleetPoint):
+        def __init__(self, n, days):
+            super().__init__(n, None)
+            self._d = days
+
+        @property
+        def days(self):
+            return self._d
+
+    pts = [_Days(64, 5.0), _Days(8, 30.0), _Days(16, 16.0), _Days(32, 16.0), _Days(128, None), _Days(256, 4.0)]
+    mark_front(pts)
+    assert {p.num_gpus: p.on_front for p in pts} == {8: True, 16: True, 32: False, 64: True, 128: False, 256: True}
+
+
+def test_cli_gpu_front():
+    args = ("search", "--model", "llama3-8b", "--gpus-range", "8:32", "--seq-len", "4096", "--global-batch", "64",
+            "--max-micro-batch", "2", "--tokens", "1T")
+    code, out, err = _run(*args, "--json")
+    assert code == 0, err
+    pts = json.loads(out)["gpu_front"]
+    assert [p["num_gpus"] for p in pts] == [8, 16, 32]
+    model, _, base = _setup("llama3-8b", 8, 4096, 64, {})
+    fields = ("tp", "cp", "pp", "dp", "vpp", "schedule", "micro_batch", "recompute", "sequence_parallel", "zero")
+    for p in pts:
+        plan = p["best"]["plan"]
+        assert plan["tp"] * plan["cp"] * plan["pp"] * plan["dp"] == p["num_gpus"]
+        again = TrainingPlan(**{**base.model_dump(), **{k: plan[k] for k in fields}})
+        est = estimate(model, ClusterSpec.of(H100, p["num_gpus"]), again, Budget(tokens=1e12))
+        assert p["days"] == est.run_cost()["days"] == p["best"]["run"]["days"]
+    days = [p["days"] for p in pts]
+    assert days[0] > days[1] > days[2] and all(p["on_front"] for p in pts)
+    code, out, err = _run(*args[:-2])
+    assert code == 2 and err.startswith("error: tokens") and "gpus-range" in err
+    code, out, _ = _run(*args)
+    assert code == 0 and "GPUs vs days front (*): 3 of 3 GPU counts" in out
+
+
+def test_cli_gpu_front_picture(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "gpus.svg"
+    code, _, err = _run("search", "--model", "llama3-8b", "--gpus-range", "8,16", "--seq-len", "4096", "--global-batch", "64",
+                        "--max-micro-batch", "1", "--tokens", "1T", "--out", str(path))
+    assert code == 0, err
+    assert path.read_text().startswith("<?xml") and "GPUs" in path.read_text()
+    code, _, err = _run("search", "--model", "llama3-8b", "--gpus-range", "8,16", "--tokens", "1T", "--out", str(path))
+    assert code == 2 and "exists" in err  # never overwrites
+
+
+def test_simulator_live_counts_from_closed_forms_equal_the_walk():
+    from meshplan.pipeline.simulate import schedule_live_counts
+
+    for name, v in (("gpipe", 1), ("1f1b", 1), ("zbh1", 1), ("interleaved", 3), ("interleaved-zb", 2), ("zbv", 2)):
+        for pp, m in ((4, 8), (3, 6), (4, 2), (5, 15)):
+            sched = compile_schedule(name, pp, m, v)
+            assert sched.name == name
+            got, want = schedule_live_counts(sched, pp * v), live_count_peaks(sched, pp * v)
+            for (c1, r1, p1), (c2, r2, p2) in zip(got, want):
+                assert c1.tolist() == c2.tolist() and p1 == p2, (name, pp, m)
+                assert sorted(map(tuple, r1.tolist())) == sorted(map(tuple, r2.tolist()))
+
+
+# ---- the screening's shortcuts: rank classes, all ranks' peaks at once, table-based distinct rows --
+
+
+def test_rank_peak_bytes_is_peak_bytes_of_each_rank_to_the_bit():
+    from meshplan.pipeline.inflight import live_rows
+    from meshplan.pipeline.simulate import peak_bytes, rank_peak_bytes
+    from meshplan.pipeline.stages import stages_of_rank
+
+    rng = np.random.default_rng(11)
+    cases = [("1f1b", 4, 8, 1), ("interleaved", 4, 8, 3), ("interleaved-zb", 3, 6, 2), ("zbv", 4, 8, 2), ("gpipe", 5, 7, 1)]
+    for name, pp, m, v in cases:
+        style = "v" if name == "zbv" else "loop"
+        chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)])
+        act = rng.uniform(1e6, 1e9, (40, pp * v))
+        rows = live_rows(name, pp, m, v)
+        got = rank_peak_bytes(rows, act, chunks)
+        assert got.shape == (40, pp)
+        for r in range(pp):
+            assert np.array_equal(got[:, r], peak_bytes(rows[r], act[:, chunks[r]])), (name, r)
+    # a rank without rows holds nothing; negative sums count as 0 as in peak_bytes
+    rows = (np.array([[1, 2], [2, 0]]), np.zeros((0, 2), dtype=np.int64), np.array([[1, 1]]))
+    act = np.array([[1.0, -5.0, 2.0, 3.0, -4.0, -3.0]])
+    chunks = np.array([[0, 3], [1, 4], [2, 5]])
+    assert rank_peak_bytes(rows, act, chunks).tolist() == [[1 * 1.0 + 2 * 3.0, 0.0, 0.0]]  # rank 2: 2 - 3 < 0
+
+
+def test_distinct_rows_by_table_and_by_sort_agree_with_unique():
+    from meshplan.search.engine import _distinct, _distinct_rows
+
+    rng = np.random.default_rng(2)
+    for top in (5, 3000, 10**12):  # table, table, sort
+        code = rng.integers(0, top, 500)
+        where, inverse = _distinct(code)
+        vals, inv = np.unique(code, return_inverse=True)
+        assert code[where].tolist() == vals.tolist() and inverse.tolist() == inv.ravel().tolist()
+    keys = [rng.integers(1, 9, 600), rng.integers(0, 2**40, 600) // 2**37, rng.integers(0, 3, 600)]
+    where, inverse = _distinct_rows(keys)
+    stacked = np.stack(keys, axis=1)
+    rows, inv = np.unique(stacked, axis=0, return_inverse=True)
+    assert len(where) == len(rows)
+    assert np.array_equal(stacked[where][inverse], stacked)  # each row maps to an equal row
+    assert np.array_equal(inverse, inv.ravel())  # numbered in the same (increasing) order
+
+
+@pytest.mark.parametrize("name,gpus,seq,gb,limits", [
+    ("gemma2-9b", 16, 4096, 32, SearchLimits(max_micro_batch=1, max_vpp=3, max_cp=2, zero=(1, 3), recompute=("none", "full"), sequence_parallel=(True,))),
+    ("mixtral-8x7b", 16, 4096, 32, SearchLimits(max_micro_batch=1, max_vpp=3, max_cp=2, zero=(0, 3), recompute=("selective",), sequence_parallel=(True,))),
+])
+def test_every_plan_and_rank_class_matches_estimate(name, gpus, seq, gb, limits):
+    """Uneven layer splits (42 layers), MoE stages, V-shaped and interleaved ranks: the per-class
+    memory and the all-ranks peak give estimate's memory and worst rank for every plan."""
+    model, cluster, base = _setup(name, gpus, seq, gb, {})
+    table = enumerate_plans(model, gpus, cluster.gpus_per_node, seq, (gb,), limits)
+    screen = Engine(model, cluster, base).evaluate(table)
+    assert {"zbv", "interleaved"} <= {table.row(i)["schedule"] for i in range(len(table))}
+    for i in range(len(table)):
+        est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+        assert screen.peak_bytes[i] == est.peak_bytes, table.row(i)
+        assert screen.worst_rank[i] == max(range(len(est.stages)), key=lambda r: est.stages[r].total)
+        assert screen.step_lower_bound[i] <= est.time.step_s, table.row(i)

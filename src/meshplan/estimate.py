@@ -15,9 +15,10 @@ from meshplan.cost.activations import (
     embedding_activation_bytes,
     head_activation_bytes,
     layer_activations,
+    loss_grad_bytes,
 )
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, plan_placements, tp_collective_time
+from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
 from meshplan.cost.compose import (
     after_pipeline,
     layer_times,
@@ -35,8 +36,25 @@ from meshplan.cost.compute import (
     recompute_time,
 )
 from meshplan.cost.flops import StepFlops, step_flops
-from meshplan.cost.memory import StageMemory, model_state_bytes
-from meshplan.cost.params import ParamCounts, count_params, layer_params_per_rank, padded_vocab, rank_params
+from meshplan.cost.memory import ModelState, StageMemory, model_state_bytes
+from meshplan.cost.moe import (
+    add_moe_layers,
+    alltoall_times,
+    expert_dp_placements,
+    expert_placements,
+    expert_shard_degree,
+    moe_fsdp_layer_times,
+    moe_layers_per_stage,
+    rank_expert_params,
+)
+from meshplan.cost.params import (
+    ParamCounts,
+    count_params,
+    embedding_params_per_rank,
+    head_params_per_rank,
+    layer_params_per_rank,
+    rank_params,
+)
 from meshplan.explain import Derivation
 from meshplan.pipeline.schedules import compile_schedule, stage_style
 from meshplan.pipeline.simulate import SimResult, simulate
@@ -94,9 +112,10 @@ class StepTime:
     bubble_fraction: float
     bubble_overhead: float
     per_rank_finish_s: tuple[float, ...]
+    ep_comm_s: Optional[float] = None  # MoE models: exposed expert-parallel all-to-all
 
     def breakdown(self) -> dict[str, float]:
-        return {
+        out = {
             "compute": self.compute_s - self.recompute_s,
             "recompute": self.recompute_s,
             "tp_comm": self.tp_comm_s,
@@ -107,6 +126,9 @@ class StepTime:
             "optimizer": self.optimizer_s,
             "param_gather": self.param_gather_s,
         }
+        if self.ep_comm_s is not None:
+            out["ep_comm"] = self.ep_comm_s
+        return out
 
 
 @dataclass
@@ -216,6 +238,9 @@ class Estimate:
                 "params_embedding": self.params.embedding + self.params.position_embedding,
                 "params_lm_head": self.params.lm_head,
                 "n_layers": m.n_layers,
+                **({"params_active": self.params.active, "params_active_matmul": self.params.active_matmul,
+                    "params_per_moe_layer": self.params.moe_layer.total, "n_moe_layers": self.params.n_moe_layers}
+                   if self.params.moe_layer else {}),
             },
             "cluster": {
                 "gpu": self.cluster.gpu.name,
@@ -250,6 +275,8 @@ class Estimate:
                 "bytes_per_param": p.precision.bytes_per_param,
                 "attention": p.attention,
                 "attention_flops": p.attention_flops,
+                "kernels": p.kernels,
+                "tp_comm_overlap": p.tp_comm_overlap,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -321,7 +348,7 @@ def estimate(
     flops = step_flops(model, s, plan.global_batch, plan.recompute, plan.attention_flops)
 
     # ---- per-layer compute and communication (one micro-batch, one GPU) ----------------------
-    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e)
+    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels)
     emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
     head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e)
     recompute_layer = recompute_time(ops, plan.recompute)
@@ -337,18 +364,33 @@ def estimate(
     # forward) and holds what they hold, on top of its shards
     once_per_step = plan.zero == 3 and plan.fsdp_accumulate_unsharded
     fsdp_per_layer = plan.zero == 3 and shard > 1 and not once_per_step
-    ag = coll.collective_time("all_gather", layer_params * rec.weight_bytes, pl.shard, cluster, cal) if fsdp_per_layer else 0.0
-    rs = coll.collective_time("reduce_scatter", layer_params * rec.grad_bytes, pl.shard, cluster, cal) if fsdp_per_layer else 0.0
-    lt = layer_times(
-        fwd=ops.fwd, bwd=ops.bwd, wgt=ops.bwd_weight, fwd_gemm=ops.fwd_gemm, bwd_gemm=ops.bwd_gemm,
-        fwd_attention=ops.fwd_attention, bwd_attention=ops.bwd_attention, recompute=recompute_layer,
+    units = fsdp_unit_times(model, t, pp, rec, pl.shard, cluster, cal) if fsdp_per_layer else (0.0,) * 6
+    ag, rs = units[0], units[1]
+    lt_args = dict(
         full_recompute=plan.recompute == "full",
         emb=(emb_ops.fwd, emb_ops.bwd, emb_ops.bwd_weight), head=(head_ops.fwd, head_ops.bwd, head_ops.bwd_weight),
         tp_one=tp_one, sp=sp, tp_comm_overlap=plan.tp_comm_overlap, cp=c, cp_step=cp_step,
         fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
-        reshard_after_forward=plan.reshard_after_forward,
+        reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:],
+        embedding_kept=model.tied_embeddings and pp == 1,
     )
+    lt = layer_times(**lt_args, **_op_args(ops, recompute_layer))
     st = stage_times(split, lt)
+    ep_comm = None
+    if model.is_moe:  # MoE layers: their own op times, ZeRO-3 collectives and all-to-alls
+        moe_ops = layer_op_times(
+            model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
+            moe=True, ep=plan.ep,
+        )
+        ep_group, edp = expert_placements(cluster, plan)
+        moe_units = moe_fsdp_layer_times(model, t, plan.ep, rec, pl.shard, edp, cluster, cal) if fsdp_per_layer else (0.0, 0.0)
+        lt_moe = layer_times(
+            **(lt_args | {"all_gather": moe_units[0], "reduce_scatter": moe_units[1]}),
+            **_op_args(moe_ops, recompute_time(moe_ops, plan.recompute)),
+        )
+        moe_stage = moe_layers_per_stage(model, split)
+        a2a = alltoall_times(model, tokens, t, sp, e, plan.recompute == "full", ep_group, cluster, cal)
+        ep_comm = add_moe_layers(st, moe_stage, lt, lt_moe, a2a)
     fwd, bwd = st.fwd, st.bwd
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
@@ -356,6 +398,11 @@ def estimate(
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
     head_act = head_activation_bytes(model, b, s, t, c, sp, e)
     stage_act = stage_activations(split, la.stored, emb_act, head_act)
+    working = la.working
+    if model.is_moe:
+        la_moe = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True)
+        stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
+        working = max(la.working, la_moe.working)
     p2p_bytes = act_msg / (t if sp else 1)
     p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
     ranks = compile_schedule(plan.schedule, pp, m, v)
@@ -367,19 +414,32 @@ def estimate(
     after = []
     opt_times = []
     pg_times = []
-    logits_grad = 4 * tokens * (padded_vocab(model, t) // t)
+    logits_grad = loss_grad_bytes(model, b, s, t, c, plan.kernels)
+    head_params = head_params_per_rank(model, t, pp)
+    if model.is_moe:  # ZeRO-3 buffers hold the largest layer
+        layer_params = max(layer_params, layer_params_per_rank(model, t, moe=True, ep=plan.ep))
+        expert_shard = expert_shard_degree(plan)
+        pl_experts = expert_dp_placements(pl, edp)
+    # a tied embedding shares its weight with the LM head on one stage: gathered until its backward
+    kept_embedding = embedding_params_per_rank(model, t) if model.tied_embeddings and pp == 1 else 0
     for r in range(pp):
         mine = stages_of_rank(r, pp, v, style)
         n_layers = sum(split[k] for k in mine)
-        params = rank_params(model, t, pp, n_layers, 0 in mine, last in mine)
-        state = model_state_bytes(params, rec, plan.zero, shard)
+        n_moe = sum(moe_stage[k] for k in mine) if model.is_moe else 0
+        params = rank_params(model, t, pp, n_layers, 0 in mine, last in mine, n_moe, plan.ep)
+        experts = rank_expert_params(model, t, plan.ep, n_moe)
+        state = model_state_bytes(params - experts, rec, plan.zero, shard)
+        if experts:  # expert weights: E/ep per GPU, ZeRO-sharded over the expert data-parallel group
+            ex = model_state_bytes(experts, rec, plan.zero, expert_shard)
+            state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         act_items = {
             "stored": sim.peak_activation[r],
-            "recompute_working_set": la.working if plan.recompute != "none" else 0.0,
+            "recompute_working_set": working if plan.recompute != "none" else 0.0,
         }
         other = rank_other_items(
-            reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, zero=plan.zero,
-            shard=shard, params=params, layer_params=layer_params, weight_bytes=rec.weight_bytes,
+            reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
+            shard=shard, params=params, layer_params=layer_params, head_params=head_params,
+            kept_embedding_params=kept_embedding, weight_bytes=rec.weight_bytes,
             grad_bytes=rec.grad_bytes, reshard_after_forward=plan.reshard_after_forward,
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
         )
@@ -398,7 +458,10 @@ def estimate(
                 other_items=other,
             )
         )
-        grad_comm, pg = dp_sync_times(params, plan.zero, once_per_step, shard, rec, pl, cluster, cal)
+        grad_comm, pg = dp_sync_times(params - experts, plan.zero, once_per_step, shard, rec, pl, cluster, cal)
+        if experts:
+            ex_comm, ex_pg = dp_sync_times(experts, plan.zero, once_per_step, expert_shard, rec, pl_experts, cluster, cal)
+            grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
         a, g = after_pipeline(
             grad_comm=grad_comm, param_gather=pg, last_bwd=sum(bwd[k] for k in mine),
             first_fwd=sum(fwd[k] for k in mine), n_layers=n_layers,
@@ -407,6 +470,8 @@ def estimate(
         after.append(a)
         pg_times.append(g)
         local = params / (shard if plan.zero >= 1 else 1)
+        if experts and plan.zero >= 1:
+            local = (params - experts) / shard + experts / expert_shard
         opt_times.append(optimizer_step_time(local, rec, gpu, cal))
 
     # ---- step time and its breakdown on the critical rank ------------------------------------
@@ -435,10 +500,19 @@ def estimate(
         bubble_fraction=sim.bubble_fraction,
         bubble_overhead=sim.bubble_overhead,
         per_rank_finish_s=sim.finish,
+        ep_comm_s=per_mb(ep_comm.fwd) + per_mb(ep_comm.bwd) if ep_comm else None,
     )
     est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
     derivs.extend(_derivations(est, ops, la, tp_one, p2p))
     return est
+
+
+def _op_args(ops: OpTimes, recompute: float) -> dict[str, float]:
+    """The op-time arguments of :func:`~meshplan.cost.compose.layer_times`."""
+    return dict(
+        fwd=ops.fwd, bwd=ops.bwd, wgt=ops.bwd_weight, fwd_gemm=ops.fwd_gemm, bwd_gemm=ops.bwd_gemm,
+        fwd_attention=ops.fwd_attention, bwd_attention=ops.bwd_attention, recompute=recompute,
+    )
 
 
 def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float) -> list[Derivation]:
@@ -449,20 +523,34 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float) -> 
     rec = p.precision
     shard = p.shard_degree
     d: list[Derivation] = []
-    d.append(Derivation(
-        "model.params_total", "Parameters",
-        "L·(attention + MLP + norms) + V·h (embedding) + final norm + V·h (LM head unless tied)",
-        (("L", f"{m.n_layers} layers"), ("per layer", f"{pc.layer.total:,}"), ("V·h", f"{pc.embedding:,}"),
-         ("LM head", f"{pc.lm_head:,}")),
-        f"{pc.total:,}", "meshplan.cost.params; exact against published totals"))
+    if pc.moe_layer is None:
+        d.append(Derivation(
+            "model.params_total", "Parameters",
+            "L·(attention + MLP + norms) + V·h (embedding) + final norm + V·h (LM head unless tied)",
+            (("L", f"{m.n_layers} layers"), ("per layer", f"{pc.layer.total:,}"), ("V·h", f"{pc.embedding:,}"),
+             ("LM head", f"{pc.lm_head:,}")),
+            f"{pc.total:,}", "meshplan.cost.params; exact against published totals"))
+    else:
+        d.append(Derivation(
+            "model.params_total", "Parameters (mixture of experts)",
+            "L_d·(dense layer) + L_m·(attention + router + E experts + shared expert + norms) + V·h + final norm + V·h",
+            (("L_d, L_m", f"{m.n_layers - pc.n_moe_layers} dense, {pc.n_moe_layers} MoE layers"),
+             ("per layer", f"{pc.layer.total:,} dense, {pc.moe_layer.total:,} MoE"),
+             ("E, k", f"{m.n_experts} experts, {m.experts_per_token} per token"), ("V·h", f"{pc.embedding:,}"),
+             ("LM head", f"{pc.lm_head:,}")),
+            f"{pc.total:,} ({pc.active:,} active per token)",
+            "meshplan.cost.params; exact against transformers; Fedus et al. 2022 Sec. 2"))
     d.append(Derivation(
         "flops.breakdown.dense", "Dense FLOPs per step", "6 · N_mm · T",
-        (("N_mm", f"{pc.matmul:,} matmul parameters (LM head included)"), ("T", f"{tok:,} tokens per step")),
-        f"{f.dense:.4e} FLOP", "Kaplan et al. 2020 Sec. 2.1; Narayanan et al. 2021 Eq. 3"))
+        (("N_mm", f"{pc.active_matmul:,} matmul parameters (LM head included"
+                  + (f"; the router, shared expert and {m.experts_per_token} of {m.n_experts} experts)" if m.is_moe else ")")),
+         ("T", f"{tok:,} tokens per step")),
+        f"{f.dense:.4e} FLOP", "Kaplan et al. 2020 Sec. 2.1; Narayanan et al. 2021 Eq. 3"
+        + ("; Fedus et al. 2022 (active experts only)" if m.is_moe else "")))
     per = 6 if p.attention_flops == "causal" else 12
     d.append(Derivation(
         "flops.breakdown.attention", "Attention FLOPs per step (QKᵀ and A·V)", f"{per} · L · a · d · s² · B  ({p.attention_flops})",
-        (("L", str(m.n_layers)), ("a·d", str(m.q_dim)), ("s", str(p.seq_len)), ("B", f"{p.global_batch} sequences")),
+        (("L", str(m.n_layers)), ("a·d", str(m.q_dim) if not m.is_mla else f"{m.n_heads} x ({m.head_dim} + {m.value_head_dim}) / 2 (MLA: QKᵀ over d, A·V over d_v)"), ("s", str(p.seq_len)), ("B", f"{p.global_batch} sequences")),
         f"{f.attention:.4e} FLOP", "forward 4·s²·a·d per layer per sequence (half when causal), backward 2x forward"))
     d.append(Derivation(
         "flops.hardware_per_step", "Hardware FLOPs per step", "model FLOPs + recompute FLOPs",

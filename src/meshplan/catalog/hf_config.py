@@ -1,7 +1,10 @@
 """Read a Hugging Face ``config.json`` into a :class:`~meshplan.specs.model.ModelSpec`.
 
-Supported ``model_type`` values: ``gpt2``, ``gpt_neox``, ``llama``, ``mistral``, ``qwen2``.
-Any other value (``mixtral``, ``t5``, ``bert``...) is refused by name, not guessed at.
+Supported ``model_type`` values: ``gpt2``, ``gpt_neox``, ``llama``, ``mistral``, ``qwen2``, the
+mixture-of-experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe`` and ``deepseek_v3`` (MLA), and
+``gemma2``, ``gemma3_text`` and ``gemma3`` (whose ``text_config`` is read: meshplan plans the
+language model, not the vision tower). Any other value (``t5``, ``bert``...) is refused by name,
+not guessed at.
 
 Where the keys go (*a* = attention heads, *h* = hidden size; a default in parentheses applies
 when the key is absent or ``null``, as in ``transformers``):
@@ -43,6 +46,47 @@ for the output projection plus the MLP (``linear_bias``), so a Llama config whos
 differ is refused, and so is a GPT-NeoX config with ``attention_bias: false`` (its MLP keeps
 its biases). A GPT-2 config with ``add_cross_attention: true`` is refused: cross-attention
 belongs to encoder-decoder models.
+
+The other types read the Llama keys above (mixtral and the Gemmas with Mistral's fixed biases:
+none) plus:
+
+=========================  ===========================  ===========================  ==========================  =========================
+ModelSpec field            mixtral                      qwen2_moe / qwen3_moe        deepseek_v3                 gemma2 / gemma3_text
+=========================  ===========================  ===========================  ==========================  =========================
+n_experts                  num_local_experts            num_experts                  n_routed_experts            --
+experts_per_token          num_experts_per_tok          num_experts_per_tok          num_experts_per_tok         --
+expert_ffn_hidden          intermediate_size            moe_intermediate_size        moe_intermediate_size       --
+shared_expert_ffn_hidden   --                           qwen2_moe:                   moe_intermediate_size x     --
+                                                        shared_expert_intermediate   n_shared_experts (0)
+                                                        _size, with its gate
+dense_layers               --                           mlp_only_layers ([]) and     first_k_dense_replace (0)
+                                                        (i+1) % decoder_sparse_step  first layers
+                                                        (1) != 0
+qkv_bias                   false                        qwen2_moe: qkv_bias (true);  false                       false
+                                                        qwen3_moe: false
+qk_norm                    false                        qwen3_moe: true              false                       gemma3_text: true
+MLA                        --                           --                           q_lora_rank (none),         --
+                                                                                     kv_lora_rank,
+                                                                                     qk_rope_head_dim,
+                                                                                     qk_nope_head_dim,
+                                                                                     v_head_dim
+norms_per_layer            2                            2                            2                           4
+head_dim                   head_dim (h / a)             head_dim (h / a)             qk_nope + qk_rope           head_dim (required)
+mlp                        hidden_act (silu)            hidden_act (silu)            hidden_act (silu)           hidden_activation
+                                                                                                                 (gelu_pytorch_tanh)
+tied_embeddings            tie_word_embeddings (false)  tie_word_embeddings (false)  tie_word_embeddings (false) tie_word_embeddings (true)
+=========================  ===========================  ===========================  ==========================  =========================
+
+``attention_bias`` must be false for qwen3_moe, deepseek_v3 and the Gemmas (their biases would
+sit on the attention projections only, which ModelSpec's two switches cannot express, and no
+published model sets it); deepseek_v3 ignores ``num_key_value_heads`` and ``head_dim`` (MLA
+derives both). Gemma 3's published ``config.json`` files leave ``vocab_size`` (262,208) and
+``max_position_embeddings`` (131,072) of their ``text_config`` to ``transformers``' defaults,
+which are applied. Also ignored: the router's settings (``norm_topk_prob``, ``n_group``,
+``topk_group``, ``routed_scaling_factor``, ``router_aux_loss_coef``, ``router_jitter_noise``),
+DeepSeek's multi-token-prediction module (``num_nextn_predict_layers``: ``transformers`` does not
+build it), Gemma's soft-capping and ``query_pre_attn_scalar``, and sliding-window patterns
+(``layer_types``, ``sliding_window_pattern``).
 
 Ignored keys, because they change no parameter shape and, at the planned sequence length, no
 training FLOP that meshplan counts: ``rope_theta``, ``rope_scaling`` and ``rotary_emb_base``
@@ -101,6 +145,9 @@ _NEOX_KEYS = {
     "max_position": "max_position_embeddings",
 }
 
+#: ModelSpec fields outside the shape dialects -> the Hugging Face key most configs use.
+_OTHER_KEYS = {"experts_per_token": "num_experts_per_tok", "expert_ffn_hidden": "moe_intermediate_size"}
+
 #: (qkv_bias, linear_bias) for the Llama-like types whose biases are fixed by the architecture.
 _FIXED_BIASES = {"mistral": (False, False), "qwen2": (True, False)}
 
@@ -113,6 +160,10 @@ class _Config:
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
         self._raw = raw
+
+    @property
+    def raw(self) -> Mapping[str, Any]:
+        return self._raw
 
     def optional_count(self, key: str) -> int | None:
         """A positive integer, or None when the key is absent or null."""
@@ -246,6 +297,98 @@ def _gpt_neox(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[st
     }
 
 
+def _no_attention_bias(cfg: _Config, model_type: str) -> None:
+    if cfg.flag("attention_bias", False):
+        raise InputError("attention_bias", f"must be false for {model_type}: biases on the attention projections alone are not modelled")
+
+
+def _moe_common(cfg: _Config, experts_key: str, ffn_key: str) -> dict[str, Any]:
+    return {
+        "n_experts": cfg.count(experts_key),
+        "experts_per_token": cfg.count("num_experts_per_tok"),
+        "expert_ffn_hidden": cfg.count(ffn_key),
+    }
+
+
+def _mixtral(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """Mixtral: Mistral's attention, every MLP a mixture of E experts of width f, no shared one."""
+    return _llama_like(cfg, keys, "mistral") | _moe_common(cfg, "num_local_experts", "intermediate_size")
+
+
+def _layer_list(cfg: _Config, key: str, n_layers: int) -> list[int]:
+    value = cfg.raw.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers for i in value):
+        raise InputError(key, f"must be a list of layer indices between 0 and {n_layers - 1} (got {value!r})")
+    return value
+
+
+def _qwen_moe(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """Qwen2-MoE / Qwen3-MoE: a layer i is MoE unless listed in mlp_only_layers or
+    (i + 1) % decoder_sparse_step != 0; Qwen2-MoE adds a gated shared expert, Qwen3-MoE q/k norms."""
+    if model_type == "qwen3_moe":
+        _no_attention_bias(cfg, model_type)
+    fields = _llama_like(cfg, keys, "qwen2" if model_type == "qwen2_moe" else "mistral")
+    if model_type == "qwen2_moe":
+        fields["qkv_bias"] = cfg.flag("qkv_bias", True)
+    fields |= _moe_common(cfg, "num_experts", "moe_intermediate_size")
+    n = fields["n_layers"]
+    step = cfg.optional_count("decoder_sparse_step") or 1
+    only = set(_layer_list(cfg, "mlp_only_layers", n))
+    fields["dense_layers"] = tuple(i for i in range(n) if i in only or (i + 1) % step)
+    if model_type == "qwen2_moe":
+        fields["shared_expert_ffn_hidden"] = cfg.count("shared_expert_intermediate_size")
+        fields["shared_expert_gate"] = True
+    else:
+        fields["qk_norm"] = True
+    return fields
+
+
+def _deepseek_v3(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """DeepSeek-V3: MLA attention, first_k_dense_replace dense layers, then MoE layers with
+    n_shared_experts shared experts of the routed experts' width."""
+    _no_attention_bias(cfg, model_type)
+    shape = _shape(cfg, keys)
+    nope, rope = cfg.count("qk_nope_head_dim"), cfg.count("qk_rope_head_dim")
+    first_dense = cfg.optional_count("first_k_dense_replace") or 0
+    if first_dense > shape["n_layers"]:
+        raise InputError("first_k_dense_replace", f"must not exceed num_hidden_layers ({shape['n_layers']})")
+    f_e = cfg.count("moe_intermediate_size")
+    return shape | _moe_common(cfg, "n_routed_experts", "moe_intermediate_size") | {
+        "n_kv_heads": shape["n_heads"],
+        "head_dim": nope + rope,
+        "ffn_hidden": cfg.count(keys["ffn_hidden"]),
+        "mlp": cfg.activation("hidden_act", "silu", _GATED_MLP),
+        "tied_embeddings": cfg.flag("tie_word_embeddings", False),
+        "dropout": cfg.probability("attention_dropout", 0.0) > 0,
+        "shared_expert_ffn_hidden": f_e * (cfg.optional_count("n_shared_experts") or 0),
+        "dense_layers": tuple(range(first_dense)),
+        "q_lora_rank": cfg.optional_count("q_lora_rank") or 0,
+        "kv_lora_rank": cfg.count("kv_lora_rank"),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": cfg.count("v_head_dim"),
+    }
+
+
+def _gemma(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """Gemma 2 / Gemma 3 text: GeGLU MLP, four RMSNorms per layer, tied embeddings by default,
+    an explicit head_dim; Gemma 3 adds q/k norms."""
+    _no_attention_bias(cfg, model_type)
+    fields = _llama_like(cfg, keys, "mistral")
+    return fields | {
+        "head_dim": cfg.count("head_dim"),
+        "mlp": cfg.activation("hidden_activation", "gelu_pytorch_tanh", _GATED_MLP),
+        "tied_embeddings": cfg.flag("tie_word_embeddings", True),
+        "norms_per_layer": 4,
+        "qk_norm": model_type == "gemma3_text",
+    }
+
+
+#: transformers' Gemma3TextConfig defaults for the keys Gemma 3's published configs omit.
+_GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "max_position_embeddings": 131_072}
+
+
 _Reader = Callable[[_Config, Mapping[str, str], str], dict[str, Any]]
 
 #: model_type -> (reader, ModelSpec field -> Hugging Face key).
@@ -255,12 +398,28 @@ _TYPES: dict[str, tuple[_Reader, Mapping[str, str]]] = {
     "llama": (_llama_like, _LLAMA_KEYS),
     "mistral": (_llama_like, _LLAMA_KEYS),
     "qwen2": (_llama_like, _LLAMA_KEYS),
+    "mixtral": (_mixtral, _LLAMA_KEYS),
+    "qwen2_moe": (_qwen_moe, _LLAMA_KEYS),
+    "qwen3_moe": (_qwen_moe, _LLAMA_KEYS),
+    "deepseek_v3": (_deepseek_v3, _LLAMA_KEYS),
+    "gemma2": (_gemma, _LLAMA_KEYS),
+    "gemma3_text": (_gemma, _LLAMA_KEYS),
 }
 
 
 def supported_model_types() -> list[str]:
     """The ``model_type`` values :func:`model_from_hf_config` reads, sorted."""
-    return sorted(_TYPES)
+    return sorted([*_TYPES, "gemma3"])
+
+
+def _gemma3_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The language model's config inside a multimodal Gemma 3 ``config.json``."""
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise InputError("text_config", "is required for model_type gemma3 (a JSON object of the language model's keys)")
+    out = _GEMMA3_TEXT_DEFAULTS | {k: v for k, v in text.items() if v is not None}
+    out["model_type"] = "gemma3_text"
+    return out
 
 
 def model_from_hf_config(config: Any, name: str) -> ModelSpec:
@@ -275,10 +434,14 @@ def model_from_hf_config(config: Any, name: str) -> ModelSpec:
         raise InputError("model_type", "is required (it names the architecture)")
     if not isinstance(model_type, str):
         raise InputError("model_type", f"must be a string (got {model_type!r})")
-    if model_type not in _TYPES:
+    if model_type == "gemma3":
+        config = _gemma3_text_config(config)
+    elif model_type == "gemma3_text":
+        config = _GEMMA3_TEXT_DEFAULTS | {k: v for k, v in config.items() if v is not None}
+    if model_type not in _TYPES and model_type != "gemma3":
         raise InputError("model_type", f"'{model_type}' is not supported (supported: {', '.join(supported_model_types())})")
-    read, keys = _TYPES[model_type]
-    fields = read(_Config(config), keys, model_type)
+    read, keys = _TYPES[config["model_type"]]
+    fields = read(_Config(config), keys, config["model_type"])
     try:
         return ModelSpec.build(
             name=name or model_type, source=f"Hugging Face config.json (model_type {model_type})", **fields
@@ -286,5 +449,8 @@ def model_from_hf_config(config: Any, name: str) -> ModelSpec:
     except InputError as exc:
         # Bounds ModelSpec still checks (absurd sizes, n_kv_heads dividing n_heads) come back under
         # ModelSpec's field names, or "input" for the cross-field rule: report the key the user wrote.
-        field = "n_kv_heads" if exc.field == "input" else exc.field
-        raise InputError(keys.get(field, exc.field), exc.rule) from None
+        field = exc.field
+        if field == "input":  # a cross-field rule: its message starts with the field it is about
+            first = exc.rule.split(" ", 1)[0]
+            field = first if first in ModelSpec.model_fields else "n_kv_heads"
+        raise InputError(keys.get(field) or _OTHER_KEYS.get(field, field), exc.rule) from None

@@ -89,6 +89,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "grad_fp32_copy": (Optional[bool], _opt("--grad-fp32-copy/--no-grad-fp32-copy", "Optimizer keeps an fp32 copy of low-precision gradients. (default: off)", P_MEMORY)),
     "attention": (Optional[Literal["flash", "materialized"]], _opt("--attention", "Attention kernel: flash (no s² scores stored) or materialized. (default: flash)", P_MEMORY)),
     "attention_flops": (Optional[Literal["causal", "full"]], _opt("--attention-flops", "Count causal (half) or full s² attention FLOPs. (default: causal)", P_MEMORY)),
+    "kernels": (Optional[Literal["fused", "compiled", "eager"]], _opt("--kernels", "Software stack of the element-wise kernels and the loss: fused (Megatron-Core/Transformer Engine), compiled (torch.compile), eager (PyTorch eager: one kernel per op, torch's cross-entropy). (default: fused)", P_MEMORY)),
     "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with GEMMs. (default: off)", P_NET)),
     "gpus_per_node": (Optional[int], _opt("--gpus-per-node", "GPUs per scale-up (NVLink) domain. (default: the GPU's, e.g. 8)", P_NET)),
     "nic_gbps": (Optional[float], _opt("--nic-gbps", "Scale-out bandwidth per GPU per direction, GB/s. (default: the GPU's, e.g. 50)", P_NET)),
@@ -130,6 +131,7 @@ class PlanArgs:
     grad_fp32_copy: Optional[bool] = None
     attention: Optional[str] = None
     attention_flops: Optional[str] = None
+    kernels: Optional[str] = None
     tp_comm_overlap: Optional[bool] = None
     gpus_per_node: Optional[int] = None
     nic_gbps: Optional[float] = None
@@ -395,7 +397,7 @@ def resolve(args: PlanArgs) -> Setup:
         tp=tp, cp=cp, pp=pp, dp=dp, ep=v["ep"], vpp=vpp, schedule=schedule, micro_batch=b,
         global_batch=global_batch, seq_len=s, precision=_spec(PrecisionRecipe, "precision", **recipe),
     )
-    for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "tp_comm_overlap"):
+    for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "tp_comm_overlap"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
     if v.get("zero") is not None:

@@ -28,6 +28,7 @@ BREAKDOWN_LABELS = {
     "dp_comm": "DP gradient sync (exposed)",
     "optimizer": "optimizer step",
     "param_gather": "parameter all-gather (exposed)",
+    "ep_comm": "EP all-to-all (exposed)",
 }
 
 

@@ -67,9 +67,12 @@ def layer_activation_items(
     sequence_parallel: bool,
     attention: str,
     act_bytes: int,
+    moe: bool = False,
 ) -> list[tuple[str, float, str]]:
     """Every tensor a layer saves without recompute: (name, bytes per GPU, recompute class).
-    Class ``core`` is dropped by selective recompute; ``layer`` by full recompute too."""
+    Class ``core`` is dropped by selective recompute; ``layer`` by full recompute too.
+    ``moe`` gives a mixture-of-experts layer of an MoE model (:func:`moe_activation_items`);
+    MLA keeps its normalized latents and queries/keys of d, values of d_v."""
     e = act_bytes
     n = micro_batch * seq_len / cp
     h, f, d, a = model.hidden, model.ffn_hidden, model.head_dim, model.n_heads
@@ -81,6 +84,10 @@ def layer_activation_items(
         ("qkv_input", n * h * e / rep, "layer"),
         ("q_k_v", n * (a_r + 2 * g_r) * d * e, "layer"),
     ]
+    if model.is_mla:  # q and k of d, v of d_v; the latents that feed the up-projections
+        items[-1] = ("q_k_v", n * a_r * (2 * d + model.value_head_dim) * e, "layer")
+        latents = model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+        items.append(("mla_latents", n * latents * e, "layer"))
     if attention == "materialized":
         scores = micro_batch * a_r * (seq_len / cp) * seq_len
         items.append(("attention_scores", scores * e, "core"))
@@ -88,15 +95,41 @@ def layer_activation_items(
             items.append(("attention_dropout", scores * (1 + e), "core"))
     else:
         items.append(("flash_softmax_stats", 4 * n * a_r, "core"))
-    items.append(("out_proj_input", n * a_r * d * e, "layer"))
+    items.append(("out_proj_input", n * a_r * model.value_head_dim * e, "layer"))
     if model.dropout:
         items.append(("attention_out_dropout_mask", n * h / rep, "layer"))
     if not model.parallel_residual:
         items.append(("norm2_input", n * h * e / rep, "layer"))
+    if model.norms_per_layer == 4:  # Gemma 2/3: the post-attention and post-MLP norms' inputs
+        items.append(("post_norm_inputs", 2 * n * h * e / rep, "layer"))
     items.append(("mlp_input", n * h * e / rep, "layer"))
-    items.append(("mlp_hidden", (3 if model.gated_mlp else 2) * n * (f / tp) * e, "layer"))
+    if moe:
+        items.extend(moe_activation_items(model, n, tp, e))
+    else:
+        items.append(("mlp_hidden", (3 if model.gated_mlp else 2) * n * (f / tp) * e, "layer"))
     if model.dropout:
         items.append(("mlp_dropout_mask", n * h / rep, "layer"))
+    return items
+
+
+def moe_activation_items(model: ModelSpec, n: float, tp: int, e: int) -> list[tuple[str, float, str]]:
+    """What a mixture-of-experts MLP keeps for its backward, per GPU for ``n`` tokens (balanced,
+    dropless routing: the GPU's experts receive as many token copies, n·k, as it sends): the
+    router's fp32 probabilities ``4·n·E``, the permuted expert inputs ``n·k·h·e`` (all-gathered
+    over TP, as Megatron-Core's dispatcher hands them to expert-TP ranks), the experts' hidden
+    activations ``(3|2)·n·k·f_e/t·e``, their outputs before the weighted combine ``n·k·h·e``
+    (the routing weights' gradient needs them), and the shared expert's hidden activations
+    ``(3|2)·n·f_s/t·e`` (Megatron-Core MoE; Korthikanti et al. 2022's method applied to the
+    layer's tensors)."""
+    k, h, per = model.experts_per_token, model.hidden, (3 if model.gated_mlp else 2)
+    items = [
+        ("router_probs", 4 * n * model.n_experts, "layer"),
+        ("expert_inputs", n * k * h * e, "layer"),
+        ("expert_hidden", per * n * k * (model.expert_ffn_hidden / tp) * e, "layer"),
+        ("expert_outputs", n * k * h * e, "layer"),
+    ]
+    if model.shared_expert_ffn_hidden:
+        items.append(("shared_expert_hidden", per * n * (model.shared_expert_ffn_hidden / tp) * e, "layer"))
     return items
 
 
@@ -110,9 +143,11 @@ def layer_activations(
     recompute: str = "none",
     attention: str = "flash",
     act_bytes: int = 2,
+    moe: bool = False,
 ) -> LayerActivations:
-    """Bytes one layer stores per micro-batch on one GPU under ``recompute`` (table above)."""
-    items = layer_activation_items(model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes)
+    """Bytes one layer stores per micro-batch on one GPU under ``recompute`` (table above);
+    ``moe`` for a mixture-of-experts layer."""
+    items = layer_activation_items(model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes, moe)
     full = sum(b for _, b, _ in items)
     if recompute == "none":
         kept = [(name, b) for name, b, _ in items]
@@ -162,3 +197,19 @@ def head_activation_bytes(
     n = micro_batch * seq_len / cp
     rep = tp if sp else 1
     return 2 * n * model.hidden * act_bytes / rep + 4 * n * (padded_vocab(model, tp) // tp)
+
+
+def loss_grad_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, kernels: str = "fused") -> float:
+    """Transient fp32 buffers of the loss's backward on the last stage, besides the fp32 logits
+    (or softmax) the loss keeps (:func:`head_activation_bytes`), with n = b·s/c tokens and V/t
+    vocabulary entries per GPU:
+
+    * fused — Megatron's vocab-parallel cross-entropy keeps the fp32 softmax and turns it into
+      the logits' gradient in place: one more ``4·n·V/t`` buffer for the gradient cast back
+      through the LM head (Korthikanti et al. 2022, Sec. 4.3; ``fused_vocab_parallel_cross_entropy``);
+    * compiled, eager — torch's ``cross_entropy`` on fp32 logits saves the log-softmax output;
+      its backward holds the incoming gradient (from ``nll_loss``) and the outgoing one at once:
+      ``8·n·V/t`` (torchtitan computes the loss outside the compiled blocks)."""
+    n = micro_batch * seq_len / cp
+    per = 4 * n * (padded_vocab(model, tp) // tp)
+    return per if kernels == "fused" else 2 * per

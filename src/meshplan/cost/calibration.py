@@ -19,6 +19,9 @@ scale_up_latency         per-step latency of a collective inside a node (s)
 scale_out_latency        per-step latency across the fabric (s)
 runtime_reserve          HBM taken by the CUDA/ROCm context, library workspaces and NCCL buffers
 =======================  ==========================================================================
+
+Beside the table, :data:`POWER_CAP_EXPONENT` and :func:`power_capped` derive a power-limited
+GPU's sustained peaks from its catalog entry (sustained clock ∝ P^(1/3)).
 """
 
 from __future__ import annotations
@@ -135,6 +138,37 @@ CDNA3 = Calibration(
 CALIBRATIONS: dict[str, Calibration] = {
     c.generation: c for c in (AMPERE, HOPPER, BLACKWELL, CDNA3)
 }
+
+
+#: Exponent of the sustained tensor-core clock in the board power: f ∝ P^(1/3). Dynamic power is
+#: C·V²·f and, in the DVFS range where power-limited GEMMs run, the voltage rises about linearly
+#: with the clock, so P ∝ f³ (Mudge 2001, "Power: a first-class architectural design
+#: constraint", IEEE Computer 34(4), Eq. 1-2). Check against NVIDIA's own power-limited part:
+#: H100 NVL (132 SMs, 400 W) is rated 835 TFLOP/s dense BF16; 989.4 x (400/700)^(1/3) = 821 (-1.7%).
+POWER_CAP_EXPONENT = 1.0 / 3.0
+
+
+def power_capped(gpu, watts: float, *, name: str | None = None, hbm_bandwidth: float | None = None, hbm_bytes: float | None = None):
+    """``gpu`` run under a board power cap of ``watts`` (below its TDP): every dense peak scaled by
+    the sustained-clock ratio ``(watts / TDP)^(1/3)`` (:data:`POWER_CAP_EXPONENT`); HBM bandwidth
+    is on its own clock and unchanged unless given (a different memory part). Used for Meta's
+    Grand Teton H100 (500 W, 96 GB HBM2e) behind the torchtitan benchmarks."""
+    from meshplan.errors import InputError
+
+    if not 0 < watts <= gpu.tdp_watts:
+        raise InputError("gpu.power_cap", f"must be in (0, {gpu.tdp_watts:g}] W, the TDP of {gpu.name} (got {watts!r})")
+    ratio = (watts / gpu.tdp_watts) ** POWER_CAP_EXPONENT
+    peaks = {k: (v * ratio if v is not None else None) for k, v in gpu.peak_flops.model_dump().items()}
+    update = {
+        "name": name or f"{gpu.name}@{watts:g}W",
+        "peak_flops": type(gpu.peak_flops)(**peaks),
+        "tdp_watts": float(watts),
+    }
+    if hbm_bandwidth is not None:
+        update["hbm_bandwidth"] = hbm_bandwidth
+    if hbm_bytes is not None:
+        update["hbm_bytes"] = hbm_bytes
+    return gpu.model_copy(update=update)
 
 
 def calibration_for(gpu) -> Calibration:

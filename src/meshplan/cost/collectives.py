@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -64,25 +65,40 @@ def placement(
     sizes: dict[str, int],
     rank_order: tuple[str, ...],
     axes: tuple[str, ...],
-    every: int = 1,
+    every: int | dict[str, int] = 1,
     span: dict[str, int] | None = None,
 ) -> GroupPlacement:
     """Placement of the group spanned by ``axes`` that contains rank 0 (all groups of an axis set
     are alike under the rank order). ``sizes`` maps every axis of ``rank_order`` to its size.
     ``every`` > 1 takes every ``every``-th index along the (single) axis: the replica groups of
-    HSDP, whose members sit ``dp_shard`` apart on the dp axis. ``span`` limits an axis to its first
-    indices: HSDP's shard groups cover ``dp_shard`` consecutive dp indices."""
+    HSDP, whose members sit ``dp_shard`` apart on the dp axis; a mapping gives the stride per axis
+    (the expert data-parallel groups: every ep-th dp index, all cp indices). ``span`` limits an axis to its first
+    indices: HSDP's shard groups cover ``dp_shard`` consecutive dp indices.
+
+    Only the scale-up domain and pod sizes of ``cluster`` matter; the result is kept per mesh
+    (:func:`_placement`), so repeated plans of one mesh shape do not rebuild the group."""
+    steps = tuple(sorted(every.items())) if isinstance(every, dict) else every
+    return _placement(cluster.gpus_per_node, cluster.pod_size, tuple(sizes[a] for a in rank_order), tuple(rank_order),
+                      tuple(axes), steps, tuple(sorted((span or {}).items())))
+
+
+@lru_cache(maxsize=4096)
+def _placement(node_size: int, pod_size: int | None, sizes: tuple[int, ...], rank_order: tuple[str, ...],
+               axes: tuple[str, ...], every: int | tuple[tuple[str, int], ...], span: tuple[tuple[str, int], ...]) -> GroupPlacement:
+    """:func:`placement` on hashable arguments (``sizes`` in rank order; ``every`` and ``span`` as
+    sorted pairs)."""
+    steps, limits = (dict(every) if isinstance(every, tuple) else None), dict(span)
     members = np.zeros(1, dtype=np.int64)
     stride = 1
-    for a in rank_order:
-        if a in axes and sizes[a] > 1:
-            idx = np.arange(0, (span or {}).get(a, sizes[a]), every, dtype=np.int64)
+    for a, size in zip(rank_order, sizes):
+        if a in axes and size > 1:
+            step = steps.get(a, 1) if steps is not None else every
+            idx = np.arange(0, limits.get(a, size), step, dtype=np.int64)
             members = (members[:, None] + stride * idx[None, :]).ravel()
-        stride *= sizes[a]
+        stride *= size
     n = int(members.size)
     if n == 1:
         return GroupPlacement(1, 1, 1, 1)
-    node_size = cluster.gpus_per_node
     # members per scale-up domain: uniform when the inner axes' sizes divide the domain size;
     # otherwise (e.g. tp = 3 on 8-GPU nodes) a group straddles domains unevenly: count every
     # domain it touches and take the fullest one as k (the slowest intra-domain piece)
@@ -90,8 +106,8 @@ def placement(
     nodes = int(counts.size)
     per_node = int(counts.max())
     pods = 1
-    if cluster.pod_size:
-        pods = int(np.unique(members // cluster.pod_size).size)
+    if pod_size:
+        pods = int(np.unique(members // pod_size).size)
     return GroupPlacement(n, per_node, nodes, pods)
 
 

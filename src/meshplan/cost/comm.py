@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
-from meshplan.cost.params import kv_heads_per_rank
+from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, kv_heads_per_rank, layer_params_per_rank
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import PrecisionRecipe
@@ -69,6 +69,35 @@ def cp_kv_bytes(model: ModelSpec, tokens: float, tp: int, act_bytes: int) -> flo
     """Bytes one ring-attention step passes: the local K and V, 2·n·g_r·d·e (g_r K/V heads on this
     TP rank)."""
     return 2 * tokens * kv_heads_per_rank(model, tp) * model.head_dim * act_bytes
+
+
+def fsdp_unit_times(
+    model: ModelSpec,
+    tp: int,
+    pp: int,
+    rec: PrecisionRecipe,
+    pl_shard: GroupPlacement,
+    cluster: ClusterSpec,
+    cal: Calibration,
+) -> tuple[float, float, float, float, float, float]:
+    """ZeRO-3 / FSDP collectives of one micro-batch, one per unit and direction, before overlap:
+    (layer all-gather, layer reduce-scatter, embedding all-gather, embedding reduce-scatter, head
+    all-gather, head reduce-scatter). Each unit all-gathers its P·w weight bytes over the shard
+    group and reduce-scatters its P·γ gradient bytes (Rajbhandari et al. 2020, Sec. 7.2.2). The
+    units are those torchtitan gives FSDP2 (Liang et al. 2024, Sec. 3.1): every decoder layer
+    (P_l = :func:`layer_params_per_rank`), the embedding on the first stage (P_emb = V·h/t, plus
+    learned positions) and the final norm with the LM head on the last stage (P_head = h + V·h/t,
+    or the norm alone when a tied head shares the embedding's weight on one stage)."""
+    sizes = (
+        layer_params_per_rank(model, tp),
+        embedding_params_per_rank(model, tp),
+        head_params_per_rank(model, tp, pp),
+    )
+    out: list[float] = []
+    for p in sizes:
+        out.append(coll.collective_time("all_gather", p * rec.weight_bytes, pl_shard, cluster, cal))
+        out.append(coll.collective_time("reduce_scatter", p * rec.grad_bytes, pl_shard, cluster, cal))
+    return tuple(out)  # type: ignore[return-value]
 
 
 def dp_sync_times(

@@ -57,6 +57,10 @@ class LayerTimes:
     cp_bwd: Num
     fsdp_fwd: Num
     fsdp_bwd: Num
+    fsdp_emb_fwd: Num = 0.0
+    fsdp_emb_bwd: Num = 0.0
+    fsdp_head_fwd: Num = 0.0
+    fsdp_head_bwd: Num = 0.0
 
 
 def layer_times(
@@ -81,6 +85,8 @@ def layer_times(
     all_gather: Num,
     reduce_scatter: Num,
     reshard_after_forward: bool,
+    fsdp_units: tuple[Num, Num, Num, Num],
+    embedding_kept: bool,
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs.
 
@@ -92,7 +98,12 @@ def layer_times(
     * CP ring attention: c − 1 steps of ``cp_step`` (K and V), each hidden behind 1/c of the
       attention, backward twice the bytes (Liu et al. 2023).
     * ZeRO-3 per layer: all-gather before forward, again before backward unless weights stay
-      gathered, reduce-scatter after, prefetched behind the layer's compute.
+      gathered, reduce-scatter after, prefetched behind the layer's compute. The embedding and
+      the final norm + LM head are FSDP units of their own (``fsdp_units``: embedding all-gather,
+      embedding reduce-scatter, head all-gather, head reduce-scatter), hidden behind their own
+      compute only: the embedding gathers again before its backward when weights are resharded
+      after forward, unless ``embedding_kept`` (a tied embedding whose weight the LM head uses at
+      the end of the forward); the head unit, first in backward, stays gathered after forward.
     * Full recompute repeats the forward's TP and CP collectives in the backward.
     """
     tp_fwd = tp_bwd = 2 * tp_one
@@ -105,6 +116,12 @@ def layer_times(
     ag_bwd = all_gather if reshard_after_forward else 0.0
     fsdp_fwd = pick(fsdp_per_layer, exposed(all_gather, fwd), 0.0)
     fsdp_bwd = pick(fsdp_per_layer, exposed(ag_bwd + reduce_scatter, bwd + recompute), 0.0)
+    emb_ag, emb_rs, head_ag, head_rs = fsdp_units
+    emb_ag_bwd = emb_ag if (reshard_after_forward and not embedding_kept) else 0.0
+    fsdp_emb_fwd = pick(fsdp_per_layer, exposed(emb_ag, emb[0]), 0.0)
+    fsdp_emb_bwd = pick(fsdp_per_layer, exposed(emb_ag_bwd + emb_rs, emb[1]), 0.0)
+    fsdp_head_fwd = pick(fsdp_per_layer, exposed(head_ag, head[0]), 0.0)
+    fsdp_head_bwd = pick(fsdp_per_layer, exposed(head_rs, head[1]), 0.0)
     return LayerTimes(
         fwd=fwd,
         bwd=bwd,
@@ -126,6 +143,10 @@ def layer_times(
         cp_bwd=cp_bwd + pick(full_recompute, cp_fwd, 0.0),
         fsdp_fwd=fsdp_fwd,
         fsdp_bwd=fsdp_bwd,
+        fsdp_emb_fwd=fsdp_emb_fwd,
+        fsdp_emb_bwd=fsdp_emb_bwd,
+        fsdp_head_fwd=fsdp_head_fwd,
+        fsdp_head_bwd=fsdp_head_bwd,
     )
 
 
@@ -149,8 +170,8 @@ class StageTimes:
 
 
 def stage_times(split: tuple[int, ...], lt: LayerTimes) -> StageTimes:
-    """Stage k with n_k layers: n_k × the per-layer times, plus the embedding on stage 0 and the
-    LM head on the last stage (``layer_split`` decides n_k)."""
+    """Stage k with n_k layers: n_k × the per-layer times, plus the embedding (its compute, TP and
+    FSDP collectives) on stage 0 and the LM head on the last stage (``layer_split`` decides n_k)."""
     last = len(split) - 1
     out = StageTimes(*([] for _ in range(12)))
     for k, n_l in enumerate(split):
@@ -167,11 +188,13 @@ def stage_times(split: tuple[int, ...], lt: LayerTimes) -> StageTimes:
         out.tp_bwd.append(tb)
         out.cp_fwd.append(n_l * lt.cp_fwd)
         out.cp_bwd.append(n_l * lt.cp_bwd)
-        out.fsdp_fwd.append(n_l * lt.fsdp_fwd)
-        out.fsdp_bwd.append(n_l * lt.fsdp_bwd)
-        out.fwd.append(cf + tf + n_l * lt.cp_fwd + n_l * lt.fsdp_fwd)
+        ff = n_l * lt.fsdp_fwd + (lt.fsdp_emb_fwd if first_ else 0.0) + (lt.fsdp_head_fwd if last_ else 0.0)
+        fb = n_l * lt.fsdp_bwd + (lt.fsdp_emb_bwd if first_ else 0.0) + (lt.fsdp_head_bwd if last_ else 0.0)
+        out.fsdp_fwd.append(ff)
+        out.fsdp_bwd.append(fb)
+        out.fwd.append(cf + tf + n_l * lt.cp_fwd + ff)
         out.wgt.append(n_l * lt.wgt + (lt.emb_wgt if first_ else 0.0) + (lt.head_wgt if last_ else 0.0))
-        out.bwd.append(cb + tb + n_l * lt.cp_bwd + n_l * lt.fsdp_bwd)
+        out.bwd.append(cb + tb + n_l * lt.cp_bwd + fb)
     return out
 
 
@@ -187,10 +210,13 @@ def rank_other_items(
     reserve: float,
     holds_head: bool,
     logits_grad: Num,
+    head_act: Num,
     zero: Any,
     shard: Num,
     params: Num,
     layer_params: Num,
+    head_params: Num,
+    kept_embedding_params: Num,
     weight_bytes: int,
     grad_bytes: int,
     reshard_after_forward: bool,
@@ -200,25 +226,53 @@ def rank_other_items(
     pp: int,
     p2p_bytes: Num,
 ) -> dict[str, Num]:
-    """Transient buffers of one pipeline rank (bytes; :mod:`meshplan.cost.memory`): the runtime
-    reserve; the fp32 logits' gradient on the last stage; ZeRO-3's gathered weights (the layer in
-    use and the prefetched one, or the whole stage when weights stay gathered) and, when gradients
-    stay unsharded through the step, the rest of them; ZeRO-2/3's reduce-scatter buckets (two
-    layers' gradients); TP buffers (two activation messages) and PP buffers (send and receive).
+    """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
+
+    Always there: the runtime reserve, TP buffers (two activation messages), PP buffers (send and
+    receive). The others live at different moments of the backward of the micro-batch whose
+    activations make the peak A (all its activations are still stored when its backward begins),
+    so the peak is the larger of two moments, not their sum:
+
+    * head moment (last stage, start of backward): A + G + the loss's gradient buffers
+      (``logits_grad``: :func:`meshplan.cost.activations.loss_grad_bytes`, 4·n·V/t each);
+    * layer moment (backward of the stage's top layer): A − A_head + G' + B, the LM head's
+      activations A_head already freed (the ``head_activations_freed`` item, negative).
+
+    G, G' (ZeRO-3 gathered weights): when weights are resharded after forward, the units kept
+    gathered from forward to backward, at the head moment the final norm + LM head unit
+    (P_head·w) and at the layer moment the layer in use and the prefetched one (2·P_l·w), plus a
+    tied embedding the head reuses (pp = 1); when weights stay gathered, the whole stage (P·w: the
+    gathered copy sits beside the shard, as FSDP2 keeps it), less the head unit at the layer moment;
+    when gradients also stay unsharded through the step, P·(1 − 1/N)·w and the unsharded gradients
+    P·(1 − 1/N)·γ. B (ZeRO-2/3 reduce-scatter buckets, layer moment only): the layer's gradients and
+    the previous layer's being reduced, 2·P_l·γ (Rajbhandari et al. 2020, Sec. 5; torch's
+    FSDPMemTracker shows the head moment as FSDP2's peak for short stages).
     An item that does not apply is 0 (for one plan: absent)."""
     sharded = shard > 1
     z3 = (zero == 3) & sharded
+    z2 = (zero >= 2) & sharded
     unsharded_part = 1 - 1 / shard
+    head_here = head_params if holds_head else 0.0
+    if once_per_step:
+        g_head = g_layer = params * weight_bytes * unsharded_part
+    elif reshard_after_forward:
+        g_head = (head_here + kept_embedding_params) * weight_bytes
+        g_layer = (2 * layer_params + kept_embedding_params) * weight_bytes
+    else:
+        g_head = params * weight_bytes
+        g_layer = (params - head_here) * weight_bytes
+    buckets = 2 * layer_params * grad_bytes
+    freed = head_act if holds_head else 0.0
+    at_head = (logits_grad if holds_head else 0.0) + pick(z3, g_head, 0.0)
+    at_layer = pick(z3, g_layer, 0.0) + pick(z2, buckets, 0.0) - freed
+    head_wins = at_head >= at_layer
     items = {
         "runtime_reserve": reserve,
-        "logits_grad": logits_grad if holds_head else 0.0,
-        "gathered_weights": pick(
-            z3,
-            2 * layer_params * weight_bytes if (reshard_after_forward and not once_per_step) else params * weight_bytes * unsharded_part,
-            0.0,
-        ),
+        "logits_grad": pick(head_wins, logits_grad, 0.0) if holds_head else 0.0,
+        "gathered_weights": pick(z3, pick(head_wins, g_head, g_layer), 0.0),
         "unsharded_gradients": pick(z3, params * grad_bytes * unsharded_part, 0.0) if once_per_step else 0.0,
-        "grad_reduce_buckets": pick((zero >= 2) & sharded, 2 * layer_params * grad_bytes, 0.0),
+        "grad_reduce_buckets": pick(np.logical_and(z2, np.logical_not(head_wins)), buckets, 0.0),
+        "head_activations_freed": pick(head_wins, 0.0, -freed) if holds_head else 0.0,
         "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
         "pp_comm_buffers": 2 * p2p_bytes if pp > 1 else 0.0,
     }
@@ -234,6 +288,7 @@ def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, shard
         "gathered_weights": bool(z3),
         "unsharded_gradients": bool(z3) and once,
         "grad_reduce_buckets": zero >= 2 and sharded,
+        "head_activations_freed": holds_head and zero >= 2 and sharded,
         "tp_comm_buffers": tp > 1,
         "pp_comm_buffers": pp > 1,
     }[name]

@@ -24,12 +24,20 @@ gradients); of a memory-bound op, twice its forward traffic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.params import kv_heads_per_rank, matmuls_per_rank, op_sac_recomputed, padded_vocab
+from meshplan.cost.params import (
+    MLA_NAMES,
+    kv_heads_per_rank,
+    layer_matmuls,
+    matmuls_per_rank,
+    op_sac_recomputed,
+    padded_vocab,
+)
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 
@@ -42,26 +50,33 @@ GEMM_TILES: tuple[tuple[int, int, float], ...] = (
 )
 
 
+def _ceil_max(*xs):
+    """``ceil`` and ``maximum`` for the inputs: math's on Python numbers (no numpy call per scalar,
+    the same IEEE results), numpy's otherwise."""
+    if all(type(x) in (int, float) for x in xs):
+        return (lambda x: float(math.ceil(x))), max
+    return np.ceil, np.maximum
+
+
 def gemm_efficiency(m, n, k, gpu: GPUSpec, cal: Calibration):
     """η(m, n, k) of the module docstring; works on scalars and numpy arrays alike."""
+    ceil, maximum = _ceil_max(m, n, k)
     sms = gpu.sm_count
     best = 0.0
     for tm, tn, rel in GEMM_TILES:
-        tiles = np.ceil(np.divide(m, tm)) * np.ceil(np.divide(n, tn))
-        waves = np.ceil(tiles / sms)
-        q = np.multiply(m, n) / (waves * sms * tm * tn)
-        best = np.maximum(best, rel * q)
-    return cal.gemm_efficiency * best * (np.divide(k, np.add(k, cal.gemm_k_half)))
+        tiles = ceil(m / tm) * ceil(n / tn)
+        waves = ceil(tiles / sms)
+        q = m * n / (waves * sms * tm * tn)
+        best = maximum(best, rel * q)
+    return cal.gemm_efficiency * best * (k / (k + cal.gemm_k_half))
 
 
 def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2):
-    """Seconds for an (m × k)·(k × n) GEMM (module docstring)."""
-    flops = 2.0 * np.multiply(np.multiply(m, n), k)
-    t_flop = flops / (peak * gemm_efficiency(m, n, k, gpu, cal))
-    t_mem = (np.multiply(m, k) + np.multiply(k, n) + np.multiply(m, n)) * elem_bytes / (
-        gpu.hbm_bandwidth * cal.hbm_efficiency
-    )
-    return np.maximum(t_flop, t_mem) + cal.kernel_overhead
+    """Seconds for an (m × k)·(k × n) GEMM (module docstring); scalars or numpy arrays."""
+    _, maximum = _ceil_max(m, n, k)
+    t_flop = 2.0 * (m * n * k) / (peak * gemm_efficiency(m, n, k, gpu, cal))
+    t_mem = (m * k + k * n + m * n) * elem_bytes / (gpu.hbm_bandwidth * cal.hbm_efficiency)
+    return maximum(t_flop, t_mem) + cal.kernel_overhead
 
 
 def memory_time(nbytes: float, gpu: GPUSpec, cal: Calibration) -> float:
@@ -97,6 +112,32 @@ def _gemm_fwd_bwd(m: float, n: float, k: float, gpu: GPUSpec, cal: Calibration, 
     return fwd, float(gemm_time(m, k, n, gpu, cal, peak, e)), float(gemm_time(k, n, m, gpu, cal, peak, e))
 
 
+#: Element-wise kernels a layer's forward launches in PyTorch eager (torchtitan's Llama block:
+#: 2 x RMSNorm of 6 kernels, RoPE of 4 on q and on k, SiLU and the gating product, 2 residual adds).
+EAGER_LAYER_KERNELS = 24
+
+
+def elementwise_bytes(e: int, kernels: str = "fused") -> dict[str, float]:
+    """HBM bytes per element that a layer's element-wise ops read and write in the forward, for
+    ``e``-byte activations, by software stack (``kernels``):
+
+    * fused (Megatron-Core/TE/Apex fused kernels) and compiled (torch.compile/Inductor fuses the
+      same chains): norm ``2e`` (read, write), RoPE ``2e``, SwiGLU ``3e`` (read gate and up,
+      write the product);
+    * eager (one kernel per op, as written in torchtitan's model): RMSNorm upcasts to fp32 —
+      cast (e + 4), square (4 + 4), mean (4), scale by 1/rms (4 + 4), cast back (4 + e), times
+      the weight (e + e) = ``4e + 28``; RoPE as a complex product in fp32 — cast (e + 4),
+      complex multiply (an fp32 pair read and written per two elements: 4 + 4), cast back
+      (4 + e) = ``2e + 16``; SwiGLU as SiLU (2e) then the product (3e) = ``5e``.
+
+    Each op's bytes are its tensors' sizes (PyTorch's kernels read each input and write each
+    output once); the eager/fused ratio is the source of torch.compile's speed-up on
+    element-wise chains (Ansel et al. 2024, "PyTorch 2", ASPLOS, Sec. 6)."""
+    if kernels == "eager":
+        return {"norm": 4 * e + 28, "rope": 2 * e + 16, "swiglu": 5 * e}
+    return {"norm": 2 * e, "rope": 2 * e, "swiglu": 3 * e}
+
+
 def layer_op_times(
     model: ModelSpec,
     micro_batch: int,
@@ -110,8 +151,13 @@ def layer_op_times(
     cal: Calibration,
     compute_dtype: str,
     act_bytes: int,
+    kernels: str = "fused",
+    moe: bool = False,
+    ep: int = 1,
 ) -> OpTimes:
-    """One transformer layer, one micro-batch, one GPU (module docstring).
+    """One transformer layer, one micro-batch, one GPU (module docstring); ``moe`` for a
+    mixture-of-experts layer of an MoE model with experts spread over ``ep`` GPUs
+    (:func:`moe_mlp_gemms`).
 
     ``attention_flops_convention`` is the FLOP-counting convention and does not change the time:
     FlashAttention skips fully masked blocks (the causal half), materialized attention computes
@@ -131,18 +177,38 @@ def layer_op_times(
         (tokens, (2 if model.gated_mlp else 1) * f // tp, h),  # MLP in (fused gate|up)
         (tokens, h, f // tp),  # MLP out
     ]
+    if model.is_mla:  # MLA's projections (down-projections replicated across TP)
+        shapes = matmuls_per_rank(model, tp)
+        gemms[:2] = [(tokens, shapes[nm][1], shapes[nm][0]) for nm, _, _ in layer_matmuls(model) if nm in MLA_NAMES]
+    grouped: list[tuple[float, float, float, float]] = []
+    if moe:
+        gemms[-2:] = []
+        grouped = moe_mlp_gemms(model, tokens, tp, ep)
     fg = bi = bw = 0.0
     for m_, n_, k_ in gemms:
         a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, e)
         fg += a
         bi += b
         bw += w
-    # attention core: per GPU, b·(s/c) queries against s keys over a/t heads
+    for m_, n_, k_, count in grouped:  # one grouped-GEMM launch for the local experts
+        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, e)
+        o = cal.kernel_overhead
+        fg += (a - o) * count + o
+        bi += (b - o) * count + o
+        bw += (w - o) * count + o
+    # attention core: per GPU, b·(s/c) queries against s keys over a/t heads; MLA's scores use
+    # d = d_nope + d_r and its values d_v: the mean of the two for the two matmuls
     q_len, kv_len = seq_len / cp, seq_len
+    d_core = (d + model.value_head_dim) / 2 if model.is_mla else d
     if attention == "flash":
-        core = 4.0 * micro_batch * a_r * d * q_len * kv_len * 0.5  # causal: masked blocks skipped
+        core = 4.0 * micro_batch * a_r * d_core * q_len * kv_len * 0.5  # causal: masked blocks skipped
         fa = core / (peak16 * cal.attention_fwd_efficiency) + cal.kernel_overhead
         ba = 2.5 * core / (peak16 * cal.attention_bwd_efficiency) + cal.kernel_overhead
+        if cp > 1:
+            d_v = model.value_head_dim if model.is_mla else d
+            ring_f, ring_b = ring_attention_merge_times(tokens, a_r, g_r, d, d_v, cp, e, gpu, cal)
+            fa += ring_f
+            ba += ring_b
     else:
         # two batched GEMMs (QKᵀ and A·V over b·a/t heads): one launch each
         batch = micro_batch * a_r
@@ -156,14 +222,21 @@ def layer_op_times(
         ba = 2 * (per + per_av) + 2 * softmax
     # memory-bound elementwise work, bytes read + written per forward
     rep = tp if sequence_parallel else 1
-    nh = tokens * h * e / rep
-    mem = 2 * (2 * nh)  # two norms: read + write
-    mem += 2 * tokens * (a_r + g_r) * d * e  # RoPE on q and k (read + write)
-    mem += (3 if model.gated_mlp else 2) * tokens * (f / tp) * e  # activation (and gating product)
-    mem += 2 * (3 * nh)  # two residual adds: read 2, write 1
+    nh = tokens * h / rep  # elements of one hidden-state tensor
+    eb = elementwise_bytes(e, kernels)
+    mem = model.norms_per_layer * nh * eb["norm"]  # two norms (Gemma 2/3: four)
+    mem += tokens * (a_r + g_r) * d * eb["rope"]  # RoPE on q and k
+    if moe:  # the experts' activations over the n·k routed copies and the shared expert's, plus
+        # the permutation before and after the experts (read + write of each copy)
+        width = tokens * model.experts_per_token * model.expert_ffn_hidden + tokens * model.shared_expert_ffn_hidden
+        mem += width / tp * (eb["swiglu"] if model.gated_mlp else 2 * e)
+        mem += 2 * (2 * tokens * model.experts_per_token * h * e)
+    else:
+        mem += tokens * (f / tp) * (eb["swiglu"] if model.gated_mlp else 2 * e)  # activation (and gating product)
+    mem += 2 * (3 * nh * e)  # two residual adds: read 2, write 1
     if model.dropout:
-        mem += 2 * (2 * nh + tokens * h / rep)
-    n_mem_kernels = 7
+        mem += 2 * (2 * nh * e + nh)
+    n_mem_kernels = 7 if kernels != "eager" else EAGER_LAYER_KERNELS
     fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead
     bm = 2 * fm
     # op-level selective checkpointing repeats every second matmul (separate q, k, v as torchtitan
@@ -179,6 +252,25 @@ def layer_op_times(
     return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec)
 
 
+def moe_mlp_gemms(model: ModelSpec, tokens: float, tp: int, ep: int) -> list[tuple[float, float, float, float]]:
+    """A mixture-of-experts MLP on one GPU as (m, n, k, count) GEMMs: the router (n × E × h), the
+    shared expert (n tokens through f_s/t), and the E/ep local experts, each receiving
+    ``m_e = n·k·ep/E`` tokens on average — each GPU of the EP group sends n·k token copies and,
+    with balanced routing (dropless, as Megatron-Core and DeepSeek-V3 train), receives as many
+    (Lepikhin et al. 2021, GShard, Sec. 2.2; Megatron-Core MoE docs). The experts run as one
+    grouped GEMM, so a small ``m_e`` costs efficiency: fine-grained experts (DeepSeek's E = 256)
+    run slower per FLOP than Mixtral's eight."""
+    h, n_in = model.hidden, (2 if model.gated_mlp else 1)
+    out: list[tuple[float, float, float, float]] = [(tokens, model.n_experts, h, 1)]
+    if model.shared_expert_ffn_hidden:
+        f_s = model.shared_expert_ffn_hidden // tp
+        out += [(tokens, n_in * f_s, h, 1), (tokens, h, f_s, 1)]
+    local = model.n_experts // ep
+    m_e = tokens * model.experts_per_token / local
+    f_e = model.expert_ffn_hidden // tp
+    return out + [(m_e, n_in * f_e, h, local), (m_e, h, f_e, local)]
+
+
 def fp8_cast_bytes(gemms: list[tuple[float, float, float]], e: int) -> tuple[float, float]:
     """HBM traffic of FP8 training's casts with dynamic (current) scaling, forward and backward,
     for GEMMs (m, n, k) whose operands live in ``e``-byte precision: each operand cast to FP8 is
@@ -190,6 +282,31 @@ def fp8_cast_bytes(gemms: list[tuple[float, float, float]], e: int) -> tuple[flo
     per = 2 * e + 1
     fwd = sum(per * (m * k + k * n) for m, n, k in gemms)
     bwd = sum(per * m * n + 2 * (m * k + k * n) for m, n, k in gemms)  # grad cast; FP8 transposes
+    return fwd, bwd
+
+
+def ring_attention_merge_times(
+    tokens: float, heads: int, kv_heads: int, d: float, d_v: float, cp: int, e: int, gpu: GPUSpec, cal: Calibration
+) -> tuple[float, float]:
+    """What ring attention over ``cp`` ranks adds to one attention kernel, forward and backward.
+
+    Each of the c − 1 later ring steps is a FlashAttention call of its own (one more kernel
+    launch each way), and its result has to be folded into the running one: forward, the block's
+    output O_j (n·a·d_v elements, e bytes) and log-sum-exp are merged into the fp32 running output
+    by online-softmax rescaling, reading and writing it (Liu et al. 2023, "Ring Attention with
+    Blockwise Transformers", Sec. 3; torch's ``_SDPAMerger.step`` in
+    ``torch.distributed.tensor.experimental._attention``); backward, the block's dQ is added into
+    the fp32 dQ and its dK, dV (n·g·(d + d_v) elements) into the fp32 buffers that travel the ring:
+
+        t_fwd = (c − 1)·(t_kernel + (8 + e)·n·a·d_v / (W·η_hbm) + t_kernel)
+        t_bwd = (c − 1)·(t_kernel + (8 + e)·n·(a·d + g·(d + d_v)) / (W·η_hbm) + t_kernel)
+
+    (n local query tokens, a and g query and K/V heads on this TP rank; 8 + e bytes per element:
+    fp32 read and write of the running value, e-byte read of the block's)."""
+    steps = cp - 1
+    k = cal.kernel_overhead
+    fwd = steps * (k + memory_time((8 + e) * tokens * heads * d_v, gpu, cal))
+    bwd = steps * (k + memory_time((8 + e) * tokens * (heads * d + kv_heads * (d + d_v)), gpu, cal))
     return fwd, bwd
 
 

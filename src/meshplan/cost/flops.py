@@ -23,6 +23,13 @@ Identities checked in the tests: for GPT shapes (a·d = h, f = 4h, no GQA) with 
 and full recompute this equals Narayanan et al. 2021 Eq. 3, ``96·B·s·L·h²·(1 + s/6h + V/16Lh)``;
 without recompute Korthikanti et al. 2022 Eq. 7 with s/6h → the same attention term.
 
+Mixture of experts: N_mm counts the weights a token passes through — the router, the shared
+expert and k of the E routed experts (``ParamCounts.active_matmul``), so the dense FLOPs are
+``6·N_active·T`` (Fedus et al. 2022, Switch Transformer, Sec. 2: FLOPs per token stay those of
+the active experts; DeepSeek-V3 report Table 1: 37B activated of 671B). MLA's score matmul uses
+the query/key head dimension d = d_nope + d_r and its value matmul d_v, so the attention forward
+is ``2·s²·a·(d + d_v)`` non-causal (DeepSeek-V2 report, arXiv 2405.04434, Sec. 2.1).
+
 All figures are exact integers.
 """
 
@@ -55,6 +62,8 @@ def attention_forward_flops_per_seq_layer(model: ModelSpec, seq_len: int, conven
     """Forward FLOPs of QKᵀ and A·V for one sequence in one layer: 4·s²·a·d (full), 2·s²·a·d
     (causal)."""
     per = 2 if convention == "causal" else 4
+    if model.is_mla:  # QKᵀ over d, A·V over d_v: half of each per convention
+        return per // 2 * seq_len * seq_len * model.n_heads * (model.head_dim + model.value_head_dim)
     return per * seq_len * seq_len * model.q_dim
 
 
@@ -64,11 +73,11 @@ def step_flops(
     """Model and hardware FLOPs of one step of ``global_batch`` sequences of ``seq_len`` tokens."""
     counts = count_params(model)
     tokens = seq_len * global_batch
-    dense = 6 * counts.matmul * tokens
+    dense = 6 * counts.active_matmul * tokens
     attn_fwd = attention_forward_flops_per_seq_layer(model, seq_len, attention_flops) * model.n_layers * global_batch
     attention = 3 * attn_fwd
     if recompute == "full":
-        extra = 2 * counts.layer.matmul * model.n_layers * tokens + attn_fwd
+        extra = 2 * counts.layers_active_matmul * tokens + attn_fwd
     elif recompute == "selective":
         extra = attn_fwd
     elif recompute == "op":

@@ -19,6 +19,8 @@ parameter.) Transient buffers are itemized under ``other``: ZeRO-3's gathered we
 use and the one prefetched, or the whole stage when weights are not freed after forward), the
 gradient reduce-scatter buckets of ZeRO-2/3, TP and PP communication buffers, the gradient of the
 fp32 logits on the last stage, and the runtime reserve (CUDA context, library workspaces, NCCL).
+The logits' gradient and the ZeRO buffers live at different moments of the backward, so the peak
+takes the larger of the two moments (:func:`meshplan.cost.compose.rank_other_items`).
 """
 
 from __future__ import annotations

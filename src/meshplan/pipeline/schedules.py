@@ -63,6 +63,7 @@ class Schedule:
     kind: tuple[np.ndarray, ...]
     stage: tuple[np.ndarray, ...]
     mb: tuple[np.ndarray, ...]
+    name: str = ""  # the generator's name (compile_schedule); "" for action lists read or given
 
     def actions(self) -> tuple[tuple[Action, ...], ...]:
         return tuple(
@@ -255,7 +256,7 @@ def compile_schedule(name: str, pp: int, m: int, vpp: int = 1) -> Schedule:
     else:
         ranks = _zbv(pp, m)
     kinds, stages, mbs = zip(*ranks)
-    return Schedule(pp, pp * vpp, m, tuple(kinds), tuple(stages), tuple(mbs))
+    return Schedule(pp, pp * vpp, m, tuple(kinds), tuple(stages), tuple(mbs), name)
 
 
 @lru_cache(maxsize=64)

@@ -130,6 +130,22 @@ def live_count_peaks(sched: Schedule, n_stages: int) -> tuple[tuple[np.ndarray, 
     return tuple(_live_counts(sched.stage[r], _signs(sched.kind[r])) for r in range(sched.pp))
 
 
+def schedule_live_counts(sched: Schedule, n_stages: int) -> tuple[tuple[np.ndarray, np.ndarray, int], ...]:
+    """:func:`live_count_peaks`, from the closed forms of :mod:`meshplan.pipeline.inflight` when
+    ``sched`` is a compiled GPipe or looped schedule (the peak count is the largest row sum: the
+    row with it is never dominated), else by walking the action lists."""
+    from meshplan.pipeline.inflight import CLOSED_FORM, live_rows
+
+    if sched.name not in CLOSED_FORM or n_stages != sched.n_stages:
+        return live_count_peaks(sched, n_stages)
+    v = sched.n_stages // sched.pp
+    rows = live_rows(sched.name, sched.pp, sched.microbatches, v)
+    return tuple(
+        (np.arange(r, sched.n_stages, sched.pp, dtype=np.int64), rows[r], int(max(rows[r].sum(axis=1).max(initial=0), 0)))
+        for r in range(sched.pp)
+    )
+
+
 def peak_bytes(rows: np.ndarray, act) -> "np.ndarray | float":
     """max(0, max over rows of Σ_j row_j·a_j), the sum taken left to right over the chunks j.
     ``act`` holds a_j (one plan: a sequence of numbers) or has shape (plans, chunks); the result
@@ -146,6 +162,28 @@ def peak_bytes(rows: np.ndarray, act) -> "np.ndarray | float":
     for j in range(1, rows.shape[1]):
         total = total + rows[None, :, j] * act[:, j, None]
     return np.maximum(total.max(axis=1), 0.0)
+
+
+def rank_peak_bytes(rows: "tuple[np.ndarray, ...]", act: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    """:func:`peak_bytes` of every rank at once: ``rows[r]`` are rank r's live-count rows over its
+    chunks, ``act`` has shape (plans, stages) and ``chunks[r]`` lists rank r's stages in the order
+    of its rows' columns. All ranks' rows are stacked, each multiplied by its rank's activations
+    with the same left-to-right sum over the chunks, and maximized per rank; the result, of shape
+    (plans, ranks), equals ``peak_bytes(rows[r], act[:, chunks[r]])`` column by column to the bit."""
+    act = np.asarray(act, dtype=float)
+    counts = np.array([len(x) for x in rows], dtype=np.int64)
+    out = np.zeros((act.shape[0], len(rows)))
+    held = np.flatnonzero(counts)
+    if held.size == 0:
+        return out
+    stacked = np.concatenate([rows[r] for r in held.tolist()])  # (rows, chunks)
+    a = act[:, chunks[np.repeat(held, counts[held])]]  # (plans, rows, chunks)
+    total = stacked[None, :, 0] * a[:, :, 0]
+    for j in range(1, stacked.shape[1]):
+        total = total + stacked[None, :, j] * a[:, :, j]
+    starts = np.concatenate(([0], np.cumsum(counts[held])[:-1]))
+    out[:, held] = np.maximum(np.maximum.reduceat(total, starts, axis=1), 0.0)
+    return out
 
 
 def _rank_program(sched: Schedule, r: int, n_stages: int, m: int):
@@ -191,7 +229,25 @@ def simulate(
 ) -> SimResult:
     """Run the schedule (a :class:`Schedule` or action lists per rank); ``fwd[k]``/``bwd[k]`` are
     stage k's durations per micro-batch and ``wgt[k]`` the weight-gradient part of ``bwd[k]``
-    (used by split backwards; default half)."""
+    (used by split backwards; default half). A run of a compiled schedule without the timeline is
+    remembered (up to 100,000 actions): plans that differ only in what does not change the
+    durations (their memory settings, say) get the same, immutable, result without a second run."""
+    if isinstance(ranks, Schedule) and not keep_timeline and sum(k.size for k in ranks.kind) <= _REMEMBER_ACTIONS:
+        key = lambda xs: None if xs is None else tuple(float(x) for x in xs)  # noqa: E731
+        return _simulate_once(ranks, n_stages, key(fwd), key(bwd), float(transfer), key(act_bytes), key(wgt))
+    return _simulate(ranks, n_stages, fwd, bwd, transfer, act_bytes, keep_timeline, wgt)
+
+
+_REMEMBER_ACTIONS = 100_000  # larger schedules are rarely run twice with the same durations
+
+
+@lru_cache(maxsize=128)
+def _simulate_once(sched: Schedule, n_stages: int, fwd, bwd, transfer, act_bytes, wgt) -> SimResult:
+    return _simulate(sched, n_stages, list(fwd), list(bwd), transfer, None if act_bytes is None else list(act_bytes), False,
+                     None if wgt is None else list(wgt))
+
+
+def _simulate(ranks, n_stages, fwd, bwd, transfer, act_bytes, keep_timeline, wgt) -> SimResult:
     sched = ranks if isinstance(ranks, Schedule) else _as_schedule(tuple(tuple(acts) for acts in ranks))
     pp = sched.pp
     m = max(sched.microbatches, 1)
@@ -200,7 +256,7 @@ def simulate(
     w_t = np.asarray(wgt, dtype=float) if wgt is not None else b_t / 2
     table = np.stack([f_t, b_t, b_t - w_t, w_t])  # rows: F, B, I, W
     structure = _structure(sched, n_stages)
-    live = live_count_peaks(sched, n_stages)
+    live = schedule_live_counts(sched, n_stages)
     owns = [s[0] for s in structure]
     deps = [s[1] for s in structure]
     dur_arrays = [table[sched.kind[r], sched.stage[r]] for r in range(pp)]

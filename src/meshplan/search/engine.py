@@ -4,10 +4,16 @@ Plans are grouped by pipeline shape (pp, vpp, schedule), so that every plan of a
 same virtual stages and layer split; inside a group all arithmetic runs on NumPy arrays over the
 plans, through the same functions :func:`meshplan.estimate.estimate` uses
 (:mod:`meshplan.cost.compose`, :mod:`meshplan.cost.comm`, :func:`meshplan.cost.memory.model_state_bytes`,
-:func:`meshplan.pipeline.simulate.peak_bytes`). What cannot be vectorized — the GEMM and attention
+:func:`meshplan.pipeline.simulate.peak_bytes`), with the live micro-batch counts of each rank
+from :func:`meshplan.pipeline.inflight.live_rows` (closed forms the simulator's walk agrees with).
+What cannot be vectorized — the GEMM and attention
 time of a layer, the placement of a group, the time of one collective — is computed once per
-distinct argument and gathered. The peak memory of every plan is therefore ``estimate``'s to the
-last bit (tests assert it).
+distinct argument and gathered. Ranks that hold the same stages (all interior ranks; the ranks
+with the embedding or the LM head differ) share their model state, buffers and stage times, so
+that work is done once per class of ranks and spread over the (plans × ranks) arrays of memory
+and bound; the activation peak of every rank comes at once per distinct (micro-batch count,
+kernel terms) pair (:func:`meshplan.pipeline.simulate.rank_peak_bytes`). The peak memory of
+every plan is therefore ``estimate``'s to the last bit (tests assert it).
 
 The step time needs the pipeline simulation, which is sequential per plan; instead the engine
 bounds it from below. For pipeline rank r with stages K_r, per-micro-batch stage durations f_k,
@@ -36,23 +42,27 @@ from typing import Callable, Optional
 import numpy as np
 
 from meshplan.cost import collectives as coll
-from meshplan.cost.activations import embedding_activation_bytes, head_activation_bytes, layer_activations
+from meshplan.cost.activations import embedding_activation_bytes, head_activation_bytes, layer_activations, loss_grad_bytes
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, placements, tp_collective_time
+from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.compose import (
     after_pipeline,
     layer_times,
     pick,
     rank_other_items,
     stage_activations,
+    StageTimes,
     stage_times,
     total_of,
 )
 from meshplan.cost.compute import embedding_op_times, head_op_times, layer_op_times, optimizer_step_time, recompute_time
 from meshplan.cost.memory import model_state_bytes
-from meshplan.cost.params import layer_params_per_rank, padded_vocab, rank_params
-from meshplan.pipeline.schedules import compile_schedule, stage_style
-from meshplan.pipeline.simulate import live_count_peaks, peak_bytes
+from meshplan.cost.moe import add_moe_layers, moe_fsdp_layer_times, moe_layers_per_stage
+from meshplan.errors import InputError
+from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank, rank_params
+from meshplan.pipeline.schedules import stage_style
+from meshplan.pipeline.inflight import live_rows
+from meshplan.pipeline.simulate import rank_peak_bytes
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, PlanTable
 from meshplan.specs.hardware import ClusterSpec
@@ -67,7 +77,10 @@ _KERNEL_FIELDS = (
     "emb_fwd", "emb_bwd", "emb_wgt", "head_fwd", "head_bwd", "head_wgt",
     "act_stored", "act_working", "emb_act", "head_act",
 )
-_COMM_FIELDS = ("tp_one", "cp_step", "all_gather", "reduce_scatter", "act_msg", "p2p_bytes", "p2p")
+_COMM_FIELDS = (
+    "tp_one", "cp_step", "all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather",
+    "head_reduce_scatter", "act_msg", "p2p_bytes", "p2p",
+)
 
 
 @dataclass
@@ -83,14 +96,50 @@ class Screen:
 def _gather(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: int) -> np.ndarray:
     """fn(*key) for every row of the stacked ``keys``, computed once per distinct row:
     an array (rows, n_out)."""
+    values, inverse = _gather_distinct(fn, keys, n_out)
+    return values[inverse]
+
+
+def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a non-negative integer code, in increasing order: one index holding
+    each, and per entry the number of its value. A table over 0 .. max(code) when that is no longer
+    than a few times the entries (the codes of a plan table are small), else a sort."""
+    n = len(code)
+    top = int(code.max(initial=-1)) + 1
+    if top > 4 * n + 65536:
+        _, where, inverse = np.unique(code, return_index=True, return_inverse=True)
+        return where, inverse.ravel()
+    present = np.zeros(top, dtype=bool)
+    present[code] = True
+    inverse = (np.cumsum(present) - 1)[code]
+    where = np.empty(int(present.sum()), dtype=np.int64)
+    where[inverse] = np.arange(n)  # any entry of a value holds it
+    return where, inverse
+
+
+def _distinct_rows(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_distinct` of the rows of the stacked integer columns ``keys``, through a
+    mixed-radix code over each column's distinct values."""
     code = np.zeros(len(keys[0]), dtype=np.int64)
-    for col in keys:  # mixed-radix code of the row's distinct values, column by column
-        vals, inv = np.unique(col, return_inverse=True)
-        code = code * len(vals) + inv.ravel()
-    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    rows = np.stack([np.asarray(k)[first] for k in keys], axis=1).tolist()
+    radix = 1
+    for col in keys:
+        col = np.asarray(col, dtype=np.int64)
+        where, digit = _distinct(col - int(col.min(initial=0)))
+        if radix * len(where) >= 2**62:  # renumber the codes so far to stay within 63 bits
+            seen, code = _distinct(code)
+            radix = len(seen)
+        code = code * len(where) + digit
+        radix *= len(where)
+    return _distinct(code)
+
+
+def _gather_distinct(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """fn(*key) once per distinct row of the stacked ``keys``: the values (distinct rows, n_out)
+    and, per row, the index of its distinct row."""
+    where, inverse = _distinct_rows(keys)
+    rows = np.stack([np.asarray(k)[where] for k in keys], axis=1).tolist()
     values = np.array([fn(*row) for row in rows], dtype=float).reshape(len(rows), n_out)
-    return values[inverse.ravel()]
+    return values, inverse
 
 
 def _memory_microbatches(schedule: str, pp: int, m: np.ndarray) -> np.ndarray:
@@ -106,6 +155,29 @@ def _memory_microbatches(schedule: str, pp: int, m: np.ndarray) -> np.ndarray:
     return np.where(same, 2 * pp, m)
 
 
+def _shared_stage_times(split: tuple[int, ...], lt) -> StageTimes:
+    """:func:`stage_times` of ``split``, each distinct stage computed once: inner stages with
+    the same number of layers get the same arrays (the same expression, so the same bits)."""
+    if len(split) <= 3:
+        return stage_times(split, lt)
+    inner = sorted(set(split[1:-1]))
+    reduced = stage_times((split[0], *inner, split[-1]), lt)
+    at = [0] + [1 + inner.index(n) for n in split[1:-1]] + [len(inner) + 1]
+    return StageTimes(*([part[i] for i in at] for part in vars(reduced).values()))
+
+
+_MOE_FIELDS = (
+    "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute", "act_stored",
+    "act_working",
+)
+
+
+def _op_fields(k: dict) -> dict:
+    """The op-time arguments of :func:`layer_times` from gathered kernel terms."""
+    names = ("fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute")
+    return {name: k[name] for name in names}
+
+
 class Engine:
     """Vectorized evaluation of a :class:`PlanTable` for one model, cluster and base plan (the
     fields the search does not vary: sequence length, precision, attention, rank order, overlap
@@ -119,10 +191,14 @@ class Engine:
         self._ops = lru_cache(maxsize=None)(
             lambda t, c, b, sp: layer_op_times(
                 model, b, base.seq_len, t, c, sp, base.attention, base.attention_flops, cluster.gpu, self.cal,
-                self.rec.compute_dtype, self.e,
+                self.rec.compute_dtype, self.e, base.kernels,
             )
         )
+        if base.ep != 1:
+            raise InputError("ep", f"the search evaluates ep = 1 only (got {base.ep}); estimate expert-parallel plans with meshplan estimate --ep")
         self._kernel = lru_cache(maxsize=None)(self._kernel_terms)
+        self._moe_kernel = lru_cache(maxsize=None)(self._moe_kernel_terms)
+        self._moe_comm = lru_cache(maxsize=None)(self._moe_comm_terms)
         self._comm = lru_cache(maxsize=None)(self._comm_terms)
         self._dp = lru_cache(maxsize=None)(self._dp_terms)
         self._place = lru_cache(maxsize=None)(
@@ -144,6 +220,25 @@ class Engine:
             la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp), head_activation_bytes(m, b, s, t, c, sp, e),
         )
 
+    def _moe_kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int) -> tuple:
+        """A mixture-of-experts layer's op times and activations (ep = 1), as ``estimate``'s."""
+        m, base, e = self.model, self.base, self.e
+        mode = RECOMPUTE[rec_code]
+        ops = layer_op_times(
+            m, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu, self.cal,
+            self.rec.compute_dtype, e, base.kernels, moe=True, ep=1,
+        )
+        la = layer_activations(m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True)
+        return (ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
+                recompute_time(ops, mode), la.stored, la.working)
+
+    def _moe_comm_terms(self, t: int, c: int, p: int, d: int, ds: int, zero: int) -> tuple:
+        """ZeRO-3 (all-gather, reduce-scatter) of one MoE layer (ep = 1)."""
+        if not (zero == 3 and ds * c > 1):
+            return 0.0, 0.0
+        pl = self._place(t, c, p, d, ds)
+        return moe_fsdp_layer_times(self.model, t, 1, self.rec, pl.shard, pl.shard, self.cluster, self.cal)
+
     def _comm_terms(self, t: int, c: int, p: int, d: int, ds: int, b: int, sp: int, zero: int) -> tuple:
         m, cluster, cal, e, rec = self.model, self.cluster, self.cal, self.e, self.rec
         pl = self._place(t, c, p, d, ds)
@@ -152,12 +247,10 @@ class Engine:
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
         cp_step = coll.collective_time("send_recv", cp_kv_bytes(m, tokens, t, e), pl.cp, cluster, cal)
         per_layer = zero == 3 and ds * c > 1
-        lp = layer_params_per_rank(m, t)
-        ag = coll.collective_time("all_gather", lp * rec.weight_bytes, pl.shard, cluster, cal) if per_layer else 0.0
-        rs = coll.collective_time("reduce_scatter", lp * rec.grad_bytes, pl.shard, cluster, cal) if per_layer else 0.0
+        units = fsdp_unit_times(m, t, p, rec, pl.shard, cluster, cal) if per_layer else (0.0,) * 6
         p2p_bytes = act_msg / (t if sp else 1)
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
-        return tp_one, cp_step, ag, rs, act_msg, p2p_bytes, p2p
+        return (tp_one, cp_step, *units, act_msg, p2p_bytes, p2p)
 
     def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, zero: int, params: int) -> tuple:
         pl = self._place(t, c, p, d, ds)
@@ -170,75 +263,100 @@ class Engine:
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
         m = T.num_microbatches
         G = len(T)
-        k = dict(zip(_KERNEL_FIELDS, _gather(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS)).T))
+        kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS))
+        k = dict(zip(_KERNEL_FIELDS, kernel[kid].T))
         pp_col = np.full(G, pp, dtype=np.int64)
         cm = dict(zip(_COMM_FIELDS, _gather(self._comm, [t, c, pp_col, d, ds, b, sp, zero], len(_COMM_FIELDS)).T))
         shard = ds * c
         spb = sp.astype(bool)
-        lt = layer_times(
-            fwd=k["fwd"], bwd=k["bwd"], wgt=k["wgt"], fwd_gemm=k["fwd_gemm"], bwd_gemm=k["bwd_gemm"],
-            fwd_attention=k["fwd_attention"], bwd_attention=k["bwd_attention"], recompute=k["recompute"],
+        lt_args = dict(
             full_recompute=rc == RECOMPUTE.index("full"),
             emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
             tp_one=cm["tp_one"], sp=spb, tp_comm_overlap=base.tp_comm_overlap, cp=c, cp_step=cm["cp_step"],
             fsdp_per_layer=(zero == 3) & (shard > 1), all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
+            fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
+            embedding_kept=model.tied_embeddings and pp == 1,
         )
+        lt = layer_times(**lt_args, **_op_fields(k))
         split = layer_split(model.n_layers, pp, v)
-        st = stage_times(split, lt)
-        act = stage_activations(split, k["act_stored"], k["emb_act"], k["head_act"])
+        st = _shared_stage_times(split, lt)
+        # stage activations depend on the kernel row only: once per distinct row
+        ku = dict(zip(_KERNEL_FIELDS, kernel.T))
+        act = stage_activations(split, ku["act_stored"], ku["emb_act"], ku["head_act"])
+        working_layer = k["act_working"]
+        if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
+            moe_kernel, _ = _gather_distinct(self._moe_kernel, [t, c, b, sp, rc], len(_MOE_FIELDS))
+            kmu = dict(zip(_MOE_FIELDS, moe_kernel.T))  # the same distinct rows as ``kernel``
+            km = dict(zip(_MOE_FIELDS, moe_kernel[kid].T))
+            mc = _gather(self._moe_comm, [t, c, pp_col, d, ds, zero], 2)
+            lt_moe = layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
+            moe_stage = moe_layers_per_stage(model, split)
+            add_moe_layers(st, moe_stage, lt, lt_moe, (0.0, 0.0))
+            act = [a + n_m * (kmu["act_stored"] - ku["act_stored"]) for a, n_m in zip(act, moe_stage)]
+            working_layer = np.maximum(k["act_working"], km["act_working"])
         n_stages = pp * v
         last = n_stages - 1
         style = stage_style(SCHEDULE_NAMES[code])
         tau = cm["p2p"]
-        working = pick(rc != RECOMPUTE.index("none"), k["act_working"], 0.0)
-        t_vals, t_inv = np.unique(t, return_inverse=True)
-        t_inv = t_inv.ravel()
+        working = pick(rc != RECOMPUTE.index("none"), working_layer, 0.0)
+        t_where, t_inv = _distinct_rows([t])
+        t_vals = t[t_where]
         by_tp = lambda fn: np.array([fn(int(x)) for x in t_vals], dtype=np.int64)[t_inv]  # noqa: E731
-        logits_grad = 4 * (b * base.seq_len / c) * by_tp(lambda x: padded_vocab(model, x) // x)
+        logits_grad = (b * base.seq_len / c) * by_tp(lambda x: loss_grad_bytes(model, 1, 1, x, 1, base.kernels))
         layer_params = by_tp(lambda x: layer_params_per_rank(model, x))
-        mesh, mesh_inv = np.unique(np.stack([t, c, d, ds, zero], axis=1), axis=0, return_inverse=True)
-        mesh_inv = mesh_inv.ravel()
-        mesh_rows = mesh.tolist()
+        if model.is_moe:  # ZeRO-3 buffers hold the largest layer
+            layer_params = np.maximum(layer_params, by_tp(lambda x: layer_params_per_rank(model, x, moe=True)))
+        head_params = by_tp(lambda x: head_params_per_rank(model, x, pp))
+        kept_embedding = by_tp(lambda x: embedding_params_per_rank(model, x)) if model.tied_embeddings and pp == 1 else 0
+        mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, zero])
+        mesh_rows = np.stack([t, c, d, ds, zero], axis=1)[mesh_where].tolist()
 
-        # peak activations: the schedule's live counts, per number of micro-batches
-        stored = np.zeros((G, pp))
-        tail_ok = np.zeros((G, pp), dtype=bool)
-        act_mat = np.stack(act, axis=1)  # (plans, stages)
+        # peak activations: the schedule's live counts, once per distinct (micro-batch count,
+        # kernel row): the stage activations depend on nothing else within a pipeline shape
+        act_mat = np.stack(act, axis=1)  # (distinct kernel rows, stages)
         m_eff = _memory_microbatches(SCHEDULE_NAMES[code], pp, m)
-        for mm in np.unique(m_eff).tolist():
-            sel = np.flatnonzero(m_eff == mm)
-            sched = compile_schedule(SCHEDULE_NAMES[code], pp, mm, v)
-            peaks = live_count_peaks(sched, n_stages)
-            for r in range(pp):
-                chunks, rows, _ = peaks[r]
-                stored[sel, r] = peak_bytes(rows, act_mat[np.ix_(sel, chunks)])
-                if code in _UNSPLIT and sched.kind[r].size:
-                    kind, stage, mb = sched.kind[r][-1], sched.stage[r][-1], sched.mb[r][-1]
-                    tail_ok[sel, r] = kind == 1 and stage == r and mb == mm - 1
+        first, pair_inv = _distinct_rows([m_eff, kid])
+        chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
+        m_first = m_eff[first]
+        stored_u = np.empty((len(first), pp))
+        for mm in np.unique(m_first).tolist():
+            sel = np.flatnonzero(m_first == mm)
+            stored_u[sel] = rank_peak_bytes(live_rows(SCHEDULE_NAMES[code], pp, mm, v), act_mat[kid[first[sel]]], chunks)
+        stored = stored_u[pair_inv]
+        # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
+        # stage for the last micro-batch (the gradient chain of the module docstring)
+        chain = code in _UNSPLIT
 
-        totals = np.empty((G, pp))
-        lb_finish = np.empty((G, pp))
-        lb_span = np.zeros(G)
-        slow = np.full(G, -np.inf)
-        opt_pg = np.zeros(G)
-        start = np.zeros(G)
-        chain_b = np.zeros(G)
+        # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
+        # order) have the same model state, buffers and stage times to the bit: once per class
+        classes: dict[tuple, int] = {}
+        cls_of = np.empty(pp, dtype=np.int64)
         for r in range(pp):
             mine = stages_of_rank(r, pp, v, style)
+            key = tuple((split[j], j == 0, j == last, moe_stage[j] if model.is_moe else 0) for j in mine)
+            cls_of[r] = classes.setdefault(key, len(classes))
+        n_cls = len(classes)
+        fixed, other_total = np.empty((G, n_cls)), np.empty((G, n_cls))
+        busy_c, after_c, opt_pg = np.empty((G, n_cls)), np.empty((G, n_cls)), np.full(G, -np.inf)
+        for ci, r in enumerate(np.unique(cls_of, return_index=True)[1].tolist()):
+            mine = stages_of_rank(r, pp, v, style)
             n_layers = sum(split[j] for j in mine)
-            first, holds_head = 0 in mine, last in mine
-            params = by_tp(lambda x: rank_params(model, x, pp, n_layers, first, holds_head))  # int64
+            first_, holds_head = 0 in mine, last in mine
+            n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
+            params = by_tp(lambda x: rank_params(model, x, pp, n_layers, first_, holds_head, n_moe))  # int64
             state = model_state_bytes(params, rec, zero, shard)
             other = rank_other_items(
-                reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad, zero=zero,
-                shard=shard, params=params, layer_params=layer_params, weight_bytes=rec.weight_bytes,
+                reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad, head_act=k["head_act"],
+                zero=zero, shard=shard, params=params, layer_params=layer_params, head_params=head_params,
+                kept_embedding_params=kept_embedding, weight_bytes=rec.weight_bytes,
                 grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
                 once_per_step=False, tp=t, act_msg=cm["act_msg"], pp=pp, p2p_bytes=cm["p2p_bytes"],
             )
-            activations = stored[:, r] + working
-            totals[:, r] = state.weights + state.gradients + state.optimizer + activations + total_of(other)
-            p_of = {x: rank_params(model, x, pp, n_layers, first, holds_head) for x in t_vals.tolist()}
+            # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
+            fixed[:, ci] = state.weights + state.gradients + state.optimizer
+            other_total[:, ci] = total_of(other)
+            p_of = {x: rank_params(model, x, pp, n_layers, first_, holds_head, n_moe) for x in t_vals.tolist()}
             sync = np.array(
                 [self._dp(tt, cc, pp, dd, ss, zz, p_of[tt]) for tt, cc, dd, ss, zz in mesh_rows]
             ).reshape(len(mesh_rows), 2)[mesh_inv]
@@ -251,14 +369,22 @@ class Engine:
             )
             local = params / pick(zero >= 1, shard, 1)
             opt = optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
-            better = opt + pg > slow  # first rank with the largest optimizer + gather, as estimate picks it
-            slow = np.where(better, opt + pg, slow)
-            opt_pg = np.where(better, opt + pg, opt_pg)
-            busy = m * (last_bwd + first_fwd)
-            lb_finish[:, r] = start + busy + after
-            lb_span = np.maximum(lb_span, start + busy + np.where(tail_ok[:, r], chain_b, 0.0))
-            start = start + st.fwd[r] + tau
-            chain_b = chain_b + st.bwd[r] + tau
+            opt_pg = np.maximum(opt_pg, opt + pg)  # the slowest rank's optimizer + gather
+            busy_c[:, ci] = m * (last_bwd + first_fwd)
+            after_c[:, ci] = after
+        working_col = np.broadcast_to(working, (G,))[:, None]
+        totals = (fixed[:, cls_of] + (stored + working_col)) + other_total[:, cls_of]
+
+        # σ_r and the gradient chain Σ_{k<r} (b_k + τ), summed rank by rank as the bound states
+        start, chain_b = np.empty((G, pp)), np.empty((G, pp))
+        run_f, run_b = np.zeros(G), np.zeros(G)
+        for r in range(pp):
+            start[:, r], chain_b[:, r] = run_f, run_b
+            run_f = run_f + st.fwd[r] + tau
+            run_b = run_b + st.bwd[r] + tau
+        reach = start + busy_c[:, cls_of]
+        lb_finish = reach + after_c[:, cls_of]
+        lb_span = np.max(reach + chain_b if chain else reach, axis=1, initial=0.0)
         lb = np.maximum(lb_finish.max(axis=1), lb_span) + opt_pg
         worst = totals.argmax(axis=1)
         return totals[np.arange(G), worst], worst, lb * (1 - 1e-12)

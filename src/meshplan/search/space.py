@@ -3,7 +3,8 @@
 A plan of the space is a choice of
 
 =================  =============================================================================
-tp, cp, pp, dp     a factorization tp·cp·pp·dp = N of the GPU count (ep = 1: dense models)
+tp, cp, pp, dp     a factorization tp·cp·pp·dp = N of the GPU count (ep = 1: MoE models keep
+                   every expert on every GPU; ep is not searched yet)
 schedule, vpp      pp = 1: none; pp > 1: 1f1b, gpipe, zbh1 (v = 1), zbv (v = 2), interleaved and
                    interleaved-zb (v = 2 .. max_vpp)
 micro_batch b      1 .. max_micro_batch; m = B / (b·dp) micro-batches per step (B sequences)
@@ -150,7 +151,8 @@ def _schedule_options(pp: int, layers: int, lim: SearchLimits, reject: dict[str,
 
 def _tp_ok(model: ModelSpec, t: int) -> bool:
     g = model.n_kv_heads
-    return model.n_heads % t == 0 and (g % t == 0 or t % g == 0) and model.ffn_hidden % t == 0
+    experts_ok = model.expert_ffn_hidden % t == 0 and model.shared_expert_ffn_hidden % t == 0  # 0 when dense
+    return model.n_heads % t == 0 and (g % t == 0 or t % g == 0) and model.ffn_hidden % t == 0 and experts_ok
 
 
 def enumerate_plans(
@@ -171,7 +173,9 @@ def enumerate_plans(
     mbs = [lim.micro_batch] if lim.micro_batch is not None else list(range(1, lim.max_micro_batch + 1))
     reject: dict[str, int] = {}
     cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
-    rec_codes = np.array([RECOMPUTE.index(r) for r in lim.recompute], dtype=np.int64)
+    # op-level selective recompute is modelled for dense attention + MLP layers only
+    modes = [r for r in lim.recompute if not (r == "op" and (model.is_moe or model.is_mla))]
+    rec_codes = np.array([RECOMPUTE.index(r) for r in modes], dtype=np.int64)
     interleaved = {SCHEDULE_NAMES.index("interleaved"), SCHEDULE_NAMES.index("interleaved-zb")}
 
     def add(reason: str, count: int) -> None:

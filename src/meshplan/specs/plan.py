@@ -118,6 +118,10 @@ class TrainingPlan(Spec):
     precision: PrecisionRecipe = PrecisionRecipe()
     attention: Literal["flash", "materialized"] = "flash"
     attention_flops: Literal["causal", "full"] = "causal"
+    # element-wise kernels and loss of the software stack (meshplan.cost.compute, .activations):
+    # fused (Megatron-Core/Transformer Engine, fused vocab-parallel cross-entropy), compiled
+    # (torch.compile'd blocks, torch's cross-entropy), eager (PyTorch eager, torch's cross-entropy)
+    kernels: Literal["fused", "compiled", "eager"] = "fused"
     layer_split: Optional[tuple[int, ...]] = None  # layers per virtual stage, pipeline order
     rank_order: tuple[str, ...] = ("tp", "cp", "dp", "pp")  # innermost first (Megatron)
     overlap_grad_reduce: bool = True

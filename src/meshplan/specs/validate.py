@@ -16,6 +16,24 @@ from meshplan.specs.plan import TrainingPlan
 MAX_PIPELINE_CHUNKS = 1_048_576
 
 
+def _check_moe(model: ModelSpec, plan: TrainingPlan) -> None:
+    """Expert parallelism's rules (:mod:`meshplan.cost.moe`): ep divides E (and dp, checked by the
+    plan), experts split by TP, sequence parallelism with tp > 1 (Megatron-Core requires it)."""
+    t, ep = plan.tp, plan.ep
+    if model.n_experts % ep:
+        raise InputError("ep", f"ep ({ep}) must divide the number of experts ({model.n_experts})")
+    if model.expert_ffn_hidden % t:
+        raise InputError("tp", f"tp ({t}) must divide the expert MLP hidden size ({model.expert_ffn_hidden})")
+    if model.shared_expert_ffn_hidden % t:
+        raise InputError("tp", f"tp ({t}) must divide the shared expert's MLP hidden size ({model.shared_expert_ffn_hidden})")
+    if ep > 1 and plan.dp_shard is not None:
+        raise InputError("dp_shard", "HSDP (dp_shard) with expert parallelism (ep > 1) is not modelled; use one or the other")
+    if ep > 1 and t > 1 and not plan.sequence_parallel:
+        raise InputError("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism (as in Megatron-Core)")
+    if plan.recompute == "op":
+        raise InputError("recompute", "op-level selective recompute is modelled for dense layers; use selective or full with a mixture-of-experts model")
+
+
 def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> None:
     """Raise on the first rule the plan breaks for this model and cluster."""
     n = plan.num_gpus
@@ -39,8 +57,12 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> No
         raise InputError("seq_len", f"seq_len ({plan.seq_len}) must be divisible by 2 x cp ({2 * plan.cp}) for load-balanced causal context parallelism")
     if plan.sequence_parallel and t > 1 and (plan.seq_len // plan.cp) % t:
         raise InputError("seq_len", f"with sequence parallelism seq_len / cp must be divisible by tp ({t})")
-    if plan.ep > 1:
+    if plan.ep > 1 and not model.is_moe:
         raise InputError("ep", f"ep = {plan.ep} needs a mixture-of-experts model; {model.name} is dense (use ep = 1)")
+    if model.is_moe:
+        _check_moe(model, plan)
+    if model.is_mla and plan.recompute == "op":
+        raise InputError("recompute", "op-level selective recompute is modelled for standard attention; use selective or full with MLA")
     if model.position == "learned" and plan.seq_len > model.max_position:
         raise InputError("seq_len", f"seq_len ({plan.seq_len}) exceeds {model.name}'s {model.max_position} learned positions")
     if plan.schedule in ("interleaved", "interleaved-zb"):

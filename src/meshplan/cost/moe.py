@@ -1,0 +1,145 @@
+"""Mixture-of-experts layers in a plan: expert parallelism, its all-to-all, and the split of
+model state into dense and expert parameters.
+
+Expert parallelism (ep, Lepikhin et al. 2021, GShard, Sec. 2.2; Fedus et al. 2022, Switch
+Transformer, Sec. 2.2) spreads the E routed experts of every MoE layer over ``ep`` GPUs, E/ep
+each; everything else (attention, router, shared expert, dense layers, embeddings) stays
+replicated as before. meshplan's rule, as in Megatron-Core with the expert tensor-parallel size
+equal to tp: the ep group is carved out of the data-parallel axis — ``ep`` consecutive dp indices,
+so in Megatron's rank order (tp, cp, dp, pp) it sits just outside tp and cp — and ``ep`` must
+divide dp and E. Expert parameters are then replicated over the *expert data-parallel* group,
+every ep-th dp index times cp: ``N_e = dp·cp/ep`` ranks, over which ZeRO shards their
+gradients and optimizer state and the gradients are synchronized (Megatron-Core MoE docs,
+"expert data parallel"; DeepSpeed-MoE, Rajbhandari et al. 2022, Sec. 5).
+
+Per MoE layer and micro-batch each GPU dispatches its tokens' k copies to the experts' GPUs and
+combines the results back: two all-to-alls forward (dispatch, combine) and two backward (their
+gradients), two more with full recompute, each of ``S = n·k·h·e / t`` bytes (n = b·s/c tokens;
+with sequence parallelism, which Megatron requires for ep with tp > 1, each TP rank sends its
+1/t of them). Routing is taken as balanced and dropless (no capacity factor: Megatron-Core's
+default and DeepSeek-V3's training, report Sec. 2.1.2), the all-to-alls as exposed (not hidden
+behind the attention of another micro-batch, as DeepSeek's DualPipe does). With ep = 1 there is
+no all-to-all: every GPU holds every expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from meshplan.cost import collectives as coll
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.collectives import GroupPlacement
+from meshplan.cost.comm import Placements
+from meshplan.cost.compose import LayerTimes, StageTimes
+from meshplan.cost.params import expert_params_per_rank, layer_params_per_rank
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+
+
+def moe_layers_per_stage(model: ModelSpec, split: tuple[int, ...]) -> list[int]:
+    """MoE layers of each virtual stage (``split``: layers per virtual stage in model order)."""
+    flags = model.moe_layers
+    out, start = [], 0
+    for n in split:
+        out.append(sum(flags[start:start + n]))
+        start += n
+    return out
+
+
+def alltoall_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, act_bytes: int) -> float:
+    """One dispatch (or combine) all-to-all's send buffer per GPU: ``n·k·h·e``, ÷ t with
+    sequence parallelism."""
+    return tokens * model.experts_per_token * model.hidden * act_bytes / (tp if sp else 1)
+
+
+def expert_placements(cluster: ClusterSpec, plan: TrainingPlan) -> tuple[GroupPlacement, GroupPlacement]:
+    """(ep group, expert data-parallel group) containing rank 0: ep consecutive dp indices, and
+    every ep-th dp index times all of cp."""
+    sizes = {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp}
+    ep_group = coll.placement(cluster, sizes, plan.rank_order, ("dp",), span={"dp": plan.ep})
+    edp = coll.placement(cluster, sizes, plan.rank_order, ("dp", "cp"), every={"dp": plan.ep})
+    return ep_group, edp
+
+
+def expert_dp_placements(pl: Placements, edp: GroupPlacement) -> Placements:
+    """The plan's placements with the ZeRO shard and data-parallel groups replaced by the expert
+    data-parallel group (what the expert parameters synchronize over; no HSDP replicas)."""
+    return replace(pl, shard=edp, dpcp=edp, rep=GroupPlacement(1, 1, 1, 1))
+
+
+def alltoall_times(
+    model: ModelSpec, tokens: float, tp: int, sp: bool, act_bytes: int, full_recompute: bool,
+    ep_group: GroupPlacement, cluster: ClusterSpec, cal: Calibration,
+) -> tuple[float, float]:
+    """(forward, backward) exposed all-to-all seconds of one MoE layer and micro-batch: 2 and 2
+    (4 with full recompute) of :func:`alltoall_bytes` over the ep group; 0 when ep = 1."""
+    if ep_group.size <= 1:
+        return 0.0, 0.0
+    one = coll.collective_time("all_to_all", alltoall_bytes(model, tokens, tp, sp, act_bytes), ep_group, cluster, cal)
+    return 2 * one, (4 if full_recompute else 2) * one
+
+
+@dataclass(frozen=True)
+class ExpertComm:
+    """Per virtual stage: exposed all-to-all seconds per micro-batch, forward and backward."""
+
+    fwd: list
+    bwd: list
+
+
+def add_moe_layers(
+    st: StageTimes, moe_per_stage: list[int], dense: LayerTimes, moe: LayerTimes, a2a: tuple[float, float]
+) -> ExpertComm:
+    """Turn ``st``, computed as if every layer were a dense one (``dense``), into the stage times
+    of the real mix, in place: stage k's n_m MoE layers add n_m × (MoE − dense layer) to each part
+    and n_m × the all-to-alls to its forward and backward."""
+    ep_fwd, ep_bwd = [], []
+    for k, n_m in enumerate(moe_per_stage):
+        d = lambda name: n_m * (getattr(moe, name) - getattr(dense, name))  # noqa: E731
+        a2a_f, a2a_b = n_m * a2a[0], n_m * a2a[1]
+        rb = d("recompute")
+        # new values, never in-place: stages may share one array (the search's inner stages)
+        st.comp_fwd[k] = st.comp_fwd[k] + d("fwd")
+        st.comp_bwd[k] = st.comp_bwd[k] + (d("bwd") + rb)
+        st.recompute[k] = st.recompute[k] + rb
+        st.fsdp_fwd[k] = st.fsdp_fwd[k] + d("fsdp_fwd")
+        st.fsdp_bwd[k] = st.fsdp_bwd[k] + d("fsdp_bwd")
+        st.wgt[k] = st.wgt[k] + d("wgt")
+        st.fwd[k] = st.fwd[k] + (d("fwd") + d("fsdp_fwd") + a2a_f)
+        st.bwd[k] = st.bwd[k] + (d("bwd") + rb + d("fsdp_bwd") + a2a_b)
+        ep_fwd.append(a2a_f)
+        ep_bwd.append(a2a_b)
+    return ExpertComm(ep_fwd, ep_bwd)
+
+
+def rank_expert_params(model: ModelSpec, tp: int, ep: int, n_moe_layers: int) -> int:
+    """Routed-expert parameters one GPU holds apart from the rest, n_m layers × E/ep experts
+    split t ways; 0 when ep = 1, where the experts are replicated like every other weight (and
+    sharded with them, HSDP included)."""
+    return n_moe_layers * expert_params_per_rank(model, tp, ep) if n_moe_layers and ep > 1 else 0
+
+
+def expert_shard_degree(plan: TrainingPlan) -> int:
+    """N_e = dp·cp/ep: ranks holding the same experts, over which ZeRO shards their state."""
+    return plan.dp // plan.ep * plan.cp
+
+
+def moe_fsdp_layer_times(
+    model: ModelSpec, tp: int, ep: int, rec, pl_shard: GroupPlacement, edp: GroupPlacement,
+    cluster: ClusterSpec, cal: Calibration,
+) -> tuple[float, float]:
+    """ZeRO-3 / FSDP (all-gather, reduce-scatter) of one MoE layer before overlap: its dense part
+    (attention, router, shared expert) over the shard group, its E/ep experts over the expert
+    data-parallel group (Rajbhandari et al. 2020, Sec. 7.2.2, per parameter group)."""
+    if ep == 1:  # every GPU holds every expert: one unit over the shard group, as a dense layer
+        layer = layer_params_per_rank(model, tp, moe=True)
+        return (coll.collective_time("all_gather", layer * rec.weight_bytes, pl_shard, cluster, cal),
+                coll.collective_time("reduce_scatter", layer * rec.grad_bytes, pl_shard, cluster, cal))
+    experts = expert_params_per_rank(model, tp, ep)
+    dense = layer_params_per_rank(model, tp, moe=True, ep=ep) - experts
+    ag = coll.collective_time("all_gather", dense * rec.weight_bytes, pl_shard, cluster, cal)
+    ag += coll.collective_time("all_gather", experts * rec.weight_bytes, edp, cluster, cal)
+    rs = coll.collective_time("reduce_scatter", dense * rec.grad_bytes, pl_shard, cluster, cal)
+    rs += coll.collective_time("reduce_scatter", experts * rec.grad_bytes, edp, cluster, cal)
+    return ag, rs

@@ -1,0 +1,95 @@
+"""Micro-batches held per chunk by each pipeline rank, in closed form for the looped schedules.
+
+The memory peak of a rank is max over its states of Σ_j live_j·a_j (live_j micro-batches held by
+chunk j, a_j that chunk's activation bytes; :func:`meshplan.pipeline.simulate.peak_bytes`). The
+simulator finds the states by walking the rank's action list; for the schedules built by
+:func:`meshplan.pipeline.schedules._looped` — 1F1B, interleaved 1F1B, ZB-H1 and interleaved
+zero bubble — the states that can hold the peak follow from the schedule's arithmetic.
+
+Rank r of p runs n_F = m·v forwards; the k-th forward uses chunk ⌊k/q⌋ mod v (q micro-batches a
+round), the k-th backward frees chunk v − 1 − (⌊k/q⌋ mod v). After n forwards chunk j has received
+
+    F_j(n) = ⌊n/(q·v)⌋·q + clip(n mod (q·v) − j·q, 0, q)
+
+micro-batches, and after n releases it has lost F_{v−1−j}(n). The rank warms up with
+w_r = min((v − 1)·q + f·(p − 1 − r), m·v) forwards (f = 2 for interleaved 1F1B, else 1), then
+step b = 0, 1, …, m·v − w_r − 1 runs F(w_r + b), then the backward b, then (split backwards only)
+the weight gradient W(b − r) when b ≥ r. Activations are freed by B, or by W when the backward is
+split (Qi et al. 2024: W still needs the layer inputs). Counts only grow in the warm-up and only
+shrink in the drain, so every state is dominated by one right after a steady-state forward:
+
+    row_b = F(w_r + b + 1) − F^rev(ρ_b),   ρ_b = b (B frees) or max(0, b − r) (W frees),
+
+or, when the warm-up takes all m·v forwards, the single row F(m·v). Only one period of b is
+needed: F(n + q·v) = F(n) + q in every chunk, so row_{b+q·v} = row_b once ρ grows with b; and
+while ρ_b = 0 (b < r, split backwards) each row is dominated by the next. GPipe holds all m
+micro-batches of its one chunk at once. Rows that another row equals or exceeds in every chunk are
+dropped; what is left equals the simulator's undominated rows (tests assert it over a grid of p, m,
+v).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.pipeline.schedules import compile_schedule, rounds_of
+from meshplan.pipeline.simulate import live_count_peaks
+
+#: schedule → (warm-up factor f, backward split) for the schedules built by ``_looped``
+LOOPED = {"1f1b": (1, False), "interleaved": (2, False), "zbh1": (1, True), "interleaved-zb": (1, True)}
+#: schedules whose live counts :func:`live_rows` gives in closed form
+CLOSED_FORM = frozenset(LOOPED) | {"gpipe"}
+
+
+def forwards_per_chunk(n: np.ndarray, q: int, v: int) -> np.ndarray:
+    """F_j(n) for every chunk j (last axis) of every n: ⌊n/(q·v)⌋·q + clip(n mod (q·v) − j·q, 0, q)."""
+    n = np.asarray(n, dtype=np.int64)[..., None]
+    j = np.arange(v, dtype=np.int64)
+    return (n // (q * v)) * q + np.minimum(np.maximum(n % (q * v) - j * q, 0), q)
+
+
+def undominated(rows: np.ndarray) -> np.ndarray:
+    """The rows of ``rows`` that no other row exceeds or equals in every column (of equal rows the
+    first is kept), in their order."""
+    if len(rows) <= 1:
+        return rows
+    ge = (rows[None, :, :] >= rows[:, None, :]).all(axis=2)  # ge[i, j]: row j >= row i
+    earlier = np.tri(len(rows), k=-1, dtype=bool)  # earlier[i, j]: j < i
+    dominated = (ge & (~ge.T | earlier)).any(axis=1)
+    return rows[~dominated]
+
+
+def looped_live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, ...]:
+    """Per rank, the undominated live-count rows (chunks in increasing stage order) of schedule
+    ``name`` (one of :data:`LOOPED`), from the closed form of the module docstring."""
+    factor, split = LOOPED[name]
+    v = vpp
+    q = rounds_of(pp, m) if v > 1 else m
+    total = m * v
+    r = np.arange(pp, dtype=np.int64)[:, None]
+    warm = np.minimum((v - 1) * q + factor * (pp - 1 - r), total)  # (p, 1)
+    n_st = np.maximum(total - warm, 1)  # a warm-up of all m·v forwards leaves the row b = 0
+    first = np.minimum(r, n_st - 1) if split else np.zeros_like(r)
+    b = first + np.arange(min(q * v, total), dtype=np.int64)[None, :]  # (p, n): step numbers
+    keep = b < n_st
+    n_fwd = np.minimum(warm + b + 1, total)
+    freed = np.maximum(0, b - r) if split else b
+    rows = forwards_per_chunk(n_fwd, q, v) - forwards_per_chunk(freed, q, v)[..., ::-1]  # (p, n, v)
+    if v == 1:  # one chunk: the largest count
+        top = np.where(keep, rows[..., 0], -1).max(axis=1)
+        return tuple(np.array([[x]], dtype=np.int64) for x in top.tolist())
+    return tuple(undominated(rows[i][keep[i]]) for i in range(pp))
+
+
+@lru_cache(maxsize=4096)
+def live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, ...]:
+    """Per rank, undominated live-count rows over the rank's chunks in increasing stage order:
+    closed forms for GPipe and the looped schedules, the simulator's walk for ZBV (cached)."""
+    if name == "gpipe":
+        return tuple(np.array([[m]], dtype=np.int64) for _ in range(pp))
+    if name in LOOPED:
+        return looped_live_rows(name, pp, m, vpp)
+    sched = compile_schedule(name, pp, m, vpp)
+    return tuple(rows for _, rows, _ in live_count_peaks(sched, pp * vpp))

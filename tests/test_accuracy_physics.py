@@ -1,0 +1,151 @@
+"""The physical effects behind the accuracy figures: the power-capped GPU, the element-wise
+traffic and loss buffers of each software stack, and the held-out set of published runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from fractions import Fraction
+
+import pytest
+
+from meshplan.accuracy import RUN_SETS, predict, published_runs, runs_of, validate_runs
+from meshplan.accuracy.heldout import heldout_runs, map_heldout_runs
+from meshplan.catalog import load_gpu, load_model
+from meshplan.cli.app import main
+from meshplan.cost.activations import loss_grad_bytes
+from meshplan.cost.calibration import HOPPER, calibration_for, power_capped
+from meshplan.cost.compute import elementwise_bytes, layer_op_times, memory_time
+from meshplan.errors import InputError
+from meshplan.estimate import estimate
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.plan import TrainingPlan
+
+
+# ---- power cap ----------------------------------------------------------------------------------
+
+
+def test_power_cap_scales_every_peak_by_the_cube_root_of_the_power_ratio():
+    h100 = load_gpu("h100-sxm-80gb")
+    capped = power_capped(h100, 500)
+    r = (500 / 700) ** (1 / 3)
+    assert r == pytest.approx(0.89390, abs=1e-5)
+    for dtype in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+        assert capped.peak(dtype) == h100.peak(dtype) * r
+    assert capped.peak("bf16") / 1e12 == pytest.approx(884.4, abs=0.1)
+    assert (capped.hbm_bandwidth, capped.hbm_bytes, capped.tdp_watts) == (h100.hbm_bandwidth, h100.hbm_bytes, 500.0)
+    # NVIDIA's own power-limited Hopper: H100 NVL, 132 SMs at 400 W, rated 835 TFLOP/s dense BF16
+    assert power_capped(h100, 400).peak("bf16") / 835e12 == pytest.approx(1.0, abs=0.02)
+    assert power_capped(h100, 700).peak_flops == h100.peak_flops
+
+
+@pytest.mark.parametrize("watts", [0, -5, 701])
+def test_power_cap_outside_zero_to_tdp_is_refused(watts):
+    with pytest.raises(InputError, match="gpu.power_cap"):
+        power_capped(load_gpu("h100-sxm-80gb"), watts)
+
+
+# ---- software stack: element-wise kernels and the loss ---------------------------------------------
+
+
+def test_elementwise_bytes_per_stack():
+    assert elementwise_bytes(2, "fused") == elementwise_bytes(2, "compiled") == {"norm": 4, "rope": 4, "swiglu": 6}
+    # eager RMSNorm: cast 2+4, square 4+4, mean 4, scale 4+4, cast 4+2, weight 2+2
+    assert elementwise_bytes(2, "eager") == {"norm": 36, "rope": 20, "swiglu": 10}
+
+
+def _ops(kernels):
+    gpu = load_gpu("h100-sxm-80gb")
+    return layer_op_times(load_model("llama3-8b"), 2, 8192, 1, 1, False, "flash", "causal", gpu, HOPPER, "bf16", 2, kernels), gpu
+
+
+def test_eager_kernels_only_add_memory_bound_time():
+    (fused, gpu), (eager, _) = _ops("fused"), _ops("eager")
+    assert _ops("compiled")[0] == fused
+    assert (eager.fwd_gemm, eager.fwd_attention, eager.bwd_gemm, eager.bwd_attention) == (
+        fused.fwd_gemm, fused.fwd_attention, fused.bwd_gemm, fused.bwd_attention)
+    # extra bytes: 2 norms x (36 - 4) x n·h + RoPE (20 - 4) x n·(a + g)·d + SwiGLU (10 - 6) x n·f
+    n, h, f, ad = 2 * 8192, 4096, 14336, (32 + 8) * 128
+    extra = 2 * 32 * n * h + 16 * n * ad + 4 * n * f
+    kernels = (24 - 7) * HOPPER.kernel_overhead
+    assert eager.fwd_memory - fused.fwd_memory == pytest.approx(memory_time(extra, gpu, HOPPER) - HOPPER.kernel_overhead + kernels)
+    assert eager.bwd_memory == 2 * eager.fwd_memory
+
+
+def test_loss_buffers_per_stack():
+    m = load_model("llama3-8b")
+    per = 4 * 2 * 8192 * 128256  # fp32 logits of 16,384 tokens over the 128,256-entry vocabulary
+    assert loss_grad_bytes(m, 2, 8192, 1, 1, "fused") == per == 8_405_385_216
+    assert loss_grad_bytes(m, 2, 8192, 1, 1, "eager") == loss_grad_bytes(m, 2, 8192, 1, 1, "compiled") == 2 * per
+    assert loss_grad_bytes(m, 2, 8192, 8, 2, "compiled") == 2 * 4 * 8192 * (128256 // 8)
+
+
+def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
+    model = load_model("llama3-8b")
+    cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
+    plans = {k: TrainingPlan.build(where="plan", dp=8, micro_batch=2, global_batch=16, seq_len=8192, zero=3,
+                                   recompute="op", kernels=k) for k in ("fused", "compiled")}
+    est = {k: estimate(model, cluster, p) for k, p in plans.items()}
+    assert est["compiled"].peak_bytes - est["fused"].peak_bytes == 8_405_385_216
+    assert est["compiled"].time.step_s == est["fused"].time.step_s  # same kernels, same time
+
+
+def test_unknown_kernels_value_is_refused():
+    with pytest.raises(InputError):
+        TrainingPlan.build(where="plan", global_batch=8, seq_len=128, kernels="jit")
+
+
+# ---- the held-out set ---------------------------------------------------------------------------
+
+
+def test_heldout_runs_are_separate_from_the_ground_truth():
+    ids = [r["id"] for r in heldout_runs()]
+    assert len(ids) == len(set(ids)) == 12
+    assert not set(ids) & {r["id"] for r in published_runs()}
+    runs = map_heldout_runs()
+    assert all(r.supported for r in runs)
+    assert {r.group for r in runs} == {"nemo2407", "mtnlg"}
+
+
+def test_heldout_step_times_follow_the_published_figures():
+    runs = {r.id: r for r in map_heldout_runs()}
+    assert runs["nemo2407_llama3_8b_8gpu"].published_step_s == float(Fraction(128 * 8192, 12036 * 8))
+    assert runs["mtnlg_530b_2240gpu"].published_step_s == 60.1
+    p = runs["nemo2407_llama3_70b_64gpu"].plan
+    assert (p.tp, p.pp, p.cp, p.dp, p.vpp, p.schedule, p.precision.precision) == (4, 4, 2, 2, 5, "interleaved", "fp8")
+    q = runs["mtnlg_530b_3360gpu"].plan
+    assert (q.dp, q.grad_accum, q.recompute, q.attention) == (12, 160, "full", "materialized")
+
+
+def test_run_sets_and_predictions_through_estimate():
+    assert RUN_SETS == ("visible", "held-out", "all")
+    assert len(runs_of("all")) == len(runs_of("visible")) + len(runs_of("held-out"))
+    rep = validate_runs(run_set="held-out")
+    assert rep.run_set == "held-out" and rep.to_dict()["set"] == "held-out"
+    assert rep.overall.supported == 12
+    run = [r for r in map_heldout_runs() if r.id == "nemo2407_llama2_7b_8gpu"][0]
+    assert predict(run).predicted_step_s == estimate(run.model, run.cluster, run.plan).time.step_s
+    assert calibration_for(run.cluster.gpu) is HOPPER
+    with pytest.raises(InputError, match="set"):
+        runs_of("hidden")
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_validate_set_held_out_json_and_bad_input():
+    code, out, _ = run_cli("validate", "--set", "held-out", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["set"] == "held-out" and set(doc["groups"]) == {"nemo2407", "mtnlg"}
+    code, out, err = run_cli("validate", "--set", "hidden")
+    assert code == 2 and "set" in err and "Traceback" not in err + out
+    code, out, err = run_cli("validate", "--source", "mtnlg")  # a held-out source, visible set
+    assert code == 2 and "--set all" in err
+    code, out, _ = run_cli("validate", "--set", "all", "--source", "mtnlg,korthikanti22", "--json")
+    assert code == 0 and set(json.loads(out)["groups"]) == {"mtnlg", "korthikanti22"}
