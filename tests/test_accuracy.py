@@ -100,11 +100,11 @@ def test_plan_settings_follow_the_sources(runs):
     assert tt.cluster.gpu.hbm_bytes == 96 * GiB
 
 
-def test_h100_96gb_variant_changes_only_the_capacity():
+def test_h100_96gb_variant_is_the_power_capped_hbm2e_part():
     base, v = load_gpu("h100-sxm-80gb"), h100_96gb()
-    assert v.hbm_bytes == 96 * GiB
-    assert (v.peak_flops, v.hbm_bandwidth, v.generation, v.nic_bandwidth) == (
-        base.peak_flops, base.hbm_bandwidth, base.generation, base.nic_bandwidth)
+    assert (v.hbm_bytes, v.hbm_bandwidth, v.tdp_watts) == (96 * GiB, 2.4e12, 500.0)
+    assert v.peak("bf16") == base.peak("bf16") * (500 / 700) ** (1 / 3)  # 884.2 TFLOP/s
+    assert (v.generation, v.nic_bandwidth, v.sm_count) == (base.generation, base.nic_bandwidth, base.sm_count)
 
 
 # ---- published step times by the sources' own formulas ----------------------------------------------

@@ -7,9 +7,10 @@ them with the same ``estimate`` as ``meshplan estimate`` and reports errors and 
 """
 
 from meshplan.accuracy.runs import MappedRun, map_run, map_runs, published_run, published_runs
-from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport, predict, validate_runs
+from meshplan.accuracy.validate import RUN_SETS, GroupSummary, RunResult, ValidationReport, predict, runs_of, validate_runs
 
 __all__ = [
+    "RUN_SETS",
     "GroupSummary",
     "MappedRun",
     "RunResult",
@@ -19,5 +20,6 @@ __all__ = [
     "predict",
     "published_run",
     "published_runs",
+    "runs_of",
     "validate_runs",
 ]

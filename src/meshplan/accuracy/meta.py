@@ -9,6 +9,7 @@ from typing import Any
 from meshplan.accuracy.formulas import llama3_model_flops, step_from_tflops, step_from_tokens_per_gpu
 from meshplan.accuracy.runs import MappedRun, unsupported
 from meshplan.catalog import load_gpu, load_model
+from meshplan.cost.calibration import power_capped
 from meshplan.cost.params import count_params
 from meshplan.presets import get_preset
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
@@ -80,9 +81,22 @@ def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
 TORCHTITAN_MODELS = {"Llama 3.1 8B": "llama3-8b", "Llama 3.1 70B": "llama3-70b", "Llama 3.1 405B": "llama3-405b"}
 
 
+#: Grand Teton's H100: 96 GB of HBM2e in six stacks. HBM2e runs at the H100 PCIe's per-stack rate
+#: (2.0 TB/s over five stacks, NVIDIA H100 PCIe datasheet): 6 x 0.4 = 2.4 TB/s.
+H100_HBM2E_BANDWIDTH = 2.4e12
+GRAND_TETON_POWER_W = 500.0
+
+
 def h100_96gb() -> GPUSpec:
-    """Meta Grand Teton's H100 SXM with 96 GB HBM2e: the catalog H100 with 96 GiB."""
-    return load_gpu("h100-sxm-80gb").model_copy(update={"name": "h100-sxm-96gb", "hbm_bytes": 96 * GiB})
+    """Meta Grand Teton's H100 SXM: 96 GiB of HBM2e at 2.4 TB/s, power-limited to 500 W (Liang et
+    al. 2024, torchtitan, arXiv 2410.06511, Sec. 4: "non-standard H100 ... 96 GB HBM2e ... TDP
+    limited to 500 W; its peak lies between the SXM's and the NVL's"), the dense peaks scaled by
+    the power-cap law of :func:`meshplan.cost.calibration.power_capped` (x 0.894: 884 TFLOP/s
+    BF16, between the NVL's 835 and the SXM's 989)."""
+    return power_capped(
+        load_gpu("h100-sxm-80gb"), GRAND_TETON_POWER_W, name="h100-sxm-96gb-500w",
+        hbm_bandwidth=H100_HBM2E_BANDWIDTH, hbm_bytes=96 * GiB,
+    )
 
 
 def _numbers(text: Any) -> list[float]:
@@ -122,8 +136,12 @@ def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: b
             "Float8 linears (torchao, dynamic scaling) as meshplan fp8: GEMMs at the FP8 peak, "
             "attention in bf16; the FP8 casts modelled as HBM traffic (amax + cast per operand); weights gathered in bf16"
         )
-    if compiled:
-        notes.append("torch.compile not modelled: predicted as eager")
+    notes.append(
+        "torch.compile'd transformer blocks: fused element-wise kernels (meshplan kernels 'compiled')"
+        if compiled else
+        "PyTorch eager: one kernel per element-wise op, fp32 upcasts in RMSNorm and RoPE (meshplan kernels 'eager')"
+    )
+    notes.append("loss: torch's cross_entropy on fp32 logits outside the compiled blocks")
     return notes
 
 
@@ -146,8 +164,8 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         return [unsupported(r, "torchtitan", src, "no global or local batch size given")]
     recompute = "op" if str(r["activation_recompute"]).startswith("selective") else "full"
     fp8 = "Float8" in str(r["precision"])
-    compiled = "compile" in notes
     interleaved = "Interleaved" in notes
+    compiled = "compile" in notes or interleaved  # the interleaved row: as the 1F1B row (assumption below)
     async_tp = tp > 1 and ("AsyncTP" in notes or interleaved)
     assumptions: list[str] = []
     if pp > 1:
@@ -167,7 +185,7 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         micro_batch=micro, global_batch=global_batch, seq_len=s, recompute=recompute,
         sequence_parallel=tp > 1, zero=3, reshard_after_forward=pp == 1, fsdp_accumulate_unsharded=pp > 1,
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
-        tp_comm_overlap=async_tp,
+        tp_comm_overlap=async_tp, kernels="compiled" if compiled else "eager",
     )
     cluster = ClusterSpec.of(h100_96gb(), n)
     if interleaved:
@@ -177,8 +195,8 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
     if cp > 1:
         assumptions.append("context parallelism modelled as ring send/recv of K/V overlapped with attention")
     assumptions += _torchtitan_common(r, recompute, fp8, compiled) + _fsdp_notes(pp) + [
-        "H100 SXM with 96 GB HBM2e (capacity 96 GiB); catalog HBM3 bandwidth and 700 W clocks kept: "
-        "the 500 W power cap is not modelled",
+        "Grand Teton H100: 96 GiB HBM2e at 2.4 TB/s, 500 W power cap: dense peaks x (500/700)^(1/3) "
+        "= 0.894 (884 TFLOP/s BF16)",
         "Grand Teton: 8 GPUs per NVSwitch node, 400 Gb/s RDMA per GPU",
         "published memory is torchtitan's peak (reserved) memory; meshplan's is its allocated peak "
         "plus a 2 GiB runtime reserve",
@@ -208,7 +226,7 @@ def map_trainy(r: dict[str, Any]) -> list[MappedRun]:
         plan = TrainingPlan.build(
             where="plan", dp=n, micro_batch=b, global_batch=b * n, seq_len=r["seq_len"],
             recompute="op", sequence_parallel=False, zero=3,
-            precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"),
+            precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"), kernels="compiled",
         )
         cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), n)
         assumptions = [

@@ -4,6 +4,10 @@ Each supported run is estimated exactly as ``meshplan estimate`` would: the same
 same catalog, the same calibration table (``meshplan.cost.calibration.calibration_for``, read
 inside ``estimate`` and ``ClusterSpec.of``); nothing here is tuned for validation.
 
+Three sets of runs (``run_set``): ``visible``, the ground truth of ``published_runs.yaml``
+(what the calibration was checked against); ``held-out``, the runs of ``heldout_runs.yaml``
+that no constant was set from (:mod:`meshplan.accuracy.heldout`); ``all``, both.
+
 Errors are signed fractions, ``(predicted − published) / published`` (positive: meshplan predicts
 a slower step, or more memory). MAPE is the mean of ``|error|`` over a group's supported rows
 (a fraction; 0.057 = 5.7 %), per source group and over all supported rows.
@@ -60,6 +64,7 @@ class ValidationReport:
     groups: dict[str, GroupSummary]
     overall: GroupSummary
     worst: list[RunResult]  # supported rows by |error|, largest first
+    run_set: str = "visible"  # visible | held-out | all
 
     def supported(self) -> list[RunResult]:
         return [r for r in self.rows if r.status == "ok"]
@@ -75,6 +80,7 @@ class ValidationReport:
 
     def to_dict(self) -> dict:
         return {
+            "set": self.run_set,
             "rows": [asdict(r) for r in self.rows],
             "groups": {k: asdict(g) for k, g in self.groups.items()},
             "overall": asdict(self.overall),
@@ -123,12 +129,34 @@ def predict(run: MappedRun) -> RunResult:
     return res
 
 
-def validate_runs(runs: Optional[Iterable[MappedRun]] = None, *, worst: int = 5) -> ValidationReport:
-    """Predict every published run (or ``runs``) and summarize the errors by source group."""
-    rows = [predict(r) for r in (map_runs() if runs is None else runs)]
+RUN_SETS = ("visible", "held-out", "all")
+
+
+def runs_of(run_set: str = "visible") -> list[MappedRun]:
+    """The mapped runs of ``run_set`` (module docstring)."""
+    from meshplan.accuracy.heldout import map_heldout_runs
+    from meshplan.errors import InputError
+
+    if run_set not in RUN_SETS:
+        raise InputError("set", f"must be one of {', '.join(RUN_SETS)} (got {run_set!r})")
+    out: list[MappedRun] = []
+    if run_set in ("visible", "all"):
+        out += map_runs()
+    if run_set in ("held-out", "all"):
+        out += map_heldout_runs()
+    return out
+
+
+def validate_runs(
+    runs: Optional[Iterable[MappedRun]] = None, *, worst: int = 5, run_set: str = "visible"
+) -> ValidationReport:
+    """Predict every run of ``run_set`` (or ``runs``, labelled ``run_set``) and summarize the
+    errors by source group."""
+    rows = [predict(r) for r in (runs_of(run_set) if runs is None else runs)]
     by_group: dict[str, list[RunResult]] = {}
     for r in rows:
         by_group.setdefault(r.group, []).append(r)
     groups = {g: summarize(g, rs) for g, rs in by_group.items()}
     ranked = sorted((r for r in rows if r.error is not None), key=lambda r: abs(r.error), reverse=True)
-    return ValidationReport(rows=rows, groups=groups, overall=summarize("overall", rows), worst=ranked[:worst])
+    return ValidationReport(rows=rows, groups=groups, overall=summarize("overall", rows), worst=ranked[:worst],
+                            run_set=run_set)

@@ -34,7 +34,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.accuracy import map_runs, published_runs, validate_runs
+from meshplan.accuracy import RUN_SETS, published_runs, runs_of, validate_runs
+from meshplan.accuracy.heldout import HELDOUT_SOURCES
 from meshplan.accuracy.runs import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
 from meshplan.cli.pipeline_cmd import _out_path
@@ -52,9 +53,9 @@ MPL_MARKERS = {"circle": "o", "square": "s", "triangle": "^", "diamond": "D", "t
 
 
 def mapped_sources() -> list[str]:
-    """The source groups the accuracy mappers know, in the ground truth's order (cheap: no file
-    is read, so ``--help`` can list them)."""
-    return [group for _, group, _ in _mappers()]
+    """The source groups the accuracy mappers know, in the ground truth's order, then the
+    held-out sources (cheap: no file is read, so ``--help`` can list them)."""
+    return [group for _, group, _ in _mappers()] + list(HELDOUT_SOURCES)
 
 
 def source_names() -> list[str]:
@@ -86,11 +87,11 @@ def parse_sources(values: Optional[list[str]]) -> Optional[list[str]]:
     return chosen
 
 
-def build_report(sources: Optional[list[str]] = None) -> ValidationReport:
-    """The validation report over all runs, or over the runs of ``sources``."""
+def build_report(sources: Optional[list[str]] = None, run_set: str = "visible") -> ValidationReport:
+    """The validation report over the runs of ``run_set``, or of its runs from ``sources``."""
     if sources is None:
-        return validate_runs()
-    return validate_runs([r for r in map_runs() if r.group in sources])
+        return validate_runs(run_set=run_set)
+    return validate_runs([r for r in runs_of(run_set) if r.group in sources], run_set=run_set)
 
 
 # ---- formatting ---------------------------------------------------------------------------------
@@ -127,8 +128,8 @@ def _headline(report: ValidationReport) -> list[str]:
     ov = report.overall
     n_src = len(report.groups)
     return [
-        f"meshplan vs published training runs: {ov.rows} rows from {n_src} source{'s' if n_src != 1 else ''}, "
-        f"{ov.supported} predicted, {ov.rows - ov.supported} unsupported",
+        f"meshplan vs published training runs ({report.run_set} set): {ov.rows} rows from {n_src} "
+        f"source{'s' if n_src != 1 else ''}, {ov.supported} predicted, {ov.rows - ov.supported} unsupported",
         "error = (predicted − published) / published; negative: meshplan predicts a faster step (or less memory) "
         "than was measured. MAPE = mean |error|.",
     ]
@@ -477,15 +478,23 @@ def validate(
     out: Annotated[Optional[str], typer.Option("--out", help="Write a predicted-vs-published scatter (log–log, y = x and ±10% band): .svg, or .png (needs matplotlib, the 'plot' extra).", show_default=False)] = None,
     markdown_out: Annotated[bool, typer.Option("--markdown", help="Print the report as Markdown tables (per run, MAPE per source, unsupported runs) and nothing else.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (the report: rows, groups, overall, worst) and nothing else.")] = False,
+    run_set: Annotated[str, typer.Option("--set", help="Which runs: visible (the ground truth the calibration was checked against), held-out (published runs no constant was set from), or all.")] = "visible",
 ) -> None:
     """Compare meshplan with published training runs: step time and peak memory per run, MAPE per source and overall, the largest errors, and the runs meshplan cannot express (with why).
 
     Each run is predicted exactly as `meshplan estimate` would (same catalog, same calibration); settings a source leaves unstated take its framework's default and are recorded as assumptions (in --json)."""
     if json_out and markdown_out:
         raise InputError("markdown", "give either --json or --markdown, not both")
+    if run_set not in RUN_SETS:
+        raise InputError("set", f"must be one of {', '.join(RUN_SETS)} (got '{run_set}')")
     sources = parse_sources(source)
+    if sources is not None:
+        in_set = {r.group for r in runs_of(run_set)}
+        missing = [g for g in sources if g not in in_set]
+        if missing:
+            raise InputError("source", f"{', '.join(missing)} has no run in the {run_set} set (use --set all)")
     path = _out_path(out)
-    report = build_report(sources)
+    report = build_report(sources, run_set)
     if path is not None:
         write_plot(report, path)
     if json_out:

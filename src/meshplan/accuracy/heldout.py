@@ -1,0 +1,124 @@
+"""The held-out runs: published training runs that no calibration constant was set from.
+
+``catalog/data/heldout_runs.yaml`` lists runs gathered after the calibration was fixed, on A100
+and H100, BF16 and FP8, Megatron-style stacks (NVIDIA NeMo 24.07's H100 FP8 table; DeepSpeed +
+Megatron's MT-NLG 530B on A100). They are mapped like the visible runs
+(:mod:`meshplan.accuracy.runs`: same :class:`MappedRun`, same ``estimate``) and reported apart
+(``meshplan validate --set held-out``), so their error measures how meshplan predicts runs it
+was not compared with while its constants were chosen.
+
+Unstated settings take the framework's documented default, recorded in each run's assumptions:
+
+* NeMo 24.07 (Megatron-Core + Transformer Engine, the perf recipes): distributed optimizer
+  (ZeRO-1) with overlapped gradient reduce-scatter and parameter all-gather; sequence parallelism
+  and TP communication overlap whenever TP > 1; interleaved 1F1B when VP > 1; no activation
+  recompute; FP8 GEMMs with BF16 attention and fp32 gradients; fused kernels.
+* MT-NLG (Megatron-DeepSpeed, 2021): DeepSpeed's 1F1B pipeline engine (no interleaving),
+  ZeRO-1, full activation checkpointing, BF16 with fp32 gradients, materialized attention (no
+  FlashAttention in 2021), gradients reduced after the pipeline (not overlapped), no sequence
+  parallelism (2022).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from meshplan.accuracy.formulas import step_from_tokens_per_gpu
+from meshplan.accuracy.runs import MappedRun, gpt_model, unsupported
+from meshplan.catalog import load_gpu, load_model
+from meshplan.errors import InputError
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
+from meshplan.specs.validate import check_plan
+
+HELDOUT_FILE = "heldout_runs.yaml"
+
+#: group -> publication, as the report names it
+HELDOUT_SOURCES = {
+    "nemo2407": "NVIDIA NeMo 24.07 performance summary, DGX-H100, FP8",
+    "mtnlg": "Smith et al. 2022 (MT-NLG 530B, arXiv 2201.11990), Sec. 2.4",
+}
+
+
+@lru_cache(maxsize=1)
+def heldout_runs() -> tuple[dict[str, Any], ...]:
+    """The ``runs`` of the held-out file, in file order (read-only)."""
+    text = resources.files("meshplan.catalog").joinpath("data", HELDOUT_FILE).read_text()
+    return tuple(yaml.safe_load(text)["runs"])
+
+
+def _model(r: dict[str, Any]):
+    spec = r["model"]
+    if isinstance(spec, str):
+        return load_model(spec)
+    layers, hidden, heads, vocab = spec["gpt"]
+    return gpt_model(r["id"], layers, hidden, heads, vocab, r["seq_len"], source=HELDOUT_SOURCES[r["group"]])
+
+
+def _plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
+    tp, pp, cp, vp, n = r["tp"], r["pp"], r["cp"], r["vp"], r["gpus"]
+    dp = n // (tp * pp * cp)
+    fp8 = r["precision"] == "fp8"
+    recipe = PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32")
+    common = dict(where="plan", tp=tp, pp=pp, cp=cp, dp=dp, vpp=vp, micro_batch=r["micro_batch"],
+                  global_batch=r["global_batch"], seq_len=r["seq_len"], zero=1, precision=recipe)
+    if r["group"] == "nemo2407":
+        plan = TrainingPlan.build(
+            **common, schedule="interleaved" if vp > 1 else "1f1b", recompute="none",
+            sequence_parallel=tp > 1, tp_comm_overlap=tp > 1, attention="flash",
+        )
+        notes = [
+            "NeMo 24.07 perf recipe defaults: distributed optimizer (ZeRO-1), overlapped grad "
+            "reduce-scatter and param all-gather, no activation recompute",
+            "sequence parallelism and TP communication overlap (TP > 1)" if tp > 1 else "no TP",
+            f"interleaved 1F1B, {vp} virtual stages per rank" if vp > 1 else "1F1B" if pp > 1 else "no PP",
+            "FP8 (Transformer Engine) GEMMs, BF16 attention, fp32 gradients" if fp8 else "BF16",
+            "DGX H100: 8 GPUs per NVSwitch node, one 400 Gb/s NIC per GPU (catalog h100-sxm-80gb)",
+        ]
+    else:
+        plan = TrainingPlan.build(
+            **common, schedule="1f1b", recompute="full", sequence_parallel=False,
+            attention="materialized", overlap_grad_reduce=False,
+        )
+        notes = [
+            "Megatron-DeepSpeed 2021: DeepSpeed 1F1B pipeline engine, ZeRO-1, full activation "
+            "checkpointing, gradients reduced after the pipeline",
+            "materialized attention (no FlashAttention in 2021); no sequence parallelism",
+            "BF16 with fp32 gradients; GPT-3 block (MHA, GeLU 4h, LayerNorm, dropout 0.1)",
+            "Selene DGX A100 80GB: 8 GPUs per node, 8 x 200 Gb/s HDR per node (catalog a100-sxm-80gb)",
+        ]
+    return plan, notes
+
+
+def map_heldout(r: dict[str, Any]) -> MappedRun:
+    """One held-out run as a meshplan plan (or unsupported, with the reason)."""
+    group = r["group"]
+    src = HELDOUT_SOURCES[group]
+    try:
+        model = _model(r)
+        plan, notes = _plan(r)
+        cluster = ClusterSpec.of(load_gpu(r["gpu"]), r["gpus"])
+        check_plan(model, cluster, plan)
+    except InputError as exc:
+        return unsupported({"id": r["id"], "gpu": r["gpu"], "gpu_count": r["gpus"]}, group, src,
+                           f"meshplan cannot express the plan: {exc}")
+    tokens = r["global_batch"] * r["seq_len"]
+    if "step_time_s" in r:
+        step, formula = float(r["step_time_s"]), "printed iteration time"
+    else:
+        tps = r["tokens_per_s_per_gpu"]
+        step = step_from_tokens_per_gpu(tokens, r["gpus"], tps)
+        formula = f"global batch tokens / (tokens/s per GPU x GPUs) = {tokens:,} / ({tps:g} x {r['gpus']})"
+    return MappedRun(
+        id=r["id"], run_id=r["id"], group=group, source=src, gpu=r["gpu"], gpus=r["gpus"], model=model,
+        cluster=cluster, plan=plan, published_step_s=step, formula=formula, assumptions=notes,
+    )
+
+
+def map_heldout_runs() -> list[MappedRun]:
+    """Every held-out run mapped, in file order."""
+    return [map_heldout(r) for r in heldout_runs()]
