@@ -102,8 +102,6 @@ def print_comparison(comparison) -> None:
         con.print("Known differences (added to meshplan's figure before judging):")
         for k in comparison.known.values():
             con.print(f"  {k.name}: {k.explanation}")
-    for name, text in comparison.setup.get("meshplan_gaps", {}).items():
-        con.print(f"meshplan gap {name}: {text}")
     how = comparison.setup.get("how")
     if how:
         con.print(f"Measured with: {how}")
@@ -138,7 +136,7 @@ def flops(
 @verify_app.command("memory")
 @plan_options
 def memory(plan: PlanArgs, json_out: JsonFlag = False) -> None:
-    """Weights, gradients, optimizer state, activations and the peak per rank over two AdamW steps: MemTracker on one device, FSDPMemTracker for FSDP2 over a fake process group (--dp N --zero 3)."""
+    """Weights, gradients, optimizer state, activations and the peak per rank over two AdamW steps: MemTracker on one device, under TP (--tp N) or ZeRO-1 (--dp N --zero 1); FSDPMemTracker for FSDP2 (--zero 3, --zero 2 = weights kept gathered, --dp-shard for HSDP), over a fake process group."""
     setup = _setup(plan, "memory")
     mod = _verify_module("memory")
     mod.check_plan(setup.model, setup.plan)

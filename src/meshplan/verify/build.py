@@ -39,6 +39,10 @@ DROPOUT = 0.1  # the probability written when the spec trains with dropout (GPT-
 
 def model_type(model: ModelSpec) -> str:
     """The Hugging Face ``model_type`` whose class has exactly ``model``'s parameters."""
+    extras = [what for what, on in (("experts", model.is_moe), ("MLA", model.is_mla), ("q/k norms", model.qk_norm),
+                                    ("four norms per layer", model.norms_per_layer == 4)) if on]
+    if extras:
+        raise InputError("model", f"'{model.name}' has {', '.join(extras)}: meshplan verify builds dense llama, qwen2, gpt2 and gpt_neox models")
     if model.position == "rope" and model.norm == "rmsnorm" and model.gated_mlp and not model.parallel_residual:
         if model.qkv_bias == model.linear_bias:
             return "llama"

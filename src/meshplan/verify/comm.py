@@ -1,8 +1,9 @@
 """``meshplan verify comm``: one real training step per rank on a gloo CPU process group, every
 collective counted.
 
-How it runs: :func:`launch` starts ``tp·pp·dp`` processes (``multiprocessing`` with *spawn*, a
-free port on 127.0.0.1, a wall-clock timeout after which every worker it started is killed). Each
+How it runs: :func:`launch` starts ``tp·pp·dp`` processes (``cp`` processes for context
+parallelism, which runs alone: :mod:`meshplan.verify.ring`), ``multiprocessing`` with *spawn*, a
+free port on 127.0.0.1, a wall-clock timeout after which every worker it started is killed. Each
 worker builds the Hugging Face model of the spec for real on CPU (fp32, fixed seed), lays it out as
 the plan says, with torch's own APIs only:
 
@@ -14,8 +15,11 @@ the plan says, with torch's own APIs only:
   q, k, v, gate, up; row-parallel o, down; vocab-parallel embedding; column-parallel LM head with
   ``loss_parallel``), plus ``SequenceParallel`` norms and ``PrepareModuleInput`` gathers with SP;
 * data parallel (dp > 1): ZeRO-0 = ``DistributedDataParallel`` (one bucket holding every gradient,
-  ``no_sync`` on all but the last micro-batch), ZeRO-3 = FSDP2 ``fully_shard`` per decoder layer, on
-  the embedding, on the final norm + LM head, and on the root.
+  ``no_sync`` on all but the last micro-batch); ZeRO-1 = the same DDP with torch's
+  ``ZeroRedundancyOptimizer``; ZeRO-3 = FSDP2 ``fully_shard`` per decoder layer, on the embedding,
+  on the final norm + LM head, and on the root (:func:`shard_units`); ZeRO-2 = the same FSDP2 units
+  with ``reshard_after_forward=False`` (:func:`torch_plan`); HSDP (``dp_shard`` < dp) = FSDP2 on a
+  (replicate, shard) mesh, replicas all-reducing on the last micro-batch only.
 
 It then runs one step to warm up (lazy initialisation, DDP's parameter broadcast, the pipeline's
 shape exchange) and one counted step of ``m`` micro-batches, forward, backward and optimizer.
@@ -83,14 +87,12 @@ def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
     """What the CPU run can lay out; each refusal names the field."""
     from meshplan.verify.build import model_type
 
-    if plan.cp > 1:
-        raise InputError("cp", "verify comm runs tp, pp and dp (torch's context parallel needs CUDA SDPA kernels)")
+    if plan.cp > 1 and plan.tp * plan.pp * plan.dp > 1:
+        raise InputError("cp", "verify comm runs cp alone (a reference ring attention: torch's context_parallel has no rule for the CPU SDPA kernel)")
     if plan.ep > 1:
         raise InputError("ep", "verify comm runs dense models only (ep = 1)")
-    if plan.dp > 1 and plan.zero not in (0, 3):
-        raise InputError("zero", "verify comm runs DDP (--zero 0) or FSDP2 (--zero 3) for data parallelism")
-    if plan.dp_shard is not None and plan.dp_shard != plan.dp:
-        raise InputError("dp_shard", "verify comm runs FSDP2 over the whole dp axis (no HSDP)")
+    if hsdp(plan) and plan.zero < 2:
+        raise InputError("dp_shard", "verify comm runs HSDP as FSDP2 on a (replicate, shard) mesh: give --zero 3 or 2")
     if plan.recompute != "none":
         raise InputError("recompute", "verify comm runs without recompute")
     if plan.precision.precision != "fp32":
@@ -99,18 +101,24 @@ def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("fsdp_accumulate_unsharded", "not run by verify comm")
     if model.dropout:
         raise InputError("model", "verify comm runs models without dropout")
-    if model.tied_embeddings and plan.dp > 1 and plan.zero == 3:
-        raise InputError("model", "tied embeddings would share one weight between the embedding and LM-head FSDP units: verify runs untied models under --zero 3")
+    if model.tied_embeddings and plan.dp > 1 and plan.zero >= 2:
+        raise InputError("model", "tied embeddings would share one weight between the embedding and LM-head FSDP units: verify runs untied models under --zero 2 or 3")
     if (plan.tp > 1 or plan.pp > 1) and model_type(model) not in ("llama", "qwen2"):
         raise InputError("model", "verify comm lays out TP and PP for Llama-style models (llama, qwen2) only")
+    check_tp_divisible(model, plan)
+    world = plan.tp * plan.pp * plan.dp * plan.cp
+    if world > 16:
+        raise InputError("gpus", f"verify comm starts one CPU process per rank: {world} is more than 16")
+
+
+def check_tp_divisible(model: ModelSpec, plan: TrainingPlan) -> None:
+    """torch's TP plan splits heads, K/V heads, the MLP, the vocabulary and (with SP) the sequence
+    evenly over tp ranks."""
     if plan.tp > 1:
         for name, value in (("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads), ("ffn_hidden", model.ffn_hidden),
                             ("vocab_size", model.vocab_size), ("seq_len", plan.seq_len)):
             if value % plan.tp:
                 raise InputError(name, f"must be a multiple of tp ({plan.tp}) for torch's tensor parallel plan (got {value})")
-    world = plan.tp * plan.pp * plan.dp
-    if world > 16:
-        raise InputError("gpus", f"verify comm starts one CPU process per rank: {world} is more than 16")
 
 
 # ---- the counting mode ------------------------------------------------------------------------
@@ -189,13 +197,14 @@ def make_counter(axis_of: dict[tuple[int, ...], str]):
                     ranks = _group_ranks(a)
                     if ranks is not None:
                         break
-                if kind in ("send", "recv"):  # the schedule sends gradients after their backward
+                axis = axis_of.get(tuple(sorted(ranks or ())), "world" if ranks else "?")
+                if kind in ("send", "recv") and axis == "pp":  # the schedule sends gradients after their backward
                     phase = "pipeline"
                 else:
                     phase = self.phase_override or ("backward" if torch._C._current_graph_task_id() != -1 else "forward")
                 self.records.append({
-                    "kind": kind, "op": name, "axis": axis_of.get(tuple(sorted(ranks or ())), "world" if ranks else "?"),
-                    "phase": phase, "bytes": _collective_bytes(kind, name, args, kwargs, out),
+                    "kind": kind, "op": name, "axis": axis, "phase": phase,
+                    "bytes": _collective_bytes(kind, name, args, kwargs, out),
                 })
             return out
 
@@ -275,7 +284,6 @@ def _tp_plan(sp: bool):
 def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
     """This rank's stage modules (one per virtual stage it holds), laid out; and their indices."""
     import torch
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -306,15 +314,8 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
                 parallelize_module(mod, mesh["tp"], top)
     wrapped = []
     for mod in mods:
-        if plan.dp > 1 and plan.zero == 3:
-            dp_mesh = mesh["dp"]
-            if mod.embed is not None:
-                fully_shard(mod.embed, mesh=dp_mesh)
-            for layer in mod.layers.values():
-                fully_shard(layer, mesh=dp_mesh, reshard_after_forward=plan.reshard_after_forward)
-            if mod.head is not None:
-                fully_shard([mod.norm, mod.head], mesh=dp_mesh, reshard_after_forward=False)
-            fully_shard(mod, mesh=dp_mesh)
+        if plan.dp > 1 and plan.zero >= 2:
+            shard_units(mod, plan, dp_mesh(mesh, plan))
             wrapped.append(mod)
         elif plan.dp > 1:
             grad_mb = sum(q.numel() * q.element_size() for q in mod.parameters()) / 2**20
@@ -323,6 +324,58 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
         else:
             wrapped.append(mod)
     return wrapped, mine, n_stages
+
+
+def torch_plan(plan: TrainingPlan) -> TrainingPlan:
+    """The meshplan plan a torch run of ``plan`` is compared with. torch's ZeRO-2 — FSDP2 with
+    ``reshard_after_forward=False``, FSDP1's ``SHARD_GRAD_OP`` — shards weights at rest and keeps
+    them gathered from each unit's forward to its backward: meshplan's ZeRO-3 with weights kept
+    gathered. (meshplan's ZeRO-2, whole weights at rest as in DeepSpeed and Megatron, has no
+    torch-native form.)"""
+    if plan.dp > 1 and plan.zero == 2:
+        return plan.model_copy(update={"zero": 3, "reshard_after_forward": False})
+    return plan
+
+
+def dp_mesh(mesh, plan: TrainingPlan):
+    """The device mesh FSDP2 shards over: the dp axis, or (replicate, shard) for HSDP."""
+    return mesh["dp_rep", "dp_shard"] if hsdp(plan) else mesh["dp"]
+
+
+def hsdp(plan: TrainingPlan) -> bool:
+    return plan.dp_shard is not None and plan.dp_shard < plan.dp
+
+
+def shard_units(mod, plan: TrainingPlan, mesh) -> None:
+    """FSDP2 units as torchtitan lays them out: the embedding, every decoder layer, the final norm
+    with the LM head (kept gathered after forward: it is the first to run backward), and the root.
+    Weights are resharded after forward for ZeRO-3 unless the plan keeps them gathered, never for
+    torch's ZeRO-2 (:func:`torch_plan`)."""
+    from torch.distributed.fsdp import fully_shard
+
+    raf = torch_plan(plan).reshard_after_forward
+    if mod.embed is not None:
+        fully_shard(mod.embed, mesh=mesh, reshard_after_forward=raf)
+    for layer in mod.layers.values():
+        fully_shard(layer, mesh=mesh, reshard_after_forward=raf)
+    if mod.head is not None:
+        fully_shard([mod.norm, mod.head], mesh=mesh, reshard_after_forward=False)
+    fully_shard(mod, mesh=mesh, reshard_after_forward=raf)
+
+
+def make_optimizer(params: list, plan: TrainingPlan, mesh):
+    """AdamW (fp32, single-tensor), or for ZeRO-1 torch's ``ZeroRedundancyOptimizer`` over the dp
+    group: each rank keeps the AdamW state of whole parameter tensors assigned to it (largest first,
+    to the rank with the fewest elements so far) and broadcasts them after its step, one bucket per
+    rank."""
+    import torch
+
+    if plan.dp > 1 and plan.zero == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=mesh["dp"].get_group(),
+                                       parameters_as_bucket_view=True, lr=1e-4, foreach=False)
+    return torch.optim.AdamW(params, lr=1e-4, foreach=False)
 
 
 class _Trainer:
@@ -339,7 +392,7 @@ class _Trainer:
         self.ids = torch.randint(0, model.vocab_size, (plan.grad_accum * plan.micro_batch, plan.seq_len), generator=g)
         self.loss_parallel = loss_parallel if plan.tp > 1 else None
         params = [q for mod in self.mods for q in mod.parameters()]
-        self.opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+        self.opt = make_optimizer(params, plan, mesh)
         self.sched = None
         if plan.pp > 1:
             from torch.distributed.pipelining import PipelineStage
@@ -369,6 +422,8 @@ class _Trainer:
                 for i in range(m):
                     x = ids[i * b:(i + 1) * b]
                     sync = mod.no_sync() if hasattr(mod, "no_sync") and i < m - 1 else contextlib.nullcontext()
+                    if hasattr(mod, "set_requires_all_reduce"):  # HSDP: replicas all-reduce once per step
+                        mod.set_requires_all_reduce(i == m - 1)
                     with sync:
                         _loss(mod(x), x).backward()
             if counter is not None:
@@ -390,6 +445,10 @@ def _mesh(plan: TrainingPlan):
 
     sizes = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
     names = [a for a in reversed(plan.rank_order) if a in sizes]  # outermost first
+    if hsdp(plan):  # shard groups are contiguous inside dp, replicas every dp_shard-th rank
+        i = names.index("dp")
+        names[i:i + 1] = ["dp_rep", "dp_shard"]
+        sizes |= {"dp_rep": plan.dp // plan.dp_shard, "dp_shard": plan.dp_shard}
     return init_device_mesh("cpu", tuple(sizes[a] for a in names), mesh_dim_names=tuple(names))
 
 
@@ -430,7 +489,13 @@ def _worker(rank: int, world: int, port: int, jobs: list[tuple[dict, dict]], out
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         for i, (model_d, plan_d) in enumerate(jobs):
-            res = run_rank(ModelSpec.model_validate(model_d), TrainingPlan.model_validate(plan_d))
+            model, plan = ModelSpec.model_validate(model_d), TrainingPlan.model_validate(plan_d)
+            if plan.cp > 1:
+                from meshplan.verify import ring
+
+                res = ring.run_rank(model, plan, make_counter)
+            else:
+                res = run_rank(model, plan)
             out.put((i, rank, res, None))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -443,7 +508,7 @@ def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_
     or after ``timeout`` seconds, killing the workers it started."""
     import multiprocessing as mp
 
-    worlds = {p.tp * p.pp * p.dp for _, p in jobs}
+    worlds = {p.tp * p.pp * p.dp * p.cp for _, p in jobs}
     if len(worlds) != 1:
         raise ValueError("all jobs of one launch need the same world size")
     world = worlds.pop()

@@ -1,24 +1,28 @@
 """``meshplan verify memory``: torch's MemTracker / FSDPMemTracker over two optimizer steps.
 
 How it is measured: the Hugging Face model of the spec is built under ``FakeTensorMode`` (so a large
-model costs no memory; fake and real CPU runs give the same figures), trained for two steps of one
-micro-batch with AdamW (fp32 weights, gradients and moments: meshplan's fp32 recipe, 4 + 4 + 8
-bytes per parameter), gradients kept between steps (``zero_grad(set_to_none=False)``, like
-Megatron's persistent gradient buffer that meshplan models), and the tracker's statistics reset after
-the first step so that optimizer state exists. Read at the peak of the second step, per category:
+model costs no memory; fake and real CPU runs give the same figures), its own embedding, decoder
+layers, final norm and LM head glued as one stage (:func:`meshplan.verify.comm._stage_module_class`),
+laid out with the same torch APIs as ``verify comm``, over a *fake* process group of tp·dp ranks
+(``init_process_group("fake")``, the device mesh built outside FakeTensorMode), and trained for two
+steps of one micro-batch with AdamW (fp32 weights, gradients and moments: meshplan's fp32 recipe,
+4 + 4 + 8 bytes per parameter), gradients kept between steps (``zero_grad(set_to_none=False)``, like
+Megatron's persistent gradient buffer that meshplan models), the tracker's statistics reset after
+the first step so that optimizer state exists. Rank 0 is read at the end of step 2 (weights,
+gradients, optimizer state) and at its peak (activations, total):
 
-* one device (dp = 1): ``MemTracker`` — Parameter, Gradient, Optstate, Activation, Temp;
-* FSDP2 (``--dp N --zero 3``): ``fully_shard`` per decoder layer, on the embedding, on the final norm +
-  LM head and on the root, over a *fake* process group of N ranks (``init_process_group("fake")``,
-  the device mesh built outside FakeTensorMode), measured by ``FSDPMemTracker`` on rank 0 — Sharded
-  Param, Sharded Grad, OptState, Activation, and the transient unsharded parameters, gradients and
-  communication buffers.
+* one device, TP (``parallelize_module``, torchtitan's plan, ``loss_parallel``; with SP too) and
+  ZeRO-1 (``ZeroRedundancyOptimizer``): ``MemTracker`` — Parameter, Gradient, Optstate, Activation;
+* ZeRO-3 / ZeRO-2 / HSDP: FSDP2 units (:func:`meshplan.verify.comm.shard_units`; ZeRO-2 keeps weights
+  gathered from forward to backward, :func:`meshplan.verify.comm.torch_plan`; HSDP on a (replicate,
+  shard) mesh), ``FSDPMemTracker`` — Sharded Param, Sharded Grad, OptState, Activation, and the
+  transient unsharded parameters, gradients and communication buffers.
 
-Compared with :func:`meshplan.estimate.estimate` for the same plan on pipeline rank 0: weights,
-gradients and optimizer state exact, activations and the peak within 10 %. Named differences: Adam's
-per-parameter ``step`` counters (4 bytes each, torch keeps them as tensors), the eager Hugging Face
-kernels' extra saved tensors (RMSNorm's normalized copy and fp32 statistics, SiLU's output; meshplan
-models Megatron's fused kernels), and the runtime reserve (CUDA context, NCCL: absent on CPU).
+Compared with :func:`meshplan.estimate.estimate` for the same plan (eager kernels) on pipeline
+rank 0: weights, gradients and optimizer state exact, activations and the peak within 10 %. Named
+differences: Adam's per-parameter ``step`` counters, the eager Hugging Face kernels' extra saved
+tensors, ZeroRedundancyOptimizer's whole-tensor partition, the replicated gradient of torch's
+vocab-parallel embedding, SP's gathered linear inputs, and the runtime reserve (absent on CPU).
 """
 
 from __future__ import annotations
@@ -43,6 +47,26 @@ EAGER_KERNELS = KnownDifference(
     "(4·n) for every norm, and SiLU's output (n·f·e) for the gated product: per Llama layer "
     "2·(n·h·e + 4·n) + n·f·e more, and n·h·e + 4·n for the final norm.",
 )
+WHOLE_TENSOR_PARTITION = KnownDifference(
+    "zero-redundancy-whole-tensors",
+    "torch's ZeroRedundancyOptimizer gives each rank whole parameter tensors (largest first, to the rank "
+    "with the fewest elements so far), so a rank's optimizer state is ω times its tensors' elements, not "
+    "exactly ω·P/N; the amount is that partition's (replayed from the tensor sizes) less ω·P/N.",
+)
+REPLICATED_EMBEDDING_GRAD = KnownDifference(
+    "dtensor-embedding-grad-replicated",
+    "torch's vocab-parallel embedding (RowwiseParallel on nn.Embedding) gets its weight gradient as a "
+    "Replicate DTensor: every TP rank keeps the full V·h gradient where Megatron keeps its V/t rows, "
+    "(t − 1)·(V/t)·h·γ more per rank.",
+)
+SP_GATHERED_INPUTS = KnownDifference(
+    "sp-gathered-inputs-saved",
+    "With sequence parallelism torch's PrepareModuleInput all-gathers the norm's sequence-sharded output "
+    "and the column-parallel linears (q, k, v; gate, up; the LM head) save that gathered n·h·e input, "
+    "where Megatron saves its n·h·e/t shard and gathers it again in backward (Korthikanti et al. 2022, "
+    "Sec. 4.2.2), which meshplan models: (1 − 1/t)·n·h·e more per attention and MLP block and for the "
+    "LM head.",
+)
 NO_RUNTIME = KnownDifference(
     "no-runtime-reserve-on-cpu",
     "meshplan's peak includes a runtime reserve for the CUDA context, library workspaces and NCCL buffers "
@@ -52,18 +76,26 @@ NO_RUNTIME = KnownDifference(
 
 def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
     from meshplan.verify.build import model_type
+    from meshplan.verify.comm import check_tp_divisible, hsdp
 
     if model_type(model) not in ("llama", "qwen2"):
         raise InputError("model", "verify memory names the eager kernels' saved tensors for Llama-style models (llama, qwen2) only")
     if model.dropout:
         raise InputError("model", "verify memory runs models without dropout")
-    if model.tied_embeddings and plan.dp > 1 and plan.zero == 3:
-        raise InputError("model", "tied embeddings would share one weight between the embedding and LM-head FSDP units: verify runs untied models under --zero 3")
-    for name, value in (("tp", plan.tp), ("pp", plan.pp), ("cp", plan.cp)):
+    if model.tied_embeddings and plan.dp > 1 and plan.zero >= 2:
+        raise InputError("model", "tied embeddings would share one weight between the embedding and LM-head FSDP units: verify runs untied models under --zero 2 or 3")
+    for name, value in (("pp", plan.pp), ("cp", plan.cp), ("ep", plan.ep)):
         if value > 1:
-            raise InputError(name, "verify memory runs one device or FSDP2 over dp ranks (tp = pp = cp = 1)")
-    if plan.dp > 1 and plan.zero != 3:
-        raise InputError("zero", "verify memory runs FSDP2 for dp > 1: give --zero 3")
+            raise InputError(name, "verify memory runs one pipeline stage: tp or dp ranks (pp = cp = ep = 1)")
+    if plan.tp > 1 and plan.dp > 1:
+        raise InputError("dp", "verify memory runs tp or dp ranks, not both")
+    check_tp_divisible(model, plan)
+    if plan.dp > 1 and plan.zero == 0:
+        raise InputError("zero", "verify memory runs ZeRO-1 (ZeroRedundancyOptimizer), ZeRO-2 or ZeRO-3 (FSDP2) for dp > 1: give --zero 1, 2 or 3")
+    if hsdp(plan) and plan.zero < 2:
+        raise InputError("dp_shard", "verify memory runs HSDP as FSDP2 on a (replicate, shard) mesh: give --zero 2 or 3")
+    if plan.fsdp_accumulate_unsharded:
+        raise InputError("fsdp_accumulate_unsharded", "not run by verify memory")
     if plan.precision.precision != "fp32" or plan.precision.grad_dtype != "fp32":
         raise InputError("precision", "verify memory runs meshplan's fp32 recipe (4 + 4 + 8 bytes per parameter): give --precision fp32")
     if plan.recompute != "none":
@@ -83,102 +115,159 @@ def _fake_pg(world: int):
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
 
 
+def _by_name(snap) -> dict[str, int]:
+    return {(k.value if hasattr(k, "value") else str(k)): int(v) for k, v in snap.items()}
+
+
 def measure(model: ModelSpec, plan: TrainingPlan) -> dict[str, Any]:
-    """Peak snapshot by category (bytes, rank 0) and the number of parameter tensors."""
+    """Rank 0's memory by category at the peak of step 2 (``peak``) and at its end (``state``: the
+    persistent weights, gradients and optimizer state), and the sizes of its parameter tensors."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from meshplan.verify.build import build_model, parts
+    from meshplan.verify.comm import _loss, _mesh, _stage_module_class, _tp_plan, dp_mesh, make_optimizer, shard_units
 
     b, s = plan.micro_batch, plan.seq_len
-    fsdp = plan.dp > 1
+    world = plan.tp * plan.dp
+    fsdp = plan.dp > 1 and plan.zero >= 2
     mesh = None
-    if fsdp:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        _fake_pg(plan.dp)
-        mesh = init_device_mesh("cpu", (plan.dp,))
+    if world > 1:
+        _fake_pg(world)
+        mesh = _mesh(plan)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
             net = build_model(model, device=None)
-            if fsdp:
-                from torch.distributed.fsdp import fully_shard
+            mod = _stage_module_class()(parts(net), list(range(model.n_layers)), True, True, s)
+            loss_ctx = contextlib.nullcontext
+            if plan.tp > 1:
+                from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
-                p = parts(net)
-                fully_shard(p["embed"], mesh=mesh)
-                for layer in p["layers"]:
-                    fully_shard(layer, mesh=mesh)
-                fully_shard([p["norm"], p["head"]], mesh=mesh, reshard_after_forward=False)
-                fully_shard(net, mesh=mesh)
-            opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False)
+                layer_plan, top_plan = _tp_plan(plan.sequence_parallel)
+                for layer in mod.layers.values():
+                    parallelize_module(layer, mesh["tp"], layer_plan)
+                parallelize_module(mod, mesh["tp"], top_plan)
+                loss_ctx = loss_parallel
+            if fsdp:
+                shard_units(mod, plan, dp_mesh(mesh, plan))
+            opt = make_optimizer(list(mod.parameters()), plan, mesh)
+            local_opt = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer steps a local AdamW
             ids = torch.randint(0, model.vocab_size, (b, s))
             if fsdp:
                 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-                tracker = FSDPMemTracker(net, opt)
+                tracker = FSDPMemTracker(mod, opt)
                 tracker.track_inputs((ids,))
             else:
                 from torch.distributed._tools.mem_tracker import MemTracker
 
                 tracker = MemTracker()
-                tracker.track_external(net, opt)
+                tracker.track_external(mod, local_opt)
             with tracker:
                 for i in range(2):
-                    net(input_ids=ids, labels=ids).loss.backward()
+                    with loss_ctx():
+                        _loss(mod(ids), ids).backward()
                     opt.step()
                     opt.zero_grad(set_to_none=False)
                     if i == 0:
                         tracker.reset_mod_stats()
-            snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
-            n_tensors = sum(len(g["params"]) for g in opt.param_groups)
+                state = next(iter(tracker.get_tracker_snapshot("current").values()))
+            peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            sizes = [q.to_local().numel() if hasattr(q, "to_local") else q.numel() for q in mod.parameters()]
     finally:
-        if fsdp and dist.is_initialized():
+        if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-    by_name = {(k.value if hasattr(k, "value") else str(k)): int(v) for k, v in snap.items()}
-    return {"peak": by_name, "param_tensors": n_tensors}
+    return {"peak": _by_name(peak), "state": _by_name(state), "param_sizes": sizes}
+
+
+def zero1_partition(sizes: list[int], world: int) -> list[list[int]]:
+    """torch's ZeroRedundancyOptimizer partition: parameter tensors, largest first (stable for
+    ties), each to the rank holding the fewest elements so far (the lowest such rank): the sizes
+    every rank's optimizer steps."""
+    load = [0] * world
+    out: list[list[int]] = [[] for _ in range(world)]
+    for n in sorted(sizes, reverse=True):
+        r = load.index(min(load))
+        out[r].append(n)
+        load[r] += n
+    return out
 
 
 def eager_extra_bytes(model: ModelSpec, plan: TrainingPlan) -> float:
     """The eager Hugging Face kernels' saved tensors beyond meshplan's fused-kernel list (see
-    :data:`EAGER_KERNELS`), for the whole model on one rank (dp shards nothing of activations)."""
+    :data:`EAGER_KERNELS`), for the whole model on one rank (dp shards nothing of activations):
+    per norm n·h·e + 4·n (÷t on a sequence-parallel norm), SiLU's output n·(f/t)·e per layer."""
     n = plan.micro_batch * plan.seq_len
     e = plan.precision.activation_bytes
-    per_norm = n * model.hidden * e + 4 * n
-    per_layer = 2 * per_norm + (n * model.ffn_hidden * e if model.gated_mlp else 0)
+    rep = plan.tp if (plan.sequence_parallel and plan.tp > 1) else 1
+    per_norm = (n * model.hidden * e + 4 * n) / rep
+    per_layer = 2 * per_norm + (n * (model.ffn_hidden // plan.tp) * e if model.gated_mlp else 0)
     return model.n_layers * per_layer + per_norm
 
 
 def compare(model: ModelSpec, plan: TrainingPlan, cluster) -> Comparison:
-    """Rows for pipeline rank 0 (rank 0 of the fake group under FSDP2)."""
+    """Rows for pipeline rank 0 (rank 0 of the fake group with tp or dp > 1)."""
+    from meshplan.cost.params import padded_vocab
     from meshplan.estimate import estimate
+    from meshplan.verify.comm import torch_plan
 
     check_plan(model, plan)
     got = measure(model, plan)
-    peak = got["peak"]
-    st = estimate(model, cluster, plan).stages[0]
-    fsdp = plan.dp > 1
+    peak, state = got["peak"], got["state"]
+    mplan = torch_plan(plan).model_copy(update={"kernels": "eager"})  # torch's eager cross-entropy
+    st = estimate(model, cluster, mplan).stages[0]
+    fsdp = plan.dp > 1 and plan.zero >= 2
     key = {
         "weights": "Sharded Param" if fsdp else "Parameter",
         "gradients": "Sharded Grad" if fsdp else "Gradient",
         "optimizer": "OptState" if fsdp else "Optstate",
     }
-    steps = 4 * got["param_tensors"]  # not sharded: every rank steps every parameter's shard
+    owned = got["param_sizes"]
+    opt_known: tuple[KnownDifference, ...] = (STEP_COUNTERS,)
+    partition = 0.0
+    if plan.dp > 1 and plan.zero == 1:
+        owned = zero1_partition(owned, plan.dp)[0]
+        partition = plan.precision.optimizer_bytes * sum(owned) - st.optimizer
+        opt_known = (STEP_COUNTERS, WHOLE_TENSOR_PARTITION)
+    steps = 4 * len(owned)  # every tensor the rank's AdamW steps (its shard, under FSDP2)
+    embed_grad = 0.0
+    grad_known: tuple[KnownDifference, ...] = ()
+    if plan.tp > 1:
+        embed_grad = padded_vocab(model, plan.tp) // plan.tp * (plan.tp - 1) * model.hidden * plan.precision.grad_bytes
+        grad_known = (REPLICATED_EMBEDDING_GRAD,)
     eager = eager_extra_bytes(model, plan)
+    act_known: tuple[KnownDifference, ...] = (EAGER_KERNELS,)
+    if plan.sequence_parallel and plan.tp > 1:
+        n_h_e = plan.micro_batch * plan.seq_len * model.hidden * plan.precision.activation_bytes
+        eager += (1 - 1 / plan.tp) * n_h_e * (2 * model.n_layers + 1)
+        act_known = (EAGER_KERNELS, SP_GATHERED_INPUTS)
     reserve = st.other_items.get("runtime_reserve", 0.0)
-    c = Comparison("memory", f"Memory per rank at the peak of step 2 ({'FSDP2 over ' + str(plan.dp) + ' fake ranks' if fsdp else 'one device'})")
+    how = {True: f"FSDP2 over {plan.dp} fake ranks", False: "one device"}[fsdp]
+    if plan.tp > 1:
+        how = f"TP{' + SP' if plan.sequence_parallel else ''} over {plan.tp} fake ranks"
+    elif plan.dp > 1 and plan.zero == 1:
+        how = f"ZeroRedundancyOptimizer over {plan.dp} fake ranks"
+    c = Comparison("memory", f"Memory per rank at the end and the peak of step 2 ({how})")
     c.setup = {
-        "model": model.name, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len, "dp": plan.dp,
-        "zero": plan.zero, "tracker": "FSDPMemTracker" if fsdp else "MemTracker", "measured_peak_by_category": peak,
-        "meshplan_other_items": dict(st.other_items), "meshplan_activation_items": dict(st.activation_items),
+        "model": model.name, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len, "tp": plan.tp,
+        "sequence_parallel": plan.sequence_parallel and plan.tp > 1, "dp": plan.dp, "dp_shard": plan.dp_shard,
+        "zero": plan.zero, "meshplan_plan": {"zero": mplan.zero, "reshard_after_forward": mplan.reshard_after_forward},
+        "tracker": "FSDPMemTracker" if fsdp else "MemTracker", "measured_state_by_category": state,
+        "measured_peak_by_category": peak, "meshplan_other_items": dict(st.other_items),
+        "meshplan_activation_items": dict(st.activation_items),
     }
-    c.add(Row("weights", peak.get(key["weights"], 0), st.weights, EXACT, "B"))
-    c.add(Row("gradients", peak.get(key["gradients"], 0), st.gradients, EXACT, "B"))
-    c.add(Row("optimizer state", peak.get(key["optimizer"], 0), st.optimizer, EXACT, "B", known=steps,
-              notes=(STEP_COUNTERS.name,)), STEP_COUNTERS)
+    c.add(Row("weights", state.get(key["weights"], 0), st.weights, EXACT, "B"))
+    c.add(Row("gradients", state.get(key["gradients"], 0), st.gradients, EXACT, "B", known=embed_grad,
+              notes=tuple(k.name for k in grad_known)), *grad_known)
+    c.add(Row("optimizer state", state.get(key["optimizer"], 0), st.optimizer, EXACT, "B", known=steps + partition,
+              notes=tuple(k.name for k in opt_known)), *opt_known)
     c.add(Row("activations at the peak", peak.get("Activation", 0), st.activations, ACTIVATIONS, "B", known=eager,
-              notes=(EAGER_KERNELS.name,)), EAGER_KERNELS)
+              notes=tuple(k.name for k in act_known)), *act_known)
     total = peak.get("Total", sum(v for k, v in peak.items() if k != "Total"))
-    c.add(Row("peak", total, st.total, PEAK, "B", known=steps + eager - reserve,
-              notes=(STEP_COUNTERS.name, EAGER_KERNELS.name, NO_RUNTIME.name)), STEP_COUNTERS, EAGER_KERNELS, NO_RUNTIME)
+    notes = (*opt_known, *grad_known, *act_known, NO_RUNTIME)
+    c.add(Row("peak", total, st.total, PEAK, "B", known=steps + partition + embed_grad + eager - reserve,
+              notes=tuple(k.name for k in notes)), *notes)
     return c

@@ -22,10 +22,15 @@ dp, ZeRO-0      all-reduce of the rank's gradients (P·γ)        once per step,
 dp, ZeRO-3      all-gather (P_layer·w) forward, again in        every micro-batch
                 backward when weights are resharded after
                 forward, reduce-scatter (P_layer·γ) backward,
-                per layer (the embedding and the LM head are
-                not charged: see ``MESHPLAN_GAPS``)
+                per layer; the same for the embedding unit
+                (P_emb, first stage) and the final norm + LM
+                head unit (P_head, last stage, kept gathered
+                after forward: no backward all-gather)
 pp              send + recv of the activation (n·h·e, ÷t with   every micro-batch, both ways,
                 SP) at every stage boundary between ranks       at each stage boundary
+cp              ring attention: c − 1 sends + recvs of K and    every micro-batch, per layer
+                V (2·n·g·d·e) forward; 2·(c − 1) backward (K
+                and V, and their gradients)
 ==============  ==============================================  ================================
 
 ``tests/test_verify_comm.py`` checks that timing this list with
@@ -36,11 +41,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost.comm import cp_kv_bytes
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from meshplan.pipeline.schedules import stage_style
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.verify.comm import hsdp, torch_plan
 from meshplan.verify.compare import COLLECTIVE_BYTES, EXACT, Comparison, KnownDifference, Row
 
 
@@ -103,13 +110,32 @@ def predicted(model: ModelSpec, plan: TrainingPlan, rank: int) -> list[Collectiv
     if last_here:
         params += head_params_per_rank(model, t, plan.pp)
     rec = plan.precision
+    shard_axis = "dp_shard" if hsdp(plan) else "dp"
     if plan.dp > 1 and plan.zero == 0:
         out.append(Collective("dp", "all_reduce", "backward", params * rec.grad_bytes, 1))
+    elif plan.dp > 1 and plan.zero in (1, 2):
+        out.append(Collective(shard_axis, "reduce_scatter", "backward", params * rec.grad_bytes, 1))
+        out.append(Collective(shard_axis, "all_gather", "optimizer", params * rec.weight_bytes, 1))
     elif plan.dp > 1 and plan.zero == 3:
-        out.append(Collective("dp", "all_gather", "forward", params_layer * rec.weight_bytes, m * layers))
-        if plan.reshard_after_forward:
-            out.append(Collective("dp", "all_gather", "backward", params_layer * rec.weight_bytes, m * layers))
-        out.append(Collective("dp", "reduce_scatter", "backward", params_layer * rec.grad_bytes, m * layers))
+        # FSDP units on this rank: (parameters, how many, gathered again before backward)
+        units = [(params_layer, layers, plan.reshard_after_forward)]
+        if first_here:
+            kept = model.tied_embeddings and plan.pp == 1  # the LM head reuses the weight at the end of forward
+            units.append((embedding_params_per_rank(model, t), 1, plan.reshard_after_forward and not kept))
+        if last_here:
+            units.append((head_params_per_rank(model, t, plan.pp), 1, False))
+        for p_unit, n, again in units:
+            out.append(Collective(shard_axis, "all_gather", "forward", p_unit * rec.weight_bytes, m * n))
+            if again:
+                out.append(Collective(shard_axis, "all_gather", "backward", p_unit * rec.weight_bytes, m * n))
+            out.append(Collective(shard_axis, "reduce_scatter", "backward", p_unit * rec.grad_bytes, m * n))
+    if hsdp(plan) and plan.zero >= 1:
+        out.append(Collective("dp_rep", "all_reduce", "backward", params * rec.grad_bytes / plan.shard_degree, 1))
+    if plan.cp > 1:  # ring attention per layer: c − 1 K/V steps forward, K/V and dK/dV backward
+        kv = cp_kv_bytes(model, plan.micro_batch * plan.seq_len / plan.cp, t, plan.precision.activation_bytes)
+        for kind in ("send", "recv"):
+            out.append(Collective("cp", kind, "forward", kv, m * layers * (plan.cp - 1)))
+            out.append(Collective("cp", kind, "backward", kv, m * layers * 2 * (plan.cp - 1)))
     if plan.pp > 1:
         p2p = act / (t if sp else 1)
         owner = {k: r for r in range(plan.pp) for k in rank_stages(model, plan, r)[0]}
@@ -142,28 +168,43 @@ SP_NORM_GRADS = KnownDifference(
     "under FSDP2 its post-backward reduces it once per micro-batch instead. "
     "Megatron all-reduces them once per step; meshplan's model counts neither (h bytes each).",
 )
-#: what meshplan's model leaves out and torch's run shows (reported, not excused: rows stay BEYOND)
-MESHPLAN_GAPS = {
-    "fsdp-embedding-head-units": (
-        "Under ZeRO-3 / FSDP meshplan charges the all-gather and reduce-scatter of every decoder layer "
-        "but not those of the embedding and of the final norm + LM head, which FSDP2 (and torchtitan) "
-        "shard as units of their own: per micro-batch the embedding adds an all-gather forward, one "
-        "backward (resharded after forward) and a reduce-scatter (V·h each); the norm + head unit, kept "
-        "gathered after forward as torchtitan does, an all-gather forward and a reduce-scatter. Its "
-        "dp all-gather / reduce-scatter rows are beyond tolerance by exactly those collectives."
-    ),
-}
+
+
+ZERO1_COLLECTIVES = KnownDifference(
+    "zero-redundancy-optimizer-collectives",
+    "torch's ZeRO-1 (DDP with ZeroRedundancyOptimizer) all-reduces the gradients where Megatron's "
+    "distributed optimizer, which meshplan models, reduce-scatters them (P·γ either way in nccl-tests' "
+    "sizes; on the wire 2(N−1)/N against (N−1)/N), and after its step each rank broadcasts the "
+    "parameters it updated, one bucket per rank, where Megatron all-gathers them (P·w in all).",
+)
+HSDP_PER_UNIT = KnownDifference(
+    "hsdp-all-reduce-per-unit",
+    "FSDP2's HSDP all-reduces each unit's gradient shard across replicas in the unit's post-backward "
+    "(on the last micro-batch, set_requires_all_reduce): one all-reduce per unit where meshplan counts "
+    "one of the stage's whole shard, P·γ/N bytes in all either way.",
+)
 
 
 def known_extra(model: ModelSpec, plan: TrainingPlan, rank: int) -> list[tuple[KnownDifference, Collective]]:
     """The collectives torch's layout issues that meshplan's model does not describe, each with
-    its named difference."""
+    its named difference (a negative count: one meshplan charges that torch replaces)."""
     mine, split = rank_stages(model, plan, rank)
     last_here = len(split) - 1 in mine
     layers = sum(split[k] for k in mine)
     m, t = plan.grad_accum, plan.tp
     sp = plan.sequence_parallel and t > 1
     out: list[tuple[KnownDifference, Collective]] = []
+    if plan.dp > 1 and plan.zero == 1:
+        for c in predicted(model, plan, rank):
+            if c.axis == "dp" and c.kind == "reduce_scatter":
+                out.append((ZERO1_COLLECTIVES, Collective("dp", "reduce_scatter", c.phase, c.bytes, -1)))
+                out.append((ZERO1_COLLECTIVES, Collective("dp", "all_reduce", c.phase, c.bytes, 1)))
+            if c.axis == "dp" and c.kind == "all_gather":
+                out.append((ZERO1_COLLECTIVES, Collective("dp", "all_gather", c.phase, c.bytes, -1)))
+                out.append((ZERO1_COLLECTIVES, Collective("dp", "broadcast", c.phase, c.bytes / plan.dp, plan.dp)))
+    if hsdp(plan) and plan.zero == 3:
+        units = layers + (0 in mine) + last_here
+        out.append((HSDP_PER_UNIT, Collective("dp_rep", "all_reduce", "backward", 0.0, units - 1)))
     if t > 1 and not sp:
         extra = 2 + (1 if model.gated_mlp else 0)
         out.append((UNFUSED_COLWISE, Collective("tp", "all_reduce", "backward", activation_bytes(model, plan), m * layers * extra)))
@@ -197,6 +238,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
     """Rows per pipeline rank and (axis, collective, phase): count (exact) and bytes (1 %).
     ``results`` are :func:`meshplan.verify.comm.launch`'s per-rank dicts for this plan. Ranks of
     one pipeline rank are shown once when their measurements agree, else each on its own."""
+    asked, plan = plan, torch_plan(plan)
     c = Comparison("comm", f"Collectives of one step ({plan.grad_accum} micro-batches of {plan.micro_batch} x {plan.seq_len} tokens)")
     groups: dict[int, list[dict]] = {}
     for res in results:
@@ -224,11 +266,16 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
             c.add(Row(f"{where}: {tag}: bytes", g[1], p[1], COLLECTIVE_BYTES, "B", known=k[1],
                       notes=tuple(n.name for n in notes)), *notes)
     c.setup = {
-        "model": model.name, "tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "zero": plan.zero,
+        "model": model.name, "tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp, "zero": asked.zero, "dp_shard": plan.dp_shard,
+        "meshplan_plan": {"zero": plan.zero, "reshard_after_forward": plan.reshard_after_forward},
         "sequence_parallel": plan.sequence_parallel and plan.tp > 1, "schedule": plan.schedule if plan.pp > 1 else None,
         "micro_batches": plan.grad_accum, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len,
         "how": "gloo CPU process group, one counted step after two warm-up steps, TorchDispatchMode on c10d ops",
     }
-    if plan.dp > 1 and plan.zero == 3:
-        c.setup["meshplan_gaps"] = dict(MESHPLAN_GAPS)
+    if plan.cp > 1:
+        c.setup["cp"] = plan.cp
+        c.setup["how"] = ("reference ring attention (meshplan.verify.ring) of the model's attention shapes on a gloo "
+                          "group of cp ranks, one step, TorchDispatchMode on c10d ops")
+        agree = sum(bool(res.get("matches_full_attention")) for res in results)
+        c.add(Row("ranks whose ring attention equals full attention (output, dQ, dK, dV)", agree, len(results), EXACT, "ranks"))
     return c

@@ -1,0 +1,162 @@
+"""Reference ring attention on a gloo group: the context-parallel K/V exchange, counted.
+
+torch 2.13's ``context_parallel`` cannot run on CPU: it rewrites only the CUDA SDPA kernels (flash,
+memory-efficient, cuDNN), and the CPU kernel ``aten._scaled_dot_product_flash_attention_for_cpu``
+has no DTensor sharding rule (``NotImplementedError`` on a gloo mesh). ``verify comm`` with cp > 1
+therefore runs this reference ring attention (Liu et al. 2023, "Ring Attention with Blockwise
+Transformers", Sec. 3), with the model's attention shapes, on the cp group, and counts its sends:
+
+* forward: each rank holds its n = b·s/c tokens of Q, K, V (g K/V heads of d); in each of c − 1
+  steps it passes the K/V block it holds (K and V in one message, 2·n·g·d·e bytes) to the next rank
+  and merges the block it receives into its output by log-sum-exp (online softmax);
+* backward: the K/V blocks travel the ring again (c − 1 messages), each with the running gradient
+  of that block (dK, dV: the same bytes) collected from the ranks it visits; the owner's own share
+  stays home, so the running gradient leaves its first visitor and arrives back at its owner after
+  c − 1 messages.
+
+Per layer and micro-batch, then: c − 1 sends of 2·n·g·d·e forward and 2·(c − 1) backward, the bytes
+meshplan's model charges (:func:`meshplan.cost.comm.cp_kv_bytes`, :func:`meshplan.cost.compose.layer_times`).
+Attention here is non-causal: a causal mask changes which blocks compute, not what travels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import TrainingPlan
+
+
+def _exchange(send: Any, group) -> Any:
+    """Send ``send`` to the next rank of ``group``'s ring and receive the previous rank's."""
+    import torch
+    import torch.distributed as dist
+
+    ranks = dist.get_process_group_ranks(group)
+    me = ranks.index(dist.get_rank())
+    recv = torch.empty_like(send)
+    reqs = [dist.isend(send.contiguous(), ranks[(me + 1) % len(ranks)], group=group),
+            dist.irecv(recv, ranks[(me - 1) % len(ranks)], group=group)]
+    for r in reqs:
+        r.wait()
+    return recv
+
+
+def _block(q, k, v, heads: int):
+    """Scores and output of local queries against one K/V block: (log-sum-exp, output), K/V
+    heads repeated to the query heads (GQA)."""
+    import torch
+
+    rep = heads // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    return lse, torch.exp(s - lse) @ v
+
+
+def ring_attention_function():
+    """The autograd Function (built lazily: torch is an optional dependency)."""
+    import torch
+
+    class RingAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, group):
+            c = torch.distributed.get_world_size(group)
+            heads = q.shape[1]
+            kv = torch.cat([k, v], dim=-1)
+            lse, out = _block(q, k, v, heads)
+            for _ in range(c - 1):
+                kv = _exchange(kv, group)
+                lse_b, out_b = _block(q, *kv.chunk(2, dim=-1), heads)
+                new = torch.logaddexp(lse, lse_b)
+                out = out * torch.exp(lse - new) + out_b * torch.exp(lse_b - new)
+                lse = new
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.group = group
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            q, k, v, out, lse = ctx.saved_tensors
+            group = ctx.group
+            c = torch.distributed.get_world_size(group)
+            heads, scale = q.shape[1], q.shape[-1] ** -0.5
+            delta = (grad_out * out).sum(-1, keepdim=True)
+
+            def grads(kb, vb):
+                rep = heads // kb.shape[1]
+                ke, ve = kb.repeat_interleave(rep, dim=1), vb.repeat_interleave(rep, dim=1)
+                p = torch.exp(q @ ke.transpose(-1, -2) * scale - lse)
+                ds = p * (grad_out @ ve.transpose(-1, -2) - delta)
+                dq = ds @ ke * scale
+                dk = (ds.transpose(-1, -2) @ q * scale).unflatten(1, (kb.shape[1], rep)).sum(2)
+                dv = (p.transpose(-1, -2) @ grad_out).unflatten(1, (kb.shape[1], rep)).sum(2)
+                return dq, torch.cat([dk, dv], dim=-1)
+
+            dq, own = grads(k, v)
+            kv, acc = torch.cat([k, v], dim=-1), None
+            for step in range(1, c):
+                kv = _exchange(kv, group)
+                if acc is not None:  # the running gradient of the block just received
+                    acc = _exchange(acc, group)
+                dq_b, dkv_b = grads(*kv.chunk(2, dim=-1))
+                dq = dq + dq_b
+                acc = dkv_b if acc is None else acc + dkv_b
+            if acc is not None:  # back to the block's owner, the next rank
+                own = own + _exchange(acc, group)
+            dk, dv = own.chunk(2, dim=-1)
+            return dq, dk, dv, None
+
+    return RingAttention
+
+
+def qkv_shapes(model: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(Q shape, K/V shape) of one rank's sequence chunk: (b, a, s/c, d) and (b, g, s/c, d)."""
+    n = plan.seq_len // plan.cp
+    return (plan.micro_batch, model.n_heads, n, model.head_dim), (plan.micro_batch, model.n_kv_heads, n, model.head_dim)
+
+
+def run_rank(model: ModelSpec, plan: TrainingPlan, make_counter) -> dict[str, Any]:
+    """Inside an initialised process group of cp ranks: one step of ``m`` micro-batches through
+    L ring attentions (fp32, random Q, K, V of the model's shapes), counted; and whether this rank's
+    output and gradients equal full attention over the gathered sequence (to 1e-4)."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.new_group(list(range(dist.get_world_size())))
+    counter = make_counter({tuple(range(dist.get_world_size())): "cp"})
+    ring = ring_attention_function()
+    qs, kvs = qkv_shapes(model, plan)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    agree = True
+    for _ in range(plan.grad_accum):
+        for _ in range(model.n_layers):
+            q, k, v = (torch.randn(shape, generator=g, requires_grad=True) for shape in (qs, kvs, kvs))
+            with counter:
+                out = ring.apply(q, k, v, group)
+                out.backward(torch.ones_like(out))
+            agree &= _agrees_with_full_attention(q, k, v, out, group)
+    return {"rank": dist.get_rank(), "pp_rank": 0, "stages": [0], "records": counter.records, "matches_full_attention": agree}
+
+
+def _agrees_with_full_attention(q, k, v, out, group) -> bool:
+    """Full attention over every rank's Q, K and V (gathered), forward and backward: this rank's
+    slice of the output and of the Q, K, V gradients."""
+    import torch
+    import torch.distributed as dist
+
+    c, me = dist.get_world_size(group), dist.get_rank(group)
+
+    def gather(t):
+        parts = [torch.empty_like(t) for _ in range(c)]
+        dist.all_gather(parts, t.detach().contiguous(), group=group)
+        return torch.cat(parts, dim=2).requires_grad_()
+
+    qf, kf, vf = gather(q), gather(k), gather(v)
+    rep = q.shape[1] // k.shape[1]
+    ref = torch.nn.functional.scaled_dot_product_attention(qf, kf.repeat_interleave(rep, 1), vf.repeat_interleave(rep, 1))
+    ref.backward(torch.ones_like(ref))
+    n = q.shape[2]
+    mine = slice(me * n, (me + 1) * n)
+    pairs = [(out, ref), (q.grad, qf.grad), (k.grad, kf.grad), (v.grad, vf.grad)]
+    return all(torch.allclose(a, b[:, :, mine], atol=1e-4) for a, b in pairs)
