@@ -19,6 +19,18 @@ import typer
 
 from meshplan import interop
 from meshplan.cli.options import PlanArgs, plan_options, resolve
+from meshplan.cli.search_cmd import (
+    SearchBatchRange,
+    SearchHeadroom,
+    SearchHsdp,
+    SearchMaxCp,
+    SearchMaxMicroBatch,
+    SearchMaxPp,
+    SearchMaxTp,
+    SearchMaxVpp,
+    SearchObjective,
+    SearchSchedules,
+)
 from meshplan.errors import InputError
 from meshplan.interop.common import catalog_match
 
@@ -42,11 +54,31 @@ def export(
     to: Annotated[Engine, typer.Option("--to", help="Engine: torchtitan (--section.key flags), torchtitan-toml (sectioned TOML), megatron (torchrun + Megatron-LM arguments), deepspeed (JSON), nanotron (YAML sections).")],
     out: Annotated[Optional[str], typer.Option("--out", help="Write the config to this file instead of stdout.", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
+    from_search: Annotated[bool, typer.Option("--from-search", help="Export the best plan of `meshplan search` for these flags (layout flags fix axes, as in search); the search options below apply.")] = False,
+    objective: SearchObjective = "throughput",
+    headroom: SearchHeadroom = 0.0,
+    max_tp: SearchMaxTp = None,
+    max_cp: SearchMaxCp = None,
+    max_pp: SearchMaxPp = None,
+    max_vpp: SearchMaxVpp = None,
+    max_micro_batch: SearchMaxMicroBatch = None,
+    schedules: SearchSchedules = None,
+    hsdp: SearchHsdp = False,
+    batch_range: SearchBatchRange = None,
 ) -> None:
-    """Write the plan as an engine's config; settings the engine cannot express are named on stderr (warning: ...), never dropped silently."""
+    """Write the plan as an engine's config; settings the engine cannot express are named on stderr (warning: ...), never dropped silently. With --from-search, the best plan of a search."""
     path = _out_file(out, force) if out is not None else None
-    setup = resolve(plan)
-    result = interop.export(to, setup.model, setup.plan, gpus_per_node=setup.cluster.gpus_per_node)
+    search_opts = dict(objective=objective, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp, max_vpp=max_vpp,
+                       max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range)
+    if from_search:
+        model, best, gpus_per_node = _best_of_search(plan, search_opts)
+    else:
+        given = [f"--{k.replace('_', '-')}" for k, v in search_opts.items() if v not in (None, False, 0.0, "throughput")]
+        if given:
+            raise InputError(given[0][2:], f"{given[0]} is a search option: it needs --from-search")
+        setup = resolve(plan)
+        model, best, gpus_per_node = setup.model, setup.plan, setup.cluster.gpus_per_node
+    result = interop.export(to, model, best, gpus_per_node=gpus_per_node)
     if path is not None:
         try:
             path.write_text(result.text)
@@ -60,6 +92,35 @@ def export(
         typer.echo(result.text, nl=False)
     else:
         print(f"wrote {path}", file=sys.stderr)
+
+
+def _best_of_search(plan: PlanArgs, options: dict[str, Any]):
+    """(model, best plan, GPUs per node) of ``meshplan search`` with the same flags; exits 1 with
+    the search's one-line reason when no plan fits."""
+    from meshplan.cli.search_cmd import execute, impossible_line
+
+    result, cluster, _ = execute(plan, top=1, **options)
+    if not result.top:
+        print(f"error: from-search: {impossible_line(result, cluster.num_gpus)}", file=sys.stderr)
+        raise typer.Exit(1)
+    est = result.top[0].estimate
+    p = est.plan
+    print(
+        f"note: from-search: best of {result.feasible:,} feasible plans ({result.evaluated:,} evaluated) by {options['objective']}: "
+        f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} {p.schedule} v={p.vpp}, micro-batch {p.micro_batch}, recompute {p.recompute}, "
+        f"ZeRO-{p.zero}; step {est.time.step_s:.3f} s, MFU {est.mfu:.1%}",
+        file=sys.stderr,
+    )
+    return est.model, p, cluster.gpus_per_node
+
+
+def print_plan_notes(plan_file: Optional[str]) -> None:
+    """The notes ``meshplan import`` prints for a config (settings it read lossily or defaulted),
+    on stderr, for ``estimate --plan FILE`` and ``explain --plan FILE``."""
+    if plan_file is None:
+        return
+    for line in interop.load_plan_file(plan_file).parsed.notes:
+        print(f"note: {line}", file=sys.stderr)
 
 
 def _flag(name: str, value: Any) -> Optional[str]:

@@ -34,8 +34,13 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
   --group-query-attention --num-query-groups --kv-channels --max-position-embeddings
   --vocab-size --swiglu --normalization --position-embedding-type
   --untie-embeddings-and-output-weights --disable-bias-linear --add-qkv-bias --attention-dropout
-  --hidden-dropout``. GeGLU and ReLU MLPs, parallel residuals and bias on the output and MLP
-  linears without bias on q/k/v cannot be expressed.
+  --hidden-dropout``, ``--qk-layernorm``; mixture of experts: ``--num-experts
+  --moe-router-topk --moe-ffn-hidden-size --moe-shared-expert-intermediate-size
+  --moe-shared-expert-gate --moe-layer-freq`` (a 0/1 list when some layers are dense); MLA:
+  ``--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim`` (the non-rotary part,
+  d − d_r, as Megatron-Core's ``MLATransformerConfig`` defines it) ``--qk-pos-emb-head-dim
+  --v-head-dim``. GeGLU and ReLU MLPs, parallel residuals, bias on the output and MLP linears
+  without bias on q/k/v, and Gemma's post-norms cannot be expressed.
 """
 
 from __future__ import annotations
@@ -98,7 +103,59 @@ def _model_args(model: ModelSpec, plan: TrainingPlan, led: Ledger) -> list[tuple
     a += [("--attention-dropout", drop), ("--hidden-dropout", drop)]
     if m.parallel_residual:
         led.lose("model.parallel_residual", "Megatron-LM's GPT has no parallel residual; exported sequential")
+    if m.qk_norm:
+        a.append(("--qk-layernorm", None))
+    if m.norms_per_layer == 4:
+        led.lose("model.norms_per_layer", "Megatron-LM's GPT has no post-attention / post-MLP norms (Gemma 2/3); exported without them")
+    return a + _moe_mla_args(m)
+
+
+def _moe_mla_args(m: ModelSpec) -> list[tuple[str, Optional[str]]]:
+    """Megatron-Core's mixture-of-experts and multi-latent-attention arguments of ``m``."""
+    a: list[tuple[str, Optional[str]]] = []
+    if m.is_moe:
+        a += [("--num-experts", str(m.n_experts)), ("--moe-router-topk", str(m.experts_per_token)),
+              ("--moe-ffn-hidden-size", str(m.expert_ffn_hidden))]
+        if m.shared_expert_ffn_hidden:
+            a.append(("--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden)))
+        if m.shared_expert_gate:
+            a.append(("--moe-shared-expert-gate", None))
+        if m.dense_layers:
+            a.append(("--moe-layer-freq", "[" + ",".join("1" if x else "0" for x in m.moe_layers) + "]"))
+    if m.is_mla:
+        a.append(("--multi-latent-attention", None))
+        if m.q_lora_rank:
+            a.append(("--q-lora-rank", str(m.q_lora_rank)))
+        a += [("--kv-lora-rank", str(m.kv_lora_rank)), ("--qk-head-dim", str(m.head_dim - m.qk_rope_head_dim)),
+              ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)), ("--v-head-dim", str(m.value_head_dim))]
     return a
+
+
+def parse_layer_freq(text: str, n_layers: int) -> tuple[int, ...]:
+    """Dense layer indices of ``--moe-layer-freq``: an integer N (layer i is MoE when i % N == 0,
+    Megatron-Core's rule) or a 0/1 pattern, as a list (``[0,1,1]``) or Megatron's list expression
+    (``([0]*3+[1]*58)``)."""
+    body = text.strip().strip("'\"").strip()
+    if body.isdigit():
+        freq = int(body)
+        if freq < 1:
+            raise InputError("moe-layer-freq", f"must be a positive integer or a 0/1 list (got {text!r})")
+        return tuple(i for i in range(n_layers) if i % freq)
+    if body.startswith("(") and body.endswith(")"):
+        body = body[1:-1]
+    flags: list[int] = []
+    for term in body.replace(" ", "").split("+"):
+        items, _, times = term.partition("]*")
+        items = items.rstrip("]")
+        if not items.startswith("[") or (times and not times.isdigit()):
+            raise InputError("moe-layer-freq", f"must be an integer or a 0/1 list such as [0]*3+[1]*58 (got {text!r})")
+        values = items[1:].split(",")
+        if any(v not in ("0", "1") for v in values):
+            raise InputError("moe-layer-freq", f"entries must be 0 (dense) or 1 (MoE) (got {text!r})")
+        flags += [int(v) for v in values] * (int(times) if times else 1)
+    if len(flags) != n_layers:
+        raise InputError("moe-layer-freq", f"has {len(flags)} entries for {n_layers} layers")
+    return tuple(i for i, x in enumerate(flags) if not x)
 
 
 def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
@@ -375,6 +432,25 @@ def _prob(name: str, text: Optional[str]) -> float:
     return x
 
 
+def _parse_moe_mla(v, num, val, flag, n_layers: int) -> dict:
+    """ModelSpec's expert and MLA fields from Megatron-Core's arguments (see :func:`_moe_mla_args`)."""
+    out: dict = {}
+    experts = num("--num-experts")
+    if experts:
+        out.update(n_experts=experts, experts_per_token=num("--moe-router-topk", 2),
+                   expert_ffn_hidden=num("--moe-ffn-hidden-size", num("--ffn-hidden-size")),
+                   shared_expert_ffn_hidden=num("--moe-shared-expert-intermediate-size", 0),
+                   shared_expert_gate=flag(v, "--moe-shared-expert-gate"))
+        freq = val("--moe-layer-freq")
+        if freq is not None:
+            out["dense_layers"] = parse_layer_freq(freq, n_layers)
+    if flag(v, "--multi-latent-attention"):
+        rope = num("--qk-pos-emb-head-dim", 64)
+        out.update(q_lora_rank=num("--q-lora-rank", 0), kv_lora_rank=num("--kv-lora-rank", 32), qk_rope_head_dim=rope,
+                   v_head_dim=num("--v-head-dim", 128), head_dim=num("--qk-head-dim", 128) + rope)
+    return out
+
+
 def _parse_model(v, num, val, flag) -> Optional[ModelSpec]:
     L = num("--num-layers")
     if L is None:
@@ -385,7 +461,7 @@ def _parse_model(v, num, val, flag) -> Optional[ModelSpec]:
     h, a = num("--hidden-size"), num("--num-attention-heads")
     g = num("--num-query-groups", 1) if flag(v, "--group-query-attention") else a
     mlp = "swiglu" if flag(v, "--swiglu") else "gelu"
-    for other in ("--squared-relu", "--quick-geglu", "--multi-latent-attention"):
+    for other in ("--squared-relu", "--quick-geglu"):
         if other in v:
             raise InputError(other.lstrip("-"), "is not modelled by meshplan")
     norm = choice("normalization", val("--normalization") or "LayerNorm", {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"})
@@ -397,13 +473,14 @@ def _parse_model(v, num, val, flag) -> Optional[ModelSpec]:
         raise InputError("kv-channels", f"is needed: hidden size {h} is not a multiple of {a} heads")
     from meshplan.interop.common import catalog_match
 
+    extra = _parse_moe_mla(v, num, val, flag, L)
     spec = ModelSpec.build(
         where="model", name="megatron-model", n_layers=L, hidden=h, n_heads=a, n_kv_heads=g,
-        head_dim=num("--kv-channels", h // a if h % a == 0 else None), ffn_hidden=num("--ffn-hidden-size", 4 * h),
+        head_dim=extra.pop("head_dim", None) or num("--kv-channels", h // a if h % a == 0 else None), ffn_hidden=num("--ffn-hidden-size", 4 * h),
         vocab_size=num("--vocab-size"), max_position=num("--max-position-embeddings", num("--seq-length", 8192)),
         mlp=mlp, norm=norm, position=pos, tied_embeddings=not flag(v, "--untie-embeddings-and-output-weights"),
         qkv_bias=bias or flag(v, "--add-qkv-bias"), linear_bias=bias, dropout=any(d > 0 for d in drop),
-        source="Megatron-LM arguments",
+        qk_norm=flag(v, "--qk-layernorm"), source="Megatron-LM arguments", **extra,
     )
     name = catalog_match(spec)
     return spec.model_copy(update={"name": name}) if name else spec

@@ -104,6 +104,14 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
             led.lose(f"model.{name}", "nanotron's LlamaConfig cannot express it (RMSNorm, RoPE, no biases, no dropout)")
     if model.head_dim * model.n_heads != model.hidden:
         led.lose("model.head_dim", "nanotron's LlamaConfig has head_dim = hidden_size / num_attention_heads")
+    for name, ok, what in (
+        ("n_experts", not model.is_moe, "experts (a mixture-of-experts MLP); the dense MLP of intermediate_size is exported"),
+        ("kv_lora_rank", not model.is_mla, "multi-latent attention; exported as multi-head attention"),
+        ("qk_norm", not model.qk_norm, "query/key norms; exported without them"),
+        ("norms_per_layer", model.norms_per_layer == 2, "post-attention / post-MLP norms; exported without them"),
+    ):
+        if not ok:
+            led.lose(f"model.{name}", f"nanotron's LlamaConfig has no {what}")
     mdl = {"dtype": {"fp32": "float32", "fp16": "float16"}.get(r.precision, "bfloat16"), "model_config": mc}
     return {"model": mdl, "parallelism": par, "tokens": tokens, "optimizer": opt}, led
 

@@ -147,6 +147,8 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
     par["context_parallel_degree"] = p.cp
     if p.ep > 1:
         par["expert_parallel_degree"] = p.ep
+        if p.ep < p.cp:  # torchtitan's "dp2ep": cp <= ep <= dp_shard x cp (job_config.py)
+            led.lose("ep", f"torchtitan needs cp <= expert_parallel_degree <= dp_shard x cp; ep = {p.ep} < cp = {p.cp} will be refused at start")
     out["parallelism"] = par
 
     r = p.precision
