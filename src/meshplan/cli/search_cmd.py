@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from dataclasses import replace
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.table import Table
@@ -21,9 +21,11 @@ from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, parse_batch_tokens, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
-from meshplan.estimate import Estimate
+from meshplan.estimate import Budget, Estimate
+from meshplan.search.fleet import FleetPoint, gpu_front, parse_gpu_counts
 from meshplan.search.run import OBJECTIVES, SearchResult, describe_rejections, search as run_search
 from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, SearchLimits
+from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
 from meshplan.units import GiB as GIB
 
@@ -265,8 +267,8 @@ def _json(result: SearchResult, num_gpus: int) -> dict[str, Any]:
     return out
 
 
-def _write_front(result: SearchResult, out: str) -> None:
-    path = _out_path(out)
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or an ``out`` error naming the extra."""
     try:
         import matplotlib
 
@@ -274,6 +276,23 @@ def _write_front(result: SearchResult, out: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise InputError("out", "pictures need matplotlib: pip install 'meshplan[plot]'") from None
+    return plt
+
+
+def _save(plt, fig, ax, out: str) -> None:
+    """Finish the axes (grid, layout) and write the figure to ``out``; one-line error if it cannot."""
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(_out_path(out))
+    except OSError as err:
+        raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
+
+
+def _write_front(result: SearchResult, out: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     front = result.pareto or result.top
     xs = [r.estimate.peak_bytes / GIB for r in front]
@@ -290,46 +309,21 @@ def _write_front(result: SearchResult, out: str) -> None:
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("tokens/s per GPU")
     ax.legend(loc="lower right", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as err:
-        raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
-    finally:
-        plt.close(fig)
+    _save(plt, fig, ax, out)
 
 
-@plan_options
-def search(
-    plan: PlanArgs,
-    objective: Annotated[str, typer.Option("--objective", help=f"Rank by {', '.join(OBJECTIVES)} (time-to-train needs --tokens, cost --tokens and --price).")] = "throughput",
-    top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 10,
-    headroom: Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free: plans must fit in HBM x (1 - headroom).")] = 0.0,
-    max_tp: Annotated[Optional[int], typer.Option("--max-tp", help="Largest TP degree. (default: GPUs per node)", show_default=False)] = None,
-    max_cp: Annotated[Optional[int], typer.Option("--max-cp", help="Largest CP degree. (default: 16)", show_default=False)] = None,
-    max_pp: Annotated[Optional[int], typer.Option("--max-pp", help="Largest PP degree. (default: 128)", show_default=False)] = None,
-    max_vpp: Annotated[Optional[int], typer.Option("--max-vpp", help="Most virtual stages per rank. (default: 8)", show_default=False)] = None,
-    max_micro_batch: Annotated[Optional[int], typer.Option("--max-micro-batch", help="Largest micro-batch. (default: 8)", show_default=False)] = None,
-    schedules: Annotated[Optional[str], typer.Option("--schedules", help="Comma-separated schedules to consider. (default: all)", show_default=False)] = None,
-    hsdp: Annotated[bool, typer.Option("--hsdp", help="Also try HSDP shard groups (1 < dp_shard < dp).")] = False,
-    batch_range: Annotated[Optional[str], typer.Option("--batch-range", help="Let the global batch vary: MIN,MAX tokens (e.g. 4M,16M), doubling from MIN.", show_default=False)] = None,
-    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Place this plan in the ranking, e.g. 'tp=8,pp=16,cp=1,vpp=2,schedule=interleaved'. (default: the --preset's plan)", show_default=False)] = None,
-    pareto: Annotated[bool, typer.Option("--pareto", help="Also find the memory vs throughput front.")] = False,
-    out: Annotated[Optional[str], typer.Option("--out", help="Write the front (or the top plans) as a picture: .svg or .png.", show_default=False)] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
-) -> None:
-    """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
-
-    Layout flags (--tp, --pp, --schedule, --zero, ...) fix that axis. With --preset the preset's model, GPUs, batch and network are used and its plan is the baseline."""
+def _setup(plan: PlanArgs, objective: str, top: int, headroom: float, max_tp, max_cp, max_pp, max_vpp, max_micro_batch,
+           schedules, hsdp, baseline) -> tuple:
+    """Check the search's options and resolve the plan flags: (model, cluster, base plan, limits,
+    budget, baseline plan or None)."""
     if objective not in OBJECTIVES:
         raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got '{objective}')")
+    if plan.ep not in (None, 1):
+        raise InputError("ep", f"the search evaluates ep = 1 only (got {plan.ep}); estimate expert-parallel plans with meshplan estimate --ep")
     if top < 1 or top > 1000:
         raise InputError("top", f"must be between 1 and 1000 (got {top})")
     if not 0.0 <= headroom < 1.0:
         raise InputError("headroom", f"must be a fraction in [0, 1) (got {headroom})")
-    if out is not None:
-        _out_path(out)
     preset_setup = resolve(plan) if plan.preset is not None else None
     fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
     limits = _limits(fixed, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp)
@@ -350,12 +344,111 @@ def search(
         bl = parse_baseline(baseline, base_plan, cluster.num_gpus)
     elif preset_setup is not None:
         bl = preset_setup.plan
+    return one.model, cluster, base_plan, limits, budget, bl
+
+
+def execute(
+    plan: PlanArgs, *, objective: str = "throughput", top: int = 10, headroom: float = 0.0, max_tp: Optional[int] = None,
+    max_cp: Optional[int] = None, max_pp: Optional[int] = None, max_vpp: Optional[int] = None,
+    max_micro_batch: Optional[int] = None, schedules: Optional[str] = None, hsdp: bool = False,
+    batch_range: Optional[str] = None, baseline: Optional[str] = None, pareto: bool = False,
+    progress: Optional[Callable[[str, int, int], None]] = None,
+) -> tuple[SearchResult, ClusterSpec, Budget]:
+    """Check the search's options, resolve the plan flags as ``meshplan search`` does and run the
+    search; ``progress(phase, done, total)`` as :func:`meshplan.search.run.search`. Returns the
+    result with the cluster and the budget it was run for."""
+    model, cluster, base_plan, limits, budget, bl = _setup(
+        plan, objective, top, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, baseline
+    )
+    result = run_search(
+        model, cluster, base_plan, limits, global_batches=_batch_range(batch_range, base_plan.seq_len),
+        objective=objective, budget=budget, top_k=top, headroom=headroom, baseline=bl, pareto=pareto,
+        progress=progress,
+    )
+    return result, cluster, budget
+
+
+def execute_fleet(
+    plan: PlanArgs, gpus_range: str, *, headroom: float = 0.0, max_tp: Optional[int] = None,
+    max_cp: Optional[int] = None, max_pp: Optional[int] = None, max_vpp: Optional[int] = None,
+    max_micro_batch: Optional[int] = None, schedules: Optional[str] = None, hsdp: bool = False,
+    batch_range: Optional[str] = None, progress: Optional[Callable[[str, int, int], None]] = None,
+) -> tuple[list[FleetPoint], Budget]:
+    """The GPUs-vs-days front over the counts of ``gpus_range`` (:mod:`meshplan.search.fleet`)."""
+    model, cluster, base_plan, limits, budget, _ = _setup(
+        plan, "throughput", 1, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, None
+    )
+    counts = parse_gpu_counts(gpus_range, cluster.scale_up.size)
+    points = gpu_front(
+        model, cluster, base_plan, limits, counts, budget, headroom=headroom,
+        global_batches=_batch_range(batch_range, base_plan.seq_len), progress=progress,
+    )
+    return points, budget
+
+
+#: Search options, shared with ``meshplan export --from-search``.
+SearchObjective = Annotated[str, typer.Option("--objective", help=f"Rank by {', '.join(OBJECTIVES)} (time-to-train needs --tokens, cost --tokens and --price).")]
+SearchHeadroom = Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free: plans must fit in HBM x (1 - headroom).")]
+SearchMaxTp = Annotated[Optional[int], typer.Option("--max-tp", help="Largest TP degree. (default: GPUs per node)", show_default=False)]
+SearchMaxCp = Annotated[Optional[int], typer.Option("--max-cp", help="Largest CP degree. (default: 16)", show_default=False)]
+SearchMaxPp = Annotated[Optional[int], typer.Option("--max-pp", help="Largest PP degree. (default: 128)", show_default=False)]
+SearchMaxVpp = Annotated[Optional[int], typer.Option("--max-vpp", help="Most virtual stages per rank. (default: 8)", show_default=False)]
+SearchMaxMicroBatch = Annotated[Optional[int], typer.Option("--max-micro-batch", help="Largest micro-batch. (default: 8)", show_default=False)]
+SearchSchedules = Annotated[Optional[str], typer.Option("--schedules", help="Comma-separated schedules to consider. (default: all)", show_default=False)]
+SearchHsdp = Annotated[bool, typer.Option("--hsdp", help="Also try HSDP shard groups (1 < dp_shard < dp).")]
+SearchBatchRange = Annotated[Optional[str], typer.Option("--batch-range", help="Let the global batch vary: MIN,MAX tokens (e.g. 4M,16M), doubling from MIN.", show_default=False)]
+
+
+@plan_options
+def search(
+    plan: PlanArgs,
+    objective: SearchObjective = "throughput",
+    top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 10,
+    headroom: SearchHeadroom = 0.0,
+    max_tp: SearchMaxTp = None,
+    max_cp: SearchMaxCp = None,
+    max_pp: SearchMaxPp = None,
+    max_vpp: SearchMaxVpp = None,
+    max_micro_batch: SearchMaxMicroBatch = None,
+    schedules: SearchSchedules = None,
+    hsdp: SearchHsdp = False,
+    batch_range: SearchBatchRange = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Place this plan in the ranking, e.g. 'tp=8,pp=16,cp=1,vpp=2,schedule=interleaved'. (default: the --preset's plan)", show_default=False)] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Also find the memory vs throughput front.")] = False,
+    gpus_range: Annotated[Optional[str], typer.Option("--gpus-range", help="GPUs vs days front: the best plan by time-to-train (needs --tokens) for each GPU count, MIN:MAX (doubling) or a list such as 4096,8192,16384; --out draws it.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Write the front (or the top plans) as a picture: .svg or .png.", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
+) -> None:
+    """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
+
+    Layout flags (--tp, --pp, --schedule, --zero, ...) fix that axis. With --preset the preset's model, GPUs, batch and network are used and its plan is the baseline."""
+    if out is not None and _out_path(out).exists():
+        raise InputError("out", f"'{out}' already exists; meshplan does not overwrite files: choose another name")
     progress = _Progress(not json_out)
+    if gpus_range is not None:
+        from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
+
+        try:
+            points, budget = execute_fleet(
+                plan, gpus_range, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp, max_vpp=max_vpp,
+                max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range, progress=progress,
+            )
+        finally:
+            progress.close()
+        if out is not None:
+            write_fleet(points, out)
+        if json_out:
+            typer.echo(json.dumps(fleet_json(points), allow_nan=False))
+        else:
+            print_fleet(points, budget)
+        if not any(pt.best for pt in points):
+            raise typer.Exit(1)
+        return
     try:
-        result = run_search(
-            one.model, cluster, base_plan, limits, global_batches=_batch_range(batch_range, base_plan.seq_len),
-            objective=objective, budget=budget, top_k=top, headroom=headroom, baseline=bl, pareto=pareto or out is not None,
-            progress=progress,
+        result, cluster, budget = execute(
+            plan, objective=objective, top=top, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp,
+            max_vpp=max_vpp, max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range,
+            baseline=baseline, pareto=pareto or out is not None, progress=progress,
         )
     finally:
         progress.close()
