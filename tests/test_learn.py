@@ -19,7 +19,7 @@ from meshplan.calc.collective import simulate_ring_all_reduce
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cli.app import app
 from meshplan.learn import TOPICS, generate, grade, specs
-from meshplan.learn.model import Choice, FaultyLine, Numeric, Ordering
+from meshplan.learn.model import Choice, FaultyLine, Numeric
 from meshplan.presets import get_preset
 
 SEEDS = [None] + list(range(100))
@@ -335,7 +335,7 @@ def test_grading_messages():
     assert not grade(generate("tp-shard-shape"), "z").valid
     assert not grade(generate("formats-by-range"), "1 1 2 3").valid
     assert not grade(generate("faulty-young"), "9").valid
-    assert grade(ex, "1.75").to_dict()["url"] == "/calc/collective?op=all-reduce&size=1GB&n=8&bw=50&latency=0us&algorithm=ring"
+    assert grade(ex, "1.75").to_dict()["url"] == "/calc?calc=collective&op=all-reduce&size=1GB&n=8&bw=50&latency=0us&algorithm=ring"
 
 
 def test_unknown_ids_and_topics_name_the_field():

@@ -26,8 +26,9 @@ from meshplan.cli.search_cmd import search as search_command
 from meshplan.cli.validate_cmd import validate as validate_command
 from meshplan.cli.verify_cmd import verify_app
 from meshplan.cli.calc_cmd import calc_app
-from meshplan.cli.interop_cmd import export as export_command, import_ as import_command
+from meshplan.cli.interop_cmd import export as export_command, import_ as import_command, print_plan_notes
 from meshplan.cli.learn_cmd import learn as learn_command
+from meshplan.cli.serve_cmd import serve as serve_command
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate as run_estimate
@@ -58,6 +59,7 @@ def estimate(
 
     Defaults: llama3-8b on 8 h100-sxm-80gb, dp = gpus / (tp·cp·pp), sequences of 4,096 tokens, and a global batch of about 4M tokens (micro_batch·dp·m sequences with m = round(4,194,304 / (seq_len·micro_batch·dp)) micro-batches per DP rank, between 1 and 1,024, a multiple of pp when interleaved)."""
     setup = resolve(plan)
+    print_plan_notes(plan.plan_file)
     est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
     if json_out:
         typer.echo(json.dumps(est.to_dict(), allow_nan=False))
@@ -73,6 +75,7 @@ def explain(
 ) -> None:
     """Show how each figure of the estimate is derived: formula, symbols with their values, result, source."""
     setup = resolve(plan)
+    print_plan_notes(plan.plan_file)
     est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
     text = render_derivations(est.derivations, figure)
     if not text.strip():
@@ -89,6 +92,7 @@ app.add_typer(calc_app, name="calc")
 app.command("export")(export_command)
 app.command("import")(import_command)
 app.command("learn")(learn_command)
+app.command("serve")(serve_command)
 
 
 @app.command()

@@ -47,7 +47,7 @@ def ring_volume(v: Variant) -> Problem:
         hints=("The ring splits the tensor into n chunks and runs n − 1 steps in each of its two phases.",
                "Each step sends one chunk of S/n bytes."),
         params={"n": n, "size_bytes": S}, command=cmd, url=link,
-        explanation=f"Even with 1,000 GPUs each sends 2·999/1000·S: the per-GPU volume is almost independent of n.",
+        explanation="Even with 1,000 GPUs each sends 2·999/1000·S: the per-GPU volume is almost independent of n.",
     )
 
 
@@ -193,8 +193,8 @@ def tp_shard_shape(v: Variant) -> Problem:
                          f"[{d}, {shard}]: {num(d * shard)} parameters instead of {num(d * d)}",
                          "Shoeybi et al. 2019 (Megatron-LM), Sec. 3")],
         hints=("Columns are the output features.",),
-        params={"d": d, "tp": tp}, command=command("estimate", model=model.name, tp=tp, explain=False),
-        url=url("/plan", model=model.name, tp=tp),
+        params={"d": d, "tp": tp}, command=command("estimate", model=model.name, gpus=tp, tp=tp, explain=False),
+        url=url("/plan", model=model.name, gpus=tp, tp=tp),
     )
 
 
@@ -268,7 +268,7 @@ def tp_weights(v: Variant) -> Problem:
                   derive("tp.weights", "weights per GPU", "2 bytes · L · P_layer/t", [("L", str(m.n_layers)), ("P_layer/t", num(per))], size(total))],
         hints=("Count one layer exactly: Q and O are h×h, K and V are h×(kv heads × head dim), the FFN has 3 matrices.",
                "TP splits every matrix t ways; K/V heads are replicated when t exceeds their number."),
-        params={"model": name, "tp": tp}, command=command("estimate", model=name, tp=tp), url=url("/plan", model=name, tp=tp),
+        params={"model": name, "tp": tp}, command=command("estimate", model=name, gpus=tp, tp=tp), url=url("/plan", model=name, gpus=tp, tp=tp),
         source_note="001 takes 12·d² = 805M parameters per layer (16.1 GB per GPU with TP = 8); Llama 3 70B's GQA "
                     "attention and 28,672-wide SwiGLU make it 855.6M: 17.1 GB per GPU.",
     )
@@ -287,7 +287,7 @@ def tp_kv_heads(v: Variant) -> Problem:
         solution=[derive("tp.kv_heads", "K/V heads per TP rank", "max(1, g/t)", [("g", str(m.n_kv_heads)), ("t", str(tp))],
                          str(g), "meshplan.cost.params.kv_heads_per_rank")],
         hints=("Heads split evenly; when t exceeds the K/V heads, each is replicated.",),
-        params={"model": name, "tp": tp}, command=command("estimate", model=name, tp=tp), url=url("/plan", model=name, tp=tp),
+        params={"model": name, "tp": tp}, command=command("estimate", model=name, gpus=tp, tp=tp), url=url("/plan", model=name, gpus=tp, tp=tp),
     )
 
 
@@ -337,8 +337,8 @@ def cp_kv(v: Variant) -> Problem:
                   derive("cp.sent", "sent per layer (forward)", "(cp − 1) · block", [("cp", str(cp)), ("block", size(block))],
                          size(total), "Liu et al. 2023, Ring Attention")],
         hints=("With GQA only the K/V heads travel, not the full hidden size.",),
-        params={"model": name, "seq_len": seq, "cp": cp}, command=command("estimate", model=name, cp=cp, seq_len=seq),
-        url=url("/plan", model=name, cp=cp, seq_len=seq),
+        params={"model": name, "seq_len": seq, "cp": cp}, command=command("estimate", model=name, gpus=cp, cp=cp, seq_len=seq),
+        url=url("/plan", model=name, gpus=cp, cp=cp, seq_len=seq),
         source_note="000 sizes K and V with the full hidden size (2·2·16,000·16,384 = 1.05 GB per block, 7.35 GB per layer); "
                     "Llama 3 405B's K and V have 8 heads of 128 (GQA): 65.5 MB per block, 459 MB per layer.",
     )

@@ -82,7 +82,8 @@ def l3_layer_split(v: Variant) -> Problem:
         solution=[derive("pipeline.split", "layers per stage", "⌊L/p⌋ each; the L mod p extra layers to the inner stages first",
                          [("L", str(L)), ("p", str(p)), ("L mod p", str(extra))], text(split), LLAMA3 + "; meshplan.pipeline.stages")],
         hints=(f"{L} = {p}·{base} + {extra}.",),
-        params={"layers": L, "pp": p}, command=command("estimate", model="llama3-405b", pp=p), url=url("/plan", model="llama3-405b", pp=p),
+        params={"layers": L, "pp": p}, command=command("estimate", model="llama3-405b", gpus=8 * p, tp=8, pp=p),
+        url=url("/plan", model="llama3-405b", gpus=8 * p, tp=8, pp=p),
     )
 
 

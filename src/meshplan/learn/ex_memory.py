@@ -138,7 +138,7 @@ def format_figure(v: Variant) -> Problem:
         solution=derivs(r, f"formats.{name}.{key}"),
         hints=("Bias β = 2^(e−1) − 1; the smallest normal is 2^(1−β).", "Answer in scientific notation, e.g. 6.1e-5."),
         params={"format": name, "quantity": what}, command=command("calc", "formats", name, explain=True),
-        url=url("/calc/formats", format=name),
+        url=url("/calc/formats", names=name),
     )
 
 
@@ -176,7 +176,7 @@ def formats_by_range(v: Variant) -> Problem:
         solution=derivs(r, *[f"formats.{n}.max" for n in (shown[i] for i in order)]),
         hints=("Range comes from the exponent bits; the mantissa only refines it.", "e4m3 has no infinities, which buys it 448."),
         params={"formats": shown}, command=command("calc", "formats", " ".join(shown), explain=True),
-        url=url("/calc/formats", format=",".join(shown)),
+        url=url("/calc/formats", names=",".join(shown)),
         explanation="That is why gradients (outliers) use e5m2 and activations (precision) e4m3.",
     )
 

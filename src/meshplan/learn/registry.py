@@ -146,8 +146,13 @@ def command(*words: str, **options: Any) -> str:
 
 
 def url(path: str, **query: Any) -> str:
-    """A path of the web explorer with the problem's numbers as its query."""
-    q = {k.rstrip("_").replace("_", "-"): ("true" if v is True else _text(v)) for k, v in query.items() if v is not None and v is not False}
+    """A view of the web explorer with the problem's numbers as its query, in the view's own
+    parameter names (the CLI's options with underscores: ``seq_len``, ``gpus_per_node``);
+    ``/calc/<name>`` is the Calculators view of calculator ``name``, ``/calc?calc=<name>&...``."""
+    q = {}
+    if path.startswith("/calc/"):
+        path, q["calc"] = "/calc", path.removeprefix("/calc/")
+    q.update({k.rstrip("_"): ("true" if v is True else _text(v)) for k, v in query.items() if v is not None and v is not False})
     return path + ("?" + urlencode(q) if q else "")
 
 

@@ -1,0 +1,177 @@
+"""The search endpoints: ``POST /api/search`` starts ``meshplan search`` (the CLI's own
+:func:`~meshplan.cli.search_cmd.execute`) in a worker thread, ``GET /api/search/{id}`` reports its
+progress and, when it is done, the result in the schema of ``meshplan search --json``.
+
+Work is bounded: one search runs at a time (a second is answered 429), a search may evaluate at
+most ``Limits.max_search_plans`` plans and run ``Limits.search_seconds`` seconds; past either it
+stops with one line naming the limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import ConfigDict, Field, ValidationError, create_model
+
+from meshplan.cli.options import PLAN_OPTIONS
+from meshplan.cli.search_cmd import _json as search_json
+from meshplan.cli.search_cmd import execute
+from meshplan.errors import InputError
+from meshplan.search.run import OBJECTIVES
+from meshplan.specs.base import input_error_from
+from meshplan.web.errors import error_body, unprocessable
+from meshplan.web.plan_api import plan_args
+
+#: Seconds ``POST /api/search`` waits for the search to pass its checks (or fail them) before
+#: answering 202 with the job id.
+CHECK_WAIT_S = 10.0
+KEEP_JOBS = 16
+
+_SEARCH_OPTIONS: dict[str, Any] = {
+    "objective": (Literal["throughput", "time-to-train", "cost"], Field("throughput", description=f"Rank by {', '.join(OBJECTIVES)}.")),
+    "top": (int, Field(10, description="How many plans to return (1 to 100).")),
+    "headroom": (float, Field(0.0, description="Fraction of HBM kept free.")),
+    "max_tp": (Optional[int], Field(None, description="Largest TP degree (default: GPUs per node).")),
+    "max_cp": (Optional[int], Field(None, description="Largest CP degree (default: 16).")),
+    "max_pp": (Optional[int], Field(None, description="Largest PP degree (default: 128).")),
+    "max_vpp": (Optional[int], Field(None, description="Most virtual stages per rank (default: 8).")),
+    "max_micro_batch": (Optional[int], Field(None, description="Largest micro-batch (default: 8).")),
+    "schedules": (Optional[str], Field(None, description="Comma-separated schedules to consider (default: all).")),
+    "hsdp": (bool, Field(False, description="Also try HSDP shard groups.")),
+    "batch_range": (Optional[str], Field(None, description="Let the global batch vary: MIN,MAX tokens, e.g. 4M,16M.")),
+    "baseline": (Optional[str], Field(None, description="Place this plan in the ranking, e.g. tp=8,pp=16,vpp=2,schedule=interleaved.")),
+    "pareto": (bool, Field(True, description="Also find the memory vs throughput front.")),
+}
+
+SearchRequest = create_model(
+    "SearchRequest",
+    __config__=ConfigDict(extra="forbid"),
+    **{name: (tp, Field(None, description=opt.help)) for name, (tp, opt) in PLAN_OPTIONS.items() if name != "plan_file"},
+    **_SEARCH_OPTIONS,
+)
+
+
+class Stop(Exception):
+    """Raised from the progress callback to end a search past its limits."""
+
+    def __init__(self, err: InputError):
+        self.err = err
+
+
+@dataclass
+class Job:
+    id: str
+    started: float = field(default_factory=time.perf_counter)
+    status: str = "running"  # running, done, error
+    phase: str = "checking"
+    done: int = 0
+    total: int = 0
+    simulated: int = 0
+    result: Optional[dict[str, Any]] = None
+    error: Optional[dict[str, str]] = None
+    finished: Optional[float] = None
+    checked: threading.Event = field(default_factory=threading.Event)
+
+    def view(self) -> dict[str, Any]:
+        end = self.finished if self.finished is not None else time.perf_counter()
+        out: dict[str, Any] = {"id": self.id, "status": self.status, "phase": self.phase, "done": self.done,
+                               "total": self.total, "simulated": self.simulated, "elapsed_s": end - self.started}
+        if self.result is not None:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+class Searches:
+    """The jobs of one server: at most one running, the last :data:`KEEP_JOBS` kept."""
+
+    def __init__(self, max_plans: int, seconds: float):
+        self.max_plans, self.seconds = max_plans, seconds
+        self.jobs: OrderedDict[str, Job] = OrderedDict()
+        self.lock = threading.Lock()
+        self.running: Optional[Job] = None
+        self.ids = itertools.count(1)
+
+    def start(self, values: dict[str, Any]) -> Job:
+        with self.lock:
+            if self.running is not None:
+                raise InputError("search", f"search {self.running.id} is still running; one search runs at a time")
+            job = Job(id=str(next(self.ids)))
+            self.jobs[job.id] = job
+            while len(self.jobs) > KEEP_JOBS:
+                self.jobs.popitem(last=False)
+            self.running = job
+        threading.Thread(target=self._run, args=(job, values), daemon=True, name=f"search-{job.id}").start()
+        return job
+
+    def _progress(self, job: Job):
+        def progress(phase: str, done: int, total: int) -> None:
+            job.checked.set()
+            job.phase = phase
+            if phase == "screen":
+                job.done, job.total = done, total
+                if total > self.max_plans:
+                    raise Stop(InputError("search", f"the space holds {total:,} plans, more than the {self.max_plans:,} a web search may evaluate; fix an axis (tp, pp, ...) or lower a --max-* limit"))
+            else:
+                job.simulated = done
+            if time.perf_counter() - job.started > self.seconds:
+                raise Stop(InputError("search", f"stopped after {self.seconds:g} s, the time a web search may take; fix an axis or lower a --max-* limit"))
+        return progress
+
+    def _run(self, job: Job, values: dict[str, Any]) -> None:
+        try:
+            opts = {k: values.pop(k) for k in list(values) if k in _SEARCH_OPTIONS}
+            if not 1 <= opts["top"] <= 100:
+                raise InputError("top", f"must be between 1 and 100 (got {opts['top']})")
+            result, cluster, _ = execute(plan_args(values), progress=self._progress(job), **opts)
+            job.result = search_json(result, cluster.num_gpus)
+            job.status = "done"
+        except Stop as stop:
+            job.error, job.status = error_body(stop.err), "error"
+        except InputError as err:
+            job.error, job.status = error_body(err), "error"
+        except ValidationError as err:  # a rule across fields: still one line
+            job.error, job.status = error_body(input_error_from(err)), "error"
+        except Exception as err:  # a defect, not bad input: reported, never left running
+            job.error, job.status = error_body(InputError("search", f"internal error ({type(err).__name__}: {err})")), "error"
+        finally:
+            job.finished = time.perf_counter()
+            job.phase = "finished"
+            with self.lock:
+                self.running = None
+            job.checked.set()
+
+
+router = APIRouter(prefix="/api")
+
+
+@router.post("/search", tags=["search"], status_code=202,
+             summary="Start a search (the options of `meshplan search`); poll GET /api/search/{id}",
+             responses={422: {"description": "bad input: field and rule"}, 429: {"description": "a search is already running"}})
+def api_search(body: SearchRequest, request: Request):  # type: ignore[valid-type]
+    searches: Searches = request.app.state.searches
+    try:
+        job = searches.start(body.model_dump(exclude_none=True))
+    except InputError as err:
+        return JSONResponse(error_body(err), status_code=429)
+    job.checked.wait(CHECK_WAIT_S)
+    if job.status == "error":
+        return unprocessable(InputError(job.error["field"], job.error["rule"]))
+    return JSONResponse(job.view(), status_code=200 if job.status == "done" else 202)
+
+
+@router.get("/search/{job_id}", tags=["search"], summary="A search's progress, and its result (the schema of `meshplan search --json`) when done")
+def api_search_job(job_id: str, request: Request):
+    job = request.app.state.searches.jobs.get(job_id)
+    if job is None:
+        return JSONResponse({"field": "id", "rule": f"no search {job_id!r} (finished searches are kept for a while)",
+                             "detail": f"id: no search {job_id!r}"}, status_code=404)
+    return job.view()

@@ -1,0 +1,110 @@
+"""The pages: Plan, Search, Pipeline, Calculators and Learn, rendered from Jinja2 templates; their scripts
+draw what the JSON API returns with Plotly.js, which is served from the installed ``plotly``
+wheel. Every page keeps its whole state in the URL's query string."""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from meshplan.catalog import gpu_names, model_names
+from meshplan.cli.options import PLAN_OPTIONS
+from meshplan.cli.pipeline_cmd import schedule_names
+from meshplan.learn import TOPICS
+from meshplan.presets import PRESETS
+from meshplan.search.run import OBJECTIVES
+from meshplan.web.calc_api import calculators
+
+HERE = Path(str(resources.files("meshplan.web")))
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters["log2"] = lambda x: int(round(math.log2(x)))
+
+VIEWS = (("plan", "Plan"), ("search", "Search"), ("pipeline", "Pipeline"), ("calc", "Calculators"), ("learn", "Learn"))
+
+#: Numeric plan inputs: (option name, label, slider scale, slider min, slider max, step). The
+#: slider of a "log2" input moves in powers of two; its number box takes any value.
+NUMBERS = (
+    ("gpus", "GPUs", "log2", 1, 65536, 1),
+    ("tp", "TP (tensor parallel)", "log2", 1, 64, 1),
+    ("cp", "CP (context parallel)", "log2", 1, 64, 1),
+    ("pp", "PP (pipeline ranks)", "log2", 1, 128, 1),
+    ("vpp", "virtual stages per rank", "lin", 1, 16, 1),
+    ("micro_batch", "micro-batch (sequences)", "log2", 1, 64, 1),
+    ("global_batch", "global batch (sequences)", "log2", 1, 65536, 1),
+    ("seq_len", "sequence length (tokens)", "log2", 128, 1048576, 1),
+    ("gpus_per_node", "GPUs per node", "log2", 1, 128, 1),
+    ("nic_gbps", "NIC GB/s per GPU", "lin", 5, 200, 5),
+    ("pod_size", "pod size (GPUs)", "log2", 8, 65536, 1),
+    ("oversubscription", "oversubscription above pods", "lin", 1, 16, 0.5),
+    ("price", "$ per GPU-hour", "lin", 0, 10, 0.1),
+    ("pue", "PUE", "lin", 1, 2, 0.01),
+)
+#: Choice inputs: (option name, label, choices).
+CHOICES = (
+    ("schedule", "pipeline schedule", tuple(schedule_names())),
+    ("recompute", "recompute", ("none", "selective", "op", "full")),
+    ("zero", "ZeRO stage", ("0", "1", "2", "3")),
+    ("precision", "precision", ("bf16", "fp16", "fp8", "fp32")),
+    ("sequence_parallel", "sequence parallel", ("true", "false")),
+    ("grad_dtype", "gradient dtype", ("fp32", "bf16", "fp16")),
+    ("master_weights", "fp32 master weights", ("true", "false")),
+    ("attention", "attention kernel", ("flash", "materialized")),
+)
+
+
+def _help(name: str) -> str:
+    return PLAN_OPTIONS[name][1].help or ""
+
+
+def _context(request: Request, view: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "request": request, "view": view, "views": VIEWS,
+        "presets": [(p.name, p.description) for p in PRESETS.values()],
+        "models": model_names(), "gpus": gpu_names(), "schedules": schedule_names(),
+        "objectives": OBJECTIVES, **extra,
+    }
+
+
+def install(app: FastAPI) -> None:
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+
+    @app.get("/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> Response:
+        import plotly
+
+        path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+        return FileResponse(path, media_type="application/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    @app.get("/", include_in_schema=False)
+    def home() -> RedirectResponse:
+        return RedirectResponse("/plan")
+
+    @app.get("/plan", response_class=HTMLResponse, include_in_schema=False)
+    def plan_page(request: Request):
+        numbers = [(n, label, scale, lo, hi, step, _help(n)) for n, label, scale, lo, hi, step in NUMBERS]
+        choices = [(n, label, opts, _help(n)) for n, label, opts in CHOICES]
+        return templates.TemplateResponse(request, "plan.html", _context(request, "plan", numbers=numbers, choices=choices,
+                                                                         tokens_help=_help("tokens")))
+
+    @app.get("/search", response_class=HTMLResponse, include_in_schema=False)
+    def search_page(request: Request):
+        return templates.TemplateResponse(request, "search.html", _context(request, "search"))
+
+    @app.get("/pipeline", response_class=HTMLResponse, include_in_schema=False)
+    def pipeline_page(request: Request):
+        return templates.TemplateResponse(request, "pipeline.html", _context(request, "pipeline"))
+
+    @app.get("/calc", response_class=HTMLResponse, include_in_schema=False)
+    def calc_page(request: Request):
+        return templates.TemplateResponse(request, "calc.html", _context(request, "calc", calculators=calculators()))
+
+    @app.get("/learn", response_class=HTMLResponse, include_in_schema=False)
+    def learn_page(request: Request):
+        return templates.TemplateResponse(request, "learn.html", _context(request, "learn", topics=TOPICS))

@@ -1,0 +1,299 @@
+"""The web explorer's JSON API (FastAPI TestClient): every endpoint answers with the CLI's own JSON
+for the same input, bad input is 422 naming the field and the rule, and work per request is bounded."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from meshplan.cli.app import main  # noqa: E402
+from meshplan.web import Limits, create_app  # noqa: E402
+from meshplan.web.search_api import Job  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    return TestClient(create_app())
+
+
+def cli_json(capsys, *args: str) -> dict:
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def cli_error(capsys, *args: str) -> str:
+    capsys.readouterr()
+    assert main(list(args)) == 2
+    return capsys.readouterr().err.strip()
+
+
+def bad(response, field: str) -> str:
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == field
+    assert body["detail"] == f"{field}: {body['rule']}"
+    assert "\n" not in body["detail"]
+    return body["rule"]
+
+
+# ---- /api/estimate, /api/explain, /api/view/plan ------------------------------------------------
+
+
+def test_estimate_is_the_cli_json_for_the_405b_preset(client, capsys):
+    got = client.get("/api/estimate", params={"preset": "llama3-405b-16k"})
+    assert got.status_code == 200
+    assert got.json() == cli_json(capsys, "estimate", "--preset", "llama3-405b-16k", "--json")
+    plan = got.json()["plan"]
+    assert (plan["tp"], plan["cp"], plan["pp"], plan["dp"], plan["vpp"]) == (8, 1, 16, 128, 2)
+    assert plan["global_batch_tokens"] == 16 * 2**20
+
+
+def test_estimate_with_flags_is_the_cli_json(client, capsys):
+    params = {"model": "llama3-70b", "gpus": 256, "tp": 8, "pp": 4, "seq_len": 8192, "global_batch_tokens": "4M",
+              "recompute": "selective", "tokens": "15T", "price": 2.5, "sequence_parallel": "false", "zero": "1"}
+    got = client.get("/api/estimate", params=params).json()
+    flags = ["--model", "llama3-70b", "--gpus", "256", "--tp", "8", "--pp", "4", "--seq-len", "8192", "--global-batch-tokens", "4M",
+             "--recompute", "selective", "--tokens", "15T", "--price", "2.5", "--no-sequence-parallel", "--zero", "1"]
+    assert got == cli_json(capsys, "estimate", *flags, "--json")
+    assert got["plan"]["dp"] == 8 and got["plan"]["sequence_parallel"] is False
+    assert got["run"]["tokens"] == 15e12 and got["run"]["dollars"] == pytest.approx(got["run"]["gpu_hours"] * 2.5)
+
+
+def test_estimate_bad_input_names_the_field_like_the_cli(client, capsys):
+    rule = bad(client.get("/api/estimate", params={"tp": 3}), "tp")
+    assert cli_error(capsys, "estimate", "--tp", "3") == f"error: tp: {rule}"
+    assert rule == "tp (3) must divide the number of attention heads (32)"
+    assert "integer" in bad(client.get("/api/estimate", params={"tp": "abc"}), "tp")
+    assert bad(client.get("/api/estimate", params={"tensor": 2}), "tensor") == "unknown field"
+    assert "unknown preset" in bad(client.get("/api/estimate", params={"preset": "nope"}), "preset")
+    assert "not both" in bad(client.get("/api/estimate", params={"global_batch": 64, "global_batch_tokens": "4M"}), "global_batch_tokens")
+    assert "1f1b" in bad(client.get("/api/estimate", params={"schedule": "looped"}), "schedule")
+    assert "must be at least 1" in bad(client.get("/api/estimate", params={"pue": 0.5}), "pue")
+
+
+def test_estimate_reads_no_file_a_request_names(client, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text("{}")
+    assert "catalog names only" in bad(client.get("/api/estimate", params={"model": str(cfg)}), "model")
+    assert bad(client.get("/api/estimate", params={"plan_file": str(cfg)}), "plan_file") == "unknown field"
+
+
+def test_explain_gives_the_estimate_derivations(client, capsys):
+    d = client.get("/api/explain", params={"model": "llama3-8b", "tp": 2}).json()["derivations"]
+    est = client.get("/api/estimate", params={"model": "llama3-8b", "tp": 2}).json()
+    keys = [x["key"] for x in d]
+    assert "model.params_total" in keys and len(keys) == len(set(keys))
+    params = next(x for x in d if x["key"] == "model.params_total")
+    assert params["value"].replace(",", "") == str(est["model"]["params_total"])  # the same figure, explained
+    text = cli_json_text(capsys, "explain", "--model", "llama3-8b", "--tp", "2")
+    for x in d:
+        assert f"{x['title']}  [{x['key']}]" in text and f"  = {x['formula']}" in text
+
+
+def cli_json_text(capsys, *args: str) -> str:
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def test_view_plan_bundles_estimate_pipeline_assumptions(client):
+    q = {"preset": "llama3-405b-16k"}
+    d = client.get("/api/view/plan", params=q).json()
+    assert d["estimate"] == client.get("/api/estimate", params=q).json()
+    tl = d["timeline"]
+    assert (tl["pp"], tl["microbatches"], tl["vpp"]) == (16, 16, 2)
+    assert tl["makespan"] == d["estimate"]["time"]["makespan_s"]
+    assert [len(r["actions"]) for r in tl["ranks"]] == [2 * 16 * 2] * 16  # F and B of 16 micro-batches on 2 chunks
+    assert d["preset"]["name"] == "llama3-405b-16k"
+    rows = {r[0]: r for r in d["published"]["rows"]}
+    assert rows["step time (s)"][1] == f"{d['estimate']['time']['step_s']:.3f}"
+    assert rows["MFU (their formula)"][2] == "41%"
+    b = d["assumptions"]["bytes_per_param"]
+    assert b["total"] == 18 == d["estimate"]["plan"]["bytes_per_param"]  # Megatron: 2 + 4 + (4 + 8)
+    assert b["weights"] + b["gradients"] + b["master_weights"] + b["gradient_fp32_copy"] + b["optimizer_moments"] == b["total"]
+    assert d["assumptions"]["gpu"]["mfu_peak_tflops"] == pytest.approx(989.4)
+    assert d["breakdown_labels"]["pipeline_bubble"] == "pipeline bubble (idle)"
+
+
+def test_view_plan_fp32_recipe_and_no_timeline_for_huge_pipelines(client):
+    d = client.get("/api/view/plan", params={"precision": "fp32"}).json()
+    assert d["assumptions"]["bytes_per_param"]["total"] == 16
+    big = client.get("/api/view/plan", params={"pp": 8, "vpp": 2, "global_batch": 1024}).json()
+    assert big["estimate"]["plan"]["grad_accum"] == 1024
+    assert big["timeline"] is None  # 8 ranks x 1,024 micro-batches x 2 chunks x 2 actions > 20,000
+
+
+def test_gpus_and_presets(client, capsys):
+    assert client.get("/api/gpus").json() == cli_json(capsys, "gpus", "--json")
+    names = [p["name"] for p in client.get("/api/presets").json()]
+    assert names == ["llama3-405b-16k", "llama3-405b-8k"]
+
+
+# ---- /api/pipeline ---------------------------------------------------------------------------
+
+
+def test_pipeline_is_the_cli_json(client, capsys):
+    q = {"schedule": "interleaved", "pp": 4, "microbatches": 8, "vpp": 2, "fwd": 1.5, "bwd": 3, "transfer": 0.1}
+    got = client.get("/api/pipeline", params=q).json()
+    assert got == cli_json(capsys, "pipeline", "--schedule", "interleaved", "--pp", "4", "-m", "8", "--vpp", "2",
+                           "--fwd", "1.5", "--bwd", "3", "--transfer", "0.1", "--json")
+
+
+def test_view_pipeline_closed_form_1f1b(client):
+    d = client.get("/api/view/pipeline", params={"pp": 4, "microbatches": 8}).json()
+    p = d["pipeline"]
+    assert p["makespan"] == pytest.approx((8 + 4 - 1) * (1 + 2))  # (m + p − 1)·(f + b)
+    assert p["bubble_fraction"] == pytest.approx(3 / 11)  # (p − 1)/(m + p − 1)
+    assert p["bubble_overhead"] == pytest.approx(3 / 8)  # (p − 1)/m
+    assert d["closed_form"][-1].strip() == "the simulation agrees with the closed form"
+
+
+def test_pipeline_bad_input(client):
+    assert "positive integer" in bad(client.get("/api/pipeline", params={"pp": 0}), "pp")
+    assert "unknown schedule" in bad(client.get("/api/pipeline", params={"schedule": "looped"}), "schedule")
+    assert "20,000" in bad(client.get("/api/pipeline", params={"pp": 64, "microbatches": 1000}), "microbatches")
+    assert bad(client.get("/api/pipeline", params={"schedule": "1f1b", "vpp": 3}), "vpp") == "the 1f1b schedule needs vpp = 1 (got 3)"
+    assert "number" in bad(client.get("/api/pipeline", params={"fwd": "fast"}), "fwd")
+    assert "one forward:backward pair per virtual stage" in bad(client.get("/api/pipeline", params={"pp": 2, "stage_times": "1:2"}), "stage_times")
+
+
+# ---- /api/calc -----------------------------------------------------------------------------------
+
+
+def test_calc_lists_every_calculator_with_its_options(client):
+    calcs = {c["name"]: c for c in client.get("/api/calc").json()}
+    assert list(calcs) == ["collective", "overlap", "checkpoint", "zero", "failures", "batch", "lr", "formats", "loss-scale", "roofline", "cost"]
+    keys = {o["key"] for o in calcs["collective"]["options"]}
+    assert {"size", "n", "op", "simulate", "trace", "gpus_per_node"} <= keys
+    assert not keys & {"json", "explain", "out"}
+    assert next(o for o in calcs["checkpoint"]["options"] if o["key"] == "params")["required"] is True
+
+
+def test_calc_collective_is_the_cli_json_with_the_ring_trace(client, capsys):
+    got = client.get("/api/calc/collective", params={"size": "2GB", "n": 8, "trace": "true"}).json()
+    assert got == cli_json(capsys, "calc", "collective", "--size", "2GB", "--n", "8", "--trace", "--json", "--explain")
+    sim = got["simulation"]
+    assert len(sim["trace"]) == 2 * (8 - 1) * 8  # 2(n−1) steps, n sends each
+    assert sim["correct"] is True and sim["steps"] == sim["model_steps"] == 14
+    assert got["sent_bytes_per_gpu"] == pytest.approx(2 * 7 / 8 * 2e9)  # 2(n−1)/n·S
+
+
+@pytest.mark.parametrize("name, params", [
+    ("overlap", [("compute", "200ms"), ("comm", "60ms"), ("buckets", "4")]),
+    ("checkpoint", [("params", "405B"), ("component", "gpu:16384:50000h"), ("component", "host:2048:100000h")]),
+    ("zero", [("params", "70B"), ("zero", "3"), ("dp", "64")]),
+    ("failures", [("work", "54d"), ("checkpoint_time", "98s"), ("mtbf", "2.4h"), ("runs", "200")]),
+    ("batch", [("target", "2048"), ("dp", "128")]),
+    ("lr", [("preset", "llama3-405b")]),
+    ("formats", [("names", "bf16,fp16"), ("value", "3.14159")]),
+    ("loss-scale", [("overflow", "0010011")]),
+    ("roofline", [("gemm", "4096x4096x4096")]),
+    ("cost", [("gpus", "16384"), ("days", "54"), ("price", "2")]),
+])
+def test_every_calculator_answers_as_the_cli(client, capsys, name, params):
+    got = client.get(f"/api/calc/{name}", params=params)
+    assert got.status_code == 200, got.text
+    flags = []
+    for k, v in params:
+        if k == "names":
+            continue
+        flags += [f"--{k.replace('_', '-')}", v]
+    positional = [v for k, v in params if k == "names"][0].split(",") if any(k == "names" for k, _ in params) else []
+    extra = ["--no-progress"] if name == "failures" else []
+    assert got.json() == cli_json(capsys, "calc", name, *flags, *extra, "--json", "--explain", *positional)
+    assert got.json()["derivations"], "the page shows each figure's derivation"
+
+
+def test_calc_bad_input(client):
+    assert bad(client.get("/api/calc/collective", params={"n": 1}), "n") == "must be at least 2 (got 1)"
+    assert "integer" in bad(client.get("/api/calc/collective", params={"n": "two"}), "n")
+    assert "unknown option" in bad(client.get("/api/calc/collective", params={"bandwidth": 3}), "bandwidth")
+    assert "unknown calculator" in bad(client.get("/api/calc/teleport"), "calculator")
+    assert "Missing option" in bad(client.get("/api/calc/checkpoint"), "params")
+    assert "20,000" in bad(client.get("/api/calc/failures", params={"work": "54d", "checkpoint_time": "98s", "mtbf": "3h", "runs": 1_000_000}), "runs")
+    assert "true or false" in bad(client.get("/api/calc/collective", params={"simulate": "maybe"}), "simulate")
+
+
+# ---- /api/search -----------------------------------------------------------------------------------
+
+
+def _finish(client, job: dict) -> dict:
+    for _ in range(600):
+        if job["status"] != "running":
+            return job
+        time.sleep(0.05)
+        job = client.get(f"/api/search/{job['id']}").json()
+    raise AssertionError("search did not finish")
+
+
+def test_search_is_the_cli_json(client, capsys):
+    body = {"model": "llama3-8b", "gpus": 8, "seq_len": 4096, "global_batch": 64, "max_micro_batch": 2, "top": 5, "pareto": True}
+    r = client.post("/api/search", json=body)
+    assert r.status_code in (200, 202), r.text
+    job = _finish(client, r.json())
+    assert job["status"] == "done" and job["phase"] == "finished"
+    assert job["done"] == job["total"] == job["result"]["evaluated"]
+    want = cli_json(capsys, "search", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "64",
+                    "--max-micro-batch", "2", "--top", "5", "--pareto", "--json")
+    got = job["result"]
+    for key in ("evaluated", "feasible", "rejected", "simulated", "objective", "top", "pareto"):
+        assert got[key] == want[key], key
+    assert len(got["top"]) == 5 and got["top"][0]["rank"] == 1
+
+
+def test_search_bad_input(client):
+    assert "needs --tokens" in bad(client.post("/api/search", json={"objective": "time-to-train"}), "tokens")
+    assert "between 1 and 100" in bad(client.post("/api/search", json={"top": 0}), "top")
+    assert bad(client.post("/api/search", json={"gpu_count": 8}), "gpu_count") == "unknown field"
+    assert "catalog names only" in bad(client.post("/api/search", json={"model": "/etc/hostname"}), "model")
+    r = client.get("/api/search/999999")
+    assert r.status_code == 404 and r.json()["field"] == "id"
+
+
+def test_search_work_is_bounded():
+    small = TestClient(create_app(Limits(max_search_plans=10)))
+    rule = bad(small.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
+    assert "more than the 10 a web search may evaluate" in rule
+    quick = TestClient(create_app(Limits(search_seconds=0.0)))
+    assert "stopped after 0 s" in bad(quick.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
+    busy = create_app()
+    busy.state.searches.running = Job(id="7")
+    r = TestClient(busy).post("/api/search", json={})
+    assert r.status_code == 429 and r.json()["field"] == "search" and "search 7 is still running" in r.json()["rule"]
+
+
+# ---- pages, static files, OpenAPI, the command ---------------------------------------------------
+
+
+def test_pages_and_assets(client):
+    assert client.get("/", follow_redirects=False).headers["location"] == "/plan"
+    for view, marker in (("plan", 'id="chart-memory"'), ("search", 'id="run-search"'), ("pipeline", 'id="chart-pipeline"'), ("calc", 'id="ring-panel"')):
+        page = client.get(f"/{view}")
+        assert page.status_code == 200 and marker in page.text
+        assert "http://" not in page.text and "https://" not in page.text  # nothing from outside
+    assert 'value="llama3-405b-16k"' in client.get("/plan").text
+    js = client.get("/vendor/plotly.min.js")
+    assert js.status_code == 200 and js.text.startswith("/**") and "plotly.js" in js.text[:300]
+    for f in ("app.css", "common.js", "plan.js", "search.js", "pipeline.js", "calc.js", "gantt.js"):
+        assert client.get(f"/static/{f}").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    for p in ("/api/estimate", "/api/explain", "/api/view/plan", "/api/search", "/api/search/{job_id}", "/api/pipeline",
+              "/api/view/pipeline", "/api/calc", "/api/calc/{name}", "/api/gpus", "/api/presets"):
+        assert p in paths, p
+    assert {q["name"] for q in paths["/api/estimate"]["get"]["parameters"]} >= {"preset", "tp", "pp", "seq_len", "global_batch_tokens"}
+
+
+def test_serve_command_bad_input(capsys):
+    assert cli_error(capsys, "serve", "--port", "0") == "error: port: must be between 1 and 65535 (got 0)"
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+        assert cli_error(capsys, "serve", "--port", str(port)).startswith(f"error: port: cannot listen on 127.0.0.1:{port}")

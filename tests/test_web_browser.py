@@ -1,0 +1,233 @@
+"""The web explorer in a real browser: headless Chromium (Debian's ``chromium``) driven by
+Playwright, against ``meshplan serve``'s app on a free loopback port. Every request to a host other
+than 127.0.0.1 or localhost is aborted and recorded, and the test fails if there was one.
+Screenshots go to ``tests/artifacts/``."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+pytest.importorskip("uvicorn", reason="uvicorn is not installed (the web extra)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)", allow_module_level=True)
+
+import uvicorn  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from meshplan.web import create_app  # noqa: E402
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+LOOPBACK = {"127.0.0.1", "localhost"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    assert srv.started, "the server did not start"
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1100})
+    outside: list[str] = []
+    errors: list[str] = []
+
+    def guard(route):
+        host = urlparse(route.request.url).hostname
+        if route.request.url.startswith("data:") or host in LOOPBACK:
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    ctx.route("**/*", guard)
+    pg = ctx.new_page()
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    yield pg
+    ctx.close()
+    assert outside == [], f"requests left the machine: {outside}"
+    assert errors == [], f"script errors: {errors}"
+
+
+def loaded(pg, after: int = 0, timeout: float = 20_000) -> int:
+    """Wait until the page has drawn an API answer more than ``after`` times; the count."""
+    pg.wait_for_function(f"Number(document.body.dataset.loaded || 0) > {after}", timeout=timeout)
+    return int(pg.evaluate("document.body.dataset.loaded"))
+
+
+def shot(pg, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    pg.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return path
+
+
+def api(path: str, **params) -> dict:
+    return TestClient(create_app()).get(path, params=params).json()
+
+
+def test_405b_preset_shows_its_mfu(server, page):
+    page.goto(f"{server}/plan?preset=llama3-405b-16k")
+    loaded(page)
+    est = api("/api/estimate", preset="llama3-405b-16k")
+    assert page.text_content("#kpi-mfu") == f"{100 * est['throughput']['mfu']:.1f}%"
+    assert page.text_content("#verdict-text") == "fits"
+    assert page.input_value("#in-tp") == "8" and page.input_value("#in-pp") == "16" and page.input_value("#in-gpus") == "16384"
+    assert "TP8 CP1 PP16 DP128" in page.text_content("#summary")
+    bars = page.evaluate("document.getElementById('chart-memory').data.length")
+    assert bars == 5  # weights, gradients, optimizer, activations, other
+    ranks = page.evaluate("document.getElementById('chart-memory').data[0].x.length")
+    assert ranks == 16
+    assert page.locator("#explain .deriv").count() == len(api("/api/explain", preset="llama3-405b-16k")["derivations"])
+    assert "MFU (their formula)" in page.text_content("#published")
+    shot(page, "plan-405b")
+
+
+def test_raising_tp_changes_the_memory_chart(server, page):
+    page.goto(f"{server}/plan?model=llama3-8b&gpus=8")
+    n = loaded(page)
+    weights = page.evaluate("document.getElementById('chart-memory').data[0].y[0]")
+    page.fill("#in-tp", "4")
+    loaded(page, n)
+    page.wait_for_function(f"document.getElementById('chart-memory').data[0].y[0] < {weights}")
+    after = page.evaluate("document.getElementById('chart-memory').data[0].y[0]")
+    want = api("/api/estimate", model="llama3-8b", gpus=8, tp=4)["memory"]["stages"][0]["weights"] / 2**30
+    assert after == pytest.approx(want, rel=1e-12)
+    assert after < weights / 3  # a quarter of the matmul weights per GPU, plus the unsharded norms
+    assert parse_qs(urlparse(page.url).query)["tp"] == ["4"]
+    assert "TP4" in page.text_content("#summary")
+    shot(page, "plan-tp4")
+
+
+def test_over_memory_plan_turns_the_verdict_red(server, page):
+    page.goto(f"{server}/plan?model=llama3-8b&gpus=8")
+    n = loaded(page)
+    assert "ok" in page.get_attribute("#verdict", "class")
+    page.select_option("#in-recompute", "none")
+    n = loaded(page, n)
+    page.fill("#in-micro_batch", "64")
+    loaded(page, n)
+    page.wait_for_function("document.getElementById('verdict').classList.contains('bad')")
+    assert page.text_content("#verdict-text") == "does not fit"
+    red = page.evaluate("getComputedStyle(document.getElementById('verdict-text')).color")
+    assert red == "rgb(198, 40, 40)"
+    assert "over by" in page.text_content("#verdict-sub")
+    line = page.evaluate("document.getElementById('chart-memory').layout.shapes[0].line.color")
+    assert line == "#c62828"
+    shot(page, "plan-over-memory")
+
+
+def test_bad_input_shows_inline(server, page):
+    page.goto(f"{server}/plan?model=llama3-8b&gpus=8")
+    n = loaded(page)
+    page.fill("#in-tp", "3")
+    page.wait_for_function("document.getElementById('err-tp').textContent.length > 0")
+    assert page.text_content("#err-tp") == "tp (3) must divide the number of attention heads (32)"
+    assert "invalid" in page.get_attribute("[data-name=tp]", "class")
+    assert int(page.evaluate("document.body.dataset.loaded")) == n  # the charts keep the last good plan
+
+
+def test_search_result_loads_into_plan(server, page):
+    page.goto(f"{server}/search?model=llama3-8b&gpus=8&global_batch_tokens=256K&max_micro_batch=2&top=5")
+    page.click("#run-search")
+    page.wait_for_selector("#results tr.click", timeout=60_000)
+    assert page.locator("#results tr.click").count() == 5
+    first = page.locator("#results tr.click").first
+    layout = first.locator("td").nth(1).text_content()
+    step = first.locator("td").nth(6).text_content()
+    assert page.is_visible("#chart-pareto .plot-container")
+    shot(page, "search")
+    first.click()
+    page.wait_for_url("**/plan?**")
+    loaded(page)
+    assert layout in page.text_content("#summary")
+    assert page.text_content("#kpi-step") == f"{step} s"
+    assert page.text_content("#verdict-text") == "fits"
+
+
+def test_copied_url_restores_the_same_view(server, page, browser):
+    page.goto(f"{server}/plan?preset=llama3-405b-16k")
+    n = loaded(page)
+    page.fill("#in-pp", "8")
+    n = loaded(page, n)
+    page.select_option("#in-recompute", "full")
+    n = loaded(page, n)
+    page.fill("#in-price", "2.5")
+    loaded(page, n)
+    page.click("#copy-link")
+    url = page.get_attribute("#copy-link", "data-href")
+    assert parse_qs(urlparse(url).query) == {"preset": ["llama3-405b-16k"], "pp": ["8"], "recompute": ["full"], "price": ["2.5"]}
+    ids = ["#kpi-mfu", "#kpi-step", "#kpi-days", "#kpi-run-sub", "#verdict-sub", "#summary"]
+    before = {i: page.text_content(i) for i in ids}
+    inputs = {i: page.input_value(i) for i in ("#in-pp", "#in-recompute", "#in-price", "#in-gpus", "#in-tp")}
+    other = browser.new_context(viewport={"width": 1440, "height": 1100}).new_page()
+    other.route("**/*", lambda r: r.continue_() if urlparse(r.request.url).hostname in LOOPBACK else r.abort())
+    other.goto(url)
+    loaded(other)
+    assert {i: other.text_content(i) for i in ids} == before
+    assert {i: other.input_value(i) for i in inputs} == inputs
+    assert "$" in before["#kpi-run-sub"]
+    other.context.close()
+
+
+def test_pipeline_view_and_its_url(server, page):
+    page.goto(f"{server}/pipeline?schedule=1f1b&pp=4&microbatches=8")
+    loaded(page)
+    assert page.text_content("#pl-makespan") == "33"  # (m + p − 1)·(f + b) = 11·3
+    assert page.text_content("#pl-fraction") == "27.3%"  # (p − 1)/(m + p − 1) = 3/11
+    bars = page.evaluate("document.getElementById('chart-pipeline').data.reduce((n, t) => n + t.x.length, 0)")
+    assert bars == 4 * 8 * 2
+    assert "agrees with the closed form" in page.text_content("#pl-closed")
+    shot(page, "pipeline")
+
+
+def test_ring_all_reduce_step_through(server, page):
+    page.goto(f"{server}/calc?calc=collective&size=2GB&n=4")
+    loaded(page)
+    assert not page.is_hidden("#ring-panel")
+    assert page.locator("#ring-chunks td:has-text('1/4')").count() == 16
+    for _ in range(3):  # reduce-scatter: n − 1 steps
+        page.click("#ring-next")
+    assert "reduce-scatter, step 3 of 3" in page.text_content("#ring-label")
+    assert page.locator("#ring-chunks td:has-text('Σ')").count() == 4  # one fully reduced chunk per rank
+    for _ in range(3):  # all-gather: n − 1 steps
+        page.click("#ring-next")
+    assert page.locator("#ring-chunks td:has-text('Σ')").count() == 16
+    assert "equals the element-wise sum on every rank" in page.text_content("#ring-check")
+    shot(page, "calc-ring")
+
+
+def test_calculator_bad_input_inline(server, page):
+    page.goto(f"{server}/calc?calc=collective&size=2GB&n=1")
+    page.wait_for_function("document.querySelector('[data-calc=collective] [data-err=n]').textContent.length > 0")
+    assert page.text_content("[data-calc=collective] [data-err=n]") == "must be at least 2 (got 1)"
+
