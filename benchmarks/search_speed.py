@@ -89,17 +89,19 @@ def gpt3() -> None:
 
 
 def gpt3_full() -> None:
-    """The same GPT-3 space with every micro-batch that divides the per-replica batch and every
-    HSDP shard group: more plans per pipeline shape, so per-plan arithmetic weighs more."""
+    """The same GPT-3 space with every micro-batch that divides the per-replica batch, every
+    HSDP shard group and TP communication overlap on and off: more plans per pipeline shape, so
+    per-plan arithmetic weighs more."""
     model = load_model("gpt3-175b")
     cluster = ClusterSpec.of(load_gpu("a100-sxm-80gb"), 1024)
     base = TrainingPlan(global_batch=1536, seq_len=2048)
-    limits = SearchLimits(max_tp=8, max_cp=1, max_pp=96, max_vpp=8, max_micro_batch=1536, hsdp=True)
+    limits = SearchLimits(max_tp=8, max_cp=1, max_pp=96, max_vpp=8, max_micro_batch=1536, hsdp=True,
+                          tp_comm_overlap=(True, False))
     with Clock() as screen:
         table = enumerate_plans(model, 1024, cluster.gpus_per_node, 2048, (1536,), limits)
         Engine(model, cluster, base).evaluate(table)
     n = len(table)
-    print(f"  all micro-batches and HSDP shard groups: {n:,} plans screened in {screen.wall:.2f} s wall, "
+    print(f"  all micro-batches, HSDP shard groups, TP overlap on/off: {n:,} plans screened in {screen.wall:.2f} s wall, "
           f"{screen.cpu:.2f} s CPU ({n / screen.cpu:,.0f} plans/s CPU)")
 
 

@@ -78,7 +78,7 @@ def test_moe_layer_freq_forms(text, dense):
     assert parse_layer_freq(text, 4) == dense
 
 
-@pytest.mark.parametrize("text", ["[0,2,1,1]", "[0]*3", "x", "0"])
+@pytest.mark.parametrize("text", ["[0,2,1,1]", "[0]*3", "x", "0", "[0]*5", "[1]*99999999999999999"])
 def test_moe_layer_freq_refusals(text):
     from meshplan.errors import InputError
 
@@ -165,9 +165,8 @@ def test_estimate_moe_from_the_cli():
     assert code == 2 and err.strip() == "error: ep: ep (16) must divide the number of experts (8)"
 
 
-def test_search_refuses_ep_in_one_line():
-    code, out, err = run_cli("search", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--seq-len", "4096",
+def test_search_refuses_ep_on_a_dense_model_in_one_line():
+    code, out, err = run_cli("search", "--model", "llama3-8b", "--gpus", "64", "--ep", "8", "--seq-len", "4096",
                              "--global-batch", "256")
     assert code == 2 and out == ""
-    assert err.strip() == ("error: ep: the search evaluates ep = 1 only (got 8); "
-                           "estimate expert-parallel plans with meshplan estimate --ep")
+    assert err.strip() == "error: ep: ep = 8 needs a mixture-of-experts model; llama3-8b is dense (use ep = 1)"

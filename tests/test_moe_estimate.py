@@ -4,6 +4,7 @@ all-to-all and its placement, and the plan rules."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from meshplan.catalog import load_model
@@ -252,12 +253,17 @@ def test_search_memory_is_estimates_to_the_bit_for_moe(which, gpus):
         assert screen.step_lower_bound[i] <= est.time.step_s, table.row(i)
 
 
-def test_search_refuses_expert_parallel_base_plans():
+def test_search_takes_ep_from_its_plans_not_the_base_plan():
     from meshplan.search.engine import Engine
+    from meshplan.search.space import SearchLimits, enumerate_plans
 
-    with pytest.raises(InputError) as exc:
-        Engine(load_model("mixtral-8x7b"), _cluster(16), TrainingPlan(dp=16, ep=8, global_batch=64, seq_len=4096))
-    assert exc.value.field == "ep"
+    m = load_model("mixtral-8x7b")
+    table = enumerate_plans(m, 16, 8, 4096, (64,), SearchLimits(tp=1, cp=1, pp=1, micro_batch=1, recompute=("full",), zero=(1,)))
+    assert table.ep.tolist() == [1, 2, 4, 8]
+    one = Engine(m, _cluster(16), TrainingPlan(dp=16, global_batch=64, seq_len=4096)).evaluate(table)
+    eight = Engine(m, _cluster(16), TrainingPlan(dp=16, ep=8, global_batch=64, seq_len=4096)).evaluate(table)
+    assert one.peak_bytes.tolist() == eight.peak_bytes.tolist()
+    assert np.all(np.diff(one.peak_bytes) < 0)  # more experts sharded, less memory per GPU
 
 
 # ---- model rules and Gemma's extra norms ------------------------------------------------------

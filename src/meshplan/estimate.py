@@ -16,6 +16,7 @@ from meshplan.cost.activations import (
     head_activation_bytes,
     layer_activations,
     loss_grad_bytes,
+    saved_gemm_input_bytes,
 )
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
@@ -394,13 +395,14 @@ def estimate(
     fwd, bwd = st.fwd, st.bwd
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
-    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e)
+    gi = saved_gemm_input_bytes(rec.compute_dtype, plan.kernels, e)
+    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
     head_act = head_activation_bytes(model, b, s, t, c, sp, e)
     stage_act = stage_activations(split, la.stored, emb_act, head_act)
     working = la.working
     if model.is_moe:
-        la_moe = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True)
+        la_moe = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi)
         stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
         working = max(la.working, la_moe.working)
     p2p_bytes = act_msg / (t if sp else 1)

@@ -29,7 +29,8 @@ from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
 from meshplan.units import GiB as GIB
 
-_LAYOUT_KEYS = {"tp", "cp", "pp", "dp", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard"}
+_LAYOUT_KEYS = {"tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel",
+                "tp_comm_overlap", "dp_shard"}
 
 
 def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan:
@@ -47,13 +48,15 @@ def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan
             key = "micro_batch"
         if key == "sp":
             key = "sequence_parallel"
+        if key == "tpo":
+            key = "tp_comm_overlap"
         if key not in _LAYOUT_KEYS:
             raise InputError("baseline", f"unknown key '{key}' (use {', '.join(sorted(_LAYOUT_KEYS))})")
         if key in ("schedule", "recompute"):
             fields[key] = value
-        elif key == "sequence_parallel":
+        elif key in ("sequence_parallel", "tp_comm_overlap"):
             if value.lower() not in ("true", "false", "1", "0", "on", "off"):
-                raise InputError("baseline", f"sequence_parallel must be on or off (got '{value}')")
+                raise InputError("baseline", f"{key} must be on or off (got '{value}')")
             fields[key] = value.lower() in ("true", "1", "on")
         else:
             try:
@@ -76,14 +79,15 @@ def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan
         raise InputError("baseline", str(err).splitlines()[-1].strip()) from None
 
 
-def _limits(plan: PlanArgs, max_tp, max_cp, max_pp, max_vpp, max_mb, schedules, hsdp) -> SearchLimits:
+def _limits(plan: PlanArgs, max_tp, max_cp, max_pp, max_vpp, max_mb, schedules, hsdp, max_ep=None) -> SearchLimits:
     sched = tuple(s.strip() for s in schedules.split(",")) if schedules else SCHEDULE_NAMES
     for s in sched:
         if s not in SCHEDULE_NAMES:
             raise InputError("schedules", f"unknown schedule '{s}' ({', '.join(SCHEDULE_NAMES)})")
     if plan.schedule is not None:
         sched = (plan.schedule,)
-    for name, value in (("max_tp", max_tp), ("max_cp", max_cp), ("max_pp", max_pp), ("max_vpp", max_vpp), ("max_micro_batch", max_mb)):
+    for name, value in (("max_tp", max_tp), ("max_cp", max_cp), ("max_pp", max_pp), ("max_vpp", max_vpp), ("max_micro_batch", max_mb),
+                        ("max_ep", max_ep)):
         if value is not None and value < 1:
             raise InputError(name.replace("_", "-"), f"must be at least 1 (got {value})")
     return SearchLimits(
@@ -92,11 +96,13 @@ def _limits(plan: PlanArgs, max_tp, max_cp, max_pp, max_vpp, max_mb, schedules, 
         max_pp=max_pp if max_pp is not None else 128,
         max_vpp=max_vpp if max_vpp is not None else 8,
         max_micro_batch=max_mb if max_mb is not None else 8,
-        tp=plan.tp, cp=plan.cp, pp=plan.pp, dp=plan.dp, vpp=plan.vpp, micro_batch=plan.micro_batch,
+        max_ep=max_ep,
+        tp=plan.tp, cp=plan.cp, pp=plan.pp, dp=plan.dp, ep=plan.ep, vpp=plan.vpp, micro_batch=plan.micro_batch,
         schedules=sched,
         recompute=(plan.recompute,) if plan.recompute else RECOMPUTE,
         zero=(int(plan.zero),) if plan.zero is not None else (0, 1, 2, 3),
         sequence_parallel=(plan.sequence_parallel,) if plan.sequence_parallel is not None else (True, False),
+        tp_comm_overlap=(bool(plan.tp_comm_overlap),),
         hsdp=hsdp,
     )
 
@@ -153,12 +159,14 @@ def _row(est: Estimate) -> dict[str, Any]:
     p = est.plan
     b = est.time.breakdown()
     step = est.time.step_s
-    comm = b["tp_comm"] + b["cp_comm"] + b["fsdp_comm"] + b["dp_comm"] + b["param_gather"]
+    comm = b["tp_comm"] + b["cp_comm"] + b["fsdp_comm"] + b["dp_comm"] + b["param_gather"] + b.get("ep_comm", 0.0)
     return {
-        "layout": f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}" + (f" shard{p.dp_shard}" if p.dp_shard else ""),
+        "layout": f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}" + (f" EP{p.ep}" if p.ep > 1 else "")
+        + (f" shard{p.dp_shard}" if p.dp_shard else ""),
         "pipeline": "-" if p.pp == 1 else f"{p.schedule}" + (f" v{p.vpp}" if p.vpp > 1 else ""),
         "batch": f"{p.micro_batch}x{p.grad_accum}",
-        "memory": f"{p.recompute}, {'SP, ' if p.sequence_parallel and p.tp > 1 else ''}ZeRO-{p.zero}",
+        "memory": f"{p.recompute}, {'SP, ' if p.sequence_parallel and p.tp > 1 else ''}"
+                  f"{'TP overlap, ' if p.tp_comm_overlap and p.tp > 1 else ''}ZeRO-{p.zero}",
         "peak": est.peak_bytes / GIB,
         "step": step,
         "bubble": b["pipeline_bubble"] / step,
@@ -194,7 +202,7 @@ def _why(best: Estimate, other: Estimate) -> list[str]:
     a, b = best.time.breakdown(), other.time.breakdown()
     names = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP communication", "cp_comm": "CP communication",
              "fsdp_comm": "FSDP communication", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP gradient sync",
-             "optimizer": "optimizer step", "param_gather": "weight all-gather"}
+             "optimizer": "optimizer step", "param_gather": "weight all-gather", "ep_comm": "expert all-to-all"}
     diffs = sorted(((b[k] - a[k], k) for k in a), key=lambda x: -abs(x[0]))
     return [f"{names[k]} {d:+.3f} s" for d, k in diffs if abs(d) >= 0.005 * best.time.step_s][:4]
 
@@ -313,21 +321,19 @@ def _write_front(result: SearchResult, out: str) -> None:
 
 
 def _setup(plan: PlanArgs, objective: str, top: int, headroom: float, max_tp, max_cp, max_pp, max_vpp, max_micro_batch,
-           schedules, hsdp, baseline) -> tuple:
+           schedules, hsdp, baseline, max_ep=None) -> tuple:
     """Check the search's options and resolve the plan flags: (model, cluster, base plan, limits,
     budget, baseline plan or None)."""
     if objective not in OBJECTIVES:
         raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got '{objective}')")
-    if plan.ep not in (None, 1):
-        raise InputError("ep", f"the search evaluates ep = 1 only (got {plan.ep}); estimate expert-parallel plans with meshplan estimate --ep")
     if top < 1 or top > 1000:
         raise InputError("top", f"must be between 1 and 1000 (got {top})")
     if not 0.0 <= headroom < 1.0:
         raise InputError("headroom", f"must be a fraction in [0, 1) (got {headroom})")
     preset_setup = resolve(plan) if plan.preset is not None else None
-    fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
-    limits = _limits(fixed, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp)
-    neutral = dict(tp=1, cp=1, pp=1, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None, zero=None)
+    fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
+    limits = _limits(fixed, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, max_ep)
+    neutral = dict(tp=1, cp=1, pp=1, ep=None, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None, zero=None)
     one = resolve(replace(plan, **neutral, dp=1, gpus=None))  # base plan fields, model, budget
     gpus = preset_setup.cluster.num_gpus if preset_setup else (plan.gpus if plan.gpus is not None else (plan.dp * (plan.tp or 1) * (plan.cp or 1) * (plan.pp or 1) if plan.dp else 8))
     whole = resolve(replace(plan, **neutral, dp=None, gpus=gpus, global_batch=gpus, global_batch_tokens=None))
@@ -352,13 +358,13 @@ def execute(
     max_cp: Optional[int] = None, max_pp: Optional[int] = None, max_vpp: Optional[int] = None,
     max_micro_batch: Optional[int] = None, schedules: Optional[str] = None, hsdp: bool = False,
     batch_range: Optional[str] = None, baseline: Optional[str] = None, pareto: bool = False,
-    progress: Optional[Callable[[str, int, int], None]] = None,
+    progress: Optional[Callable[[str, int, int], None]] = None, max_ep: Optional[int] = None,
 ) -> tuple[SearchResult, ClusterSpec, Budget]:
     """Check the search's options, resolve the plan flags as ``meshplan search`` does and run the
     search; ``progress(phase, done, total)`` as :func:`meshplan.search.run.search`. Returns the
     result with the cluster and the budget it was run for."""
     model, cluster, base_plan, limits, budget, bl = _setup(
-        plan, objective, top, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, baseline
+        plan, objective, top, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, baseline, max_ep
     )
     result = run_search(
         model, cluster, base_plan, limits, global_batches=_batch_range(batch_range, base_plan.seq_len),
@@ -373,10 +379,11 @@ def execute_fleet(
     max_cp: Optional[int] = None, max_pp: Optional[int] = None, max_vpp: Optional[int] = None,
     max_micro_batch: Optional[int] = None, schedules: Optional[str] = None, hsdp: bool = False,
     batch_range: Optional[str] = None, progress: Optional[Callable[[str, int, int], None]] = None,
+    max_ep: Optional[int] = None,
 ) -> tuple[list[FleetPoint], Budget]:
     """The GPUs-vs-days front over the counts of ``gpus_range`` (:mod:`meshplan.search.fleet`)."""
     model, cluster, base_plan, limits, budget, _ = _setup(
-        plan, "throughput", 1, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, None
+        plan, "throughput", 1, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, None, max_ep
     )
     counts = parse_gpu_counts(gpus_range, cluster.scale_up.size)
     points = gpu_front(
@@ -393,6 +400,7 @@ SearchMaxTp = Annotated[Optional[int], typer.Option("--max-tp", help="Largest TP
 SearchMaxCp = Annotated[Optional[int], typer.Option("--max-cp", help="Largest CP degree. (default: 16)", show_default=False)]
 SearchMaxPp = Annotated[Optional[int], typer.Option("--max-pp", help="Largest PP degree. (default: 128)", show_default=False)]
 SearchMaxVpp = Annotated[Optional[int], typer.Option("--max-vpp", help="Most virtual stages per rank. (default: 8)", show_default=False)]
+SearchMaxEp = Annotated[Optional[int], typer.Option("--max-ep", help="Largest expert-parallel degree (mixture-of-experts models). (default: the expert count)", show_default=False)]
 SearchMaxMicroBatch = Annotated[Optional[int], typer.Option("--max-micro-batch", help="Largest micro-batch. (default: 8)", show_default=False)]
 SearchSchedules = Annotated[Optional[str], typer.Option("--schedules", help="Comma-separated schedules to consider. (default: all)", show_default=False)]
 SearchHsdp = Annotated[bool, typer.Option("--hsdp", help="Also try HSDP shard groups (1 < dp_shard < dp).")]
@@ -410,6 +418,7 @@ def search(
     max_pp: SearchMaxPp = None,
     max_vpp: SearchMaxVpp = None,
     max_micro_batch: SearchMaxMicroBatch = None,
+    max_ep: SearchMaxEp = None,
     schedules: SearchSchedules = None,
     hsdp: SearchHsdp = False,
     batch_range: SearchBatchRange = None,
@@ -419,7 +428,7 @@ def search(
     out: Annotated[Optional[str], typer.Option("--out", help="Write the front (or the top plans) as a picture: .svg or .png.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
 ) -> None:
-    """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
+    """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs (and ep for mixture-of-experts models) with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism, TP communication overlap and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
 
     Layout flags (--tp, --pp, --schedule, --zero, ...) fix that axis. With --preset the preset's model, GPUs, batch and network are used and its plan is the baseline."""
     if out is not None and _out_path(out).exists():
@@ -432,6 +441,7 @@ def search(
             points, budget = execute_fleet(
                 plan, gpus_range, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp, max_vpp=max_vpp,
                 max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range, progress=progress,
+                max_ep=max_ep,
             )
         finally:
             progress.close()
@@ -448,7 +458,7 @@ def search(
         result, cluster, budget = execute(
             plan, objective=objective, top=top, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp,
             max_vpp=max_vpp, max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range,
-            baseline=baseline, pareto=pareto or out is not None, progress=progress,
+            baseline=baseline, pareto=pareto or out is not None, progress=progress, max_ep=max_ep,
         )
     finally:
         progress.close()

@@ -34,6 +34,16 @@ A gated MLP keeps the fused gate|up output (2·n·f·e, the SwiGLU input) and th
 input (n·f·e), as Megatron-LM's fused ``bias_swiglu`` does (it recomputes SiLU in backward);
 plain eager PyTorch also keeps SiLU's output, one n·f·e more.
 
+FP8 training with Transformer Engine (the ``fused`` stack) saves each linear layer's input for
+the weight-gradient GEMM as the FP8 (1-byte) copy it cast in forward, not in 16-bit: on Hopper
+the wgrad GEMM reads the input column-wise, so TE keeps that quantized copy and drops the
+high-precision one (Transformer Engine docs, "Low precision training: performance
+considerations", tensor usages). The inputs that only a GEMM needs shrink to 1 byte per element
+(QKV input, MLP input, the MLP activation's output); the attention output is needed by the
+attention backward in 16-bit and by the output projection in FP8, so it costs ``e + 1``. For GPT
+with TP+SP this is ``29sbh/t`` instead of ``34sbh/t``. torchao's Float8Linear (torchtitan) saves
+the 16-bit input and casts again in backward: no change (:func:`saved_gemm_input_bytes`).
+
 torchtitan's op-level selective checkpointing ("op") keeps the layer input, the outputs of every
 other matmul and of the attention kernel, and recomputes the rest (``op_sac_saved``).
 
@@ -68,12 +78,16 @@ def layer_activation_items(
     attention: str,
     act_bytes: int,
     moe: bool = False,
+    gemm_input_bytes: float | None = None,
 ) -> list[tuple[str, float, str]]:
     """Every tensor a layer saves without recompute: (name, bytes per GPU, recompute class).
     Class ``core`` is dropped by selective recompute; ``layer`` by full recompute too.
     ``moe`` gives a mixture-of-experts layer of an MoE model (:func:`moe_activation_items`);
-    MLA keeps its normalized latents and queries/keys of d, values of d_v."""
+    MLA keeps its normalized latents and queries/keys of d, values of d_v. ``gemm_input_bytes``
+    (default ``act_bytes``) is what a tensor saved only as a GEMM input costs per element
+    (:func:`saved_gemm_input_bytes`)."""
     e = act_bytes
+    gi = e if gemm_input_bytes is None else gemm_input_bytes
     n = micro_batch * seq_len / cp
     h, f, d, a = model.hidden, model.ffn_hidden, model.head_dim, model.n_heads
     rep = tp if sequence_parallel else 1
@@ -81,7 +95,7 @@ def layer_activation_items(
     g_r = kv_heads_per_rank(model, tp)
     items: list[tuple[str, float, str]] = [
         ("norm1_input", n * h * e / rep, "layer"),
-        ("qkv_input", n * h * e / rep, "layer"),
+        ("qkv_input", n * h * gi / rep, "layer"),
         ("q_k_v", n * (a_r + 2 * g_r) * d * e, "layer"),
     ]
     if model.is_mla:  # q and k of d, v of d_v; the latents that feed the up-projections
@@ -95,18 +109,21 @@ def layer_activation_items(
             items.append(("attention_dropout", scores * (1 + e), "core"))
     else:
         items.append(("flash_softmax_stats", 4 * n * a_r, "core"))
-    items.append(("out_proj_input", n * a_r * model.value_head_dim * e, "layer"))
+    # flash attention's backward needs its 16-bit output; the projection keeps its own FP8 copy
+    o_bytes = e + gi if (attention == "flash" and gi != e) else gi
+    items.append(("out_proj_input", n * a_r * model.value_head_dim * o_bytes, "layer"))
     if model.dropout:
         items.append(("attention_out_dropout_mask", n * h / rep, "layer"))
     if not model.parallel_residual:
         items.append(("norm2_input", n * h * e / rep, "layer"))
     if model.norms_per_layer == 4:  # Gemma 2/3: the post-attention and post-MLP norms' inputs
         items.append(("post_norm_inputs", 2 * n * h * e / rep, "layer"))
-    items.append(("mlp_input", n * h * e / rep, "layer"))
+    items.append(("mlp_input", n * h * gi / rep, "layer"))
     if moe:
         items.extend(moe_activation_items(model, n, tp, e))
     else:
-        items.append(("mlp_hidden", (3 if model.gated_mlp else 2) * n * (f / tp) * e, "layer"))
+        # the first GEMM's output (the activation's input, 16-bit) and the second GEMM's input
+        items.append(("mlp_hidden", ((2 if model.gated_mlp else 1) * e + gi) * n * (f / tp), "layer"))
     if model.dropout:
         items.append(("mlp_dropout_mask", n * h / rep, "layer"))
     return items
@@ -144,10 +161,14 @@ def layer_activations(
     attention: str = "flash",
     act_bytes: int = 2,
     moe: bool = False,
+    gemm_input_bytes: float | None = None,
 ) -> LayerActivations:
     """Bytes one layer stores per micro-batch on one GPU under ``recompute`` (table above);
-    ``moe`` for a mixture-of-experts layer."""
-    items = layer_activation_items(model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes, moe)
+    ``moe`` for a mixture-of-experts layer; ``gemm_input_bytes`` as in
+    :func:`layer_activation_items`."""
+    items = layer_activation_items(
+        model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes, moe, gemm_input_bytes
+    )
     full = sum(b for _, b, _ in items)
     if recompute == "none":
         kept = [(name, b) for name, b, _ in items]
@@ -164,6 +185,13 @@ def layer_activations(
         # the backward rebuilds what was not kept, from the layer input
         return LayerActivations(stored, full - stored + layer_input, tuple(kept))
     return LayerActivations(layer_input, full, (("layer_input", layer_input),))
+
+
+def saved_gemm_input_bytes(compute_dtype: str, kernels: str, act_bytes: int) -> float:
+    """Bytes per element of a tensor a layer saves only as a GEMM input: 1 for FP8 GEMMs on the
+    ``fused`` stack (Transformer Engine keeps the FP8 copy it cast in forward, module docstring),
+    else the activation's ``act_bytes`` (torchao's Float8Linear keeps the 16-bit input)."""
+    return 1 if (compute_dtype == "fp8" and kernels == "fused") else act_bytes
 
 
 def op_sac_saved(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, act_bytes: int) -> list[tuple[str, float]]:

@@ -78,7 +78,7 @@ def layer_times(
     head: tuple[Num, Num, Num],
     tp_one: Num,
     sp: Any,
-    tp_comm_overlap: bool,
+    tp_comm_overlap: Any,
     cp: Num,
     cp_step: Num,
     fsdp_per_layer: Any,
@@ -107,9 +107,7 @@ def layer_times(
     * Full recompute repeats the forward's TP and CP collectives in the backward.
     """
     tp_fwd = tp_bwd = 2 * tp_one
-    if tp_comm_overlap:
-        tp_fwd = exposed(tp_fwd, fwd_gemm)
-        tp_bwd = exposed(tp_bwd, bwd_gemm)
+    tp_fwd, tp_bwd = pick(tp_comm_overlap, exposed(tp_fwd, fwd_gemm), tp_fwd), pick(tp_comm_overlap, exposed(tp_bwd, bwd_gemm), tp_bwd)
     half = pick(sp, tp_one / 2, 0.0)
     cp_fwd = (cp - 1) * exposed(cp_step, fwd_attention / cp)
     cp_bwd = (cp - 1) * exposed(2 * cp_step, bwd_attention / cp)

@@ -56,9 +56,16 @@ def alltoall_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool, act_bytes
 def expert_placements(cluster: ClusterSpec, plan: TrainingPlan) -> tuple[GroupPlacement, GroupPlacement]:
     """(ep group, expert data-parallel group) containing rank 0: ep consecutive dp indices, and
     every ep-th dp index times all of cp."""
-    sizes = {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp}
-    ep_group = coll.placement(cluster, sizes, plan.rank_order, ("dp",), span={"dp": plan.ep})
-    edp = coll.placement(cluster, sizes, plan.rank_order, ("dp", "cp"), every={"dp": plan.ep})
+    return expert_group_placements(cluster, plan.tp, plan.cp, plan.pp, plan.dp, plan.ep, plan.rank_order)
+
+
+def expert_group_placements(
+    cluster: ClusterSpec, tp: int, cp: int, pp: int, dp: int, ep: int, rank_order: tuple[str, ...]
+) -> tuple[GroupPlacement, GroupPlacement]:
+    """:func:`expert_placements` from the degrees and the rank order."""
+    sizes = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
+    ep_group = coll.placement(cluster, sizes, rank_order, ("dp",), span={"dp": ep})
+    edp = coll.placement(cluster, sizes, rank_order, ("dp", "cp"), every={"dp": ep})
     return ep_group, edp
 
 

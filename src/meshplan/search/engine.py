@@ -42,7 +42,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from meshplan.cost import collectives as coll
-from meshplan.cost.activations import embedding_activation_bytes, head_activation_bytes, layer_activations, loss_grad_bytes
+from meshplan.cost.activations import (
+    embedding_activation_bytes, head_activation_bytes, layer_activations, loss_grad_bytes, saved_gemm_input_bytes,
+)
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.compose import (
@@ -56,9 +58,16 @@ from meshplan.cost.compose import (
     total_of,
 )
 from meshplan.cost.compute import embedding_op_times, head_op_times, layer_op_times, optimizer_step_time, recompute_time
-from meshplan.cost.memory import model_state_bytes
-from meshplan.cost.moe import add_moe_layers, moe_fsdp_layer_times, moe_layers_per_stage
-from meshplan.errors import InputError
+from meshplan.cost.memory import ModelState, model_state_bytes
+from meshplan.cost.moe import (
+    add_moe_layers,
+    alltoall_times,
+    expert_dp_placements,
+    expert_group_placements,
+    moe_fsdp_layer_times,
+    moe_layers_per_stage,
+    rank_expert_params,
+)
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank, rank_params
 from meshplan.pipeline.schedules import stage_style
 from meshplan.pipeline.inflight import live_rows
@@ -194,15 +203,17 @@ class Engine:
                 self.rec.compute_dtype, self.e, base.kernels,
             )
         )
-        if base.ep != 1:
-            raise InputError("ep", f"the search evaluates ep = 1 only (got {base.ep}); estimate expert-parallel plans with meshplan estimate --ep")
         self._kernel = lru_cache(maxsize=None)(self._kernel_terms)
         self._moe_kernel = lru_cache(maxsize=None)(self._moe_kernel_terms)
         self._moe_comm = lru_cache(maxsize=None)(self._moe_comm_terms)
+        self._a2a = lru_cache(maxsize=None)(self._a2a_terms)
         self._comm = lru_cache(maxsize=None)(self._comm_terms)
         self._dp = lru_cache(maxsize=None)(self._dp_terms)
         self._place = lru_cache(maxsize=None)(
             lambda t, c, p, d, ds: placements(cluster, t, c, p, d, ds, base.rank_order)
+        )
+        self._expert_place = lru_cache(maxsize=None)(
+            lambda t, c, p, d, ep: expert_group_placements(cluster, t, c, p, d, ep, base.rank_order)
         )
 
     # ---- terms computed once per distinct argument ---------------------------------------------
@@ -213,31 +224,42 @@ class Engine:
         emb = embedding_op_times(m, b, s, t, c, gpu, cal, e)
         head = head_op_times(m, b, s, t, c, gpu, cal, dtype, e)
         mode = RECOMPUTE[rec_code]
-        la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e)
+        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
+        la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi)
         return (
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
             recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
             la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp), head_activation_bytes(m, b, s, t, c, sp, e),
         )
 
-    def _moe_kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int) -> tuple:
-        """A mixture-of-experts layer's op times and activations (ep = 1), as ``estimate``'s."""
+    def _moe_kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int, ep: int) -> tuple:
+        """A mixture-of-experts layer's op times (E/ep experts per GPU) and activations, as
+        ``estimate``'s."""
         m, base, e = self.model, self.base, self.e
         mode = RECOMPUTE[rec_code]
         ops = layer_op_times(
             m, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu, self.cal,
-            self.rec.compute_dtype, e, base.kernels, moe=True, ep=1,
+            self.rec.compute_dtype, e, base.kernels, moe=True, ep=ep,
         )
-        la = layer_activations(m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True)
+        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
+        la = layer_activations(m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True, gemm_input_bytes=gi)
         return (ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
                 recompute_time(ops, mode), la.stored, la.working)
 
-    def _moe_comm_terms(self, t: int, c: int, p: int, d: int, ds: int, zero: int) -> tuple:
-        """ZeRO-3 (all-gather, reduce-scatter) of one MoE layer (ep = 1)."""
+    def _moe_comm_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int) -> tuple:
+        """ZeRO-3 (all-gather, reduce-scatter) of one MoE layer: its dense part over the shard
+        group, its E/ep experts over the expert data-parallel group."""
         if not (zero == 3 and ds * c > 1):
             return 0.0, 0.0
         pl = self._place(t, c, p, d, ds)
-        return moe_fsdp_layer_times(self.model, t, 1, self.rec, pl.shard, pl.shard, self.cluster, self.cal)
+        edp = self._expert_place(t, c, p, d, ep)[1]
+        return moe_fsdp_layer_times(self.model, t, ep, self.rec, pl.shard, edp, self.cluster, self.cal)
+
+    def _a2a_terms(self, t: int, c: int, p: int, d: int, ep: int, b: int, sp: int, full: int) -> tuple:
+        """Exposed (forward, backward) expert all-to-all of one MoE layer and micro-batch."""
+        tokens = b * self.base.seq_len / c
+        return alltoall_times(self.model, tokens, t, bool(sp), self.e, bool(full), self._expert_place(t, c, p, d, ep)[0],
+                              self.cluster, self.cal)
 
     def _comm_terms(self, t: int, c: int, p: int, d: int, ds: int, b: int, sp: int, zero: int) -> tuple:
         m, cluster, cal, e, rec = self.model, self.cluster, self.cal, self.e, self.rec
@@ -252,14 +274,22 @@ class Engine:
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
         return (tp_one, cp_step, *units, act_msg, p2p_bytes, p2p)
 
-    def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, zero: int, params: int) -> tuple:
+    def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int) -> tuple:
+        """(gradient sync, weight all-gather) of a rank holding ``params`` parameters, of which
+        ``experts`` routed-expert ones synchronized over the expert data-parallel group, as
+        ``estimate`` adds them."""
         pl = self._place(t, c, p, d, ds)
-        return dp_sync_times(params, zero, False, ds * c, self.rec, pl, self.cluster, self.cal)
+        grad_comm, pg = dp_sync_times(params - experts, zero, False, ds * c, self.rec, pl, self.cluster, self.cal)
+        if experts:
+            pl_experts = expert_dp_placements(pl, self._expert_place(t, c, p, d, ep)[1])
+            ex_comm, ex_pg = dp_sync_times(experts, zero, False, d // ep * c, self.rec, pl_experts, self.cluster, self.cal)
+            grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
+        return grad_comm, pg
 
     # ---- one pipeline shape -------------------------------------------------------------------
     def _group(self, pp: int, v: int, code: int, T: PlanTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         model, base, rec = self.model, self.base, self.rec
-        t, c, d, ds, b = T.tp, T.cp, T.dp, T.dp_shard, T.micro_batch
+        t, c, d, ds, b, ep = T.tp, T.cp, T.dp, T.dp_shard, T.micro_batch, T.ep
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
         m = T.num_microbatches
         G = len(T)
@@ -272,7 +302,7 @@ class Engine:
         lt_args = dict(
             full_recompute=rc == RECOMPUTE.index("full"),
             emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
-            tp_one=cm["tp_one"], sp=spb, tp_comm_overlap=base.tp_comm_overlap, cp=c, cp_step=cm["cp_step"],
+            tp_one=cm["tp_one"], sp=spb, tp_comm_overlap=T.tpo, cp=c, cp_step=cm["cp_step"],
             fsdp_per_layer=(zero == 3) & (shard > 1), all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
@@ -286,13 +316,15 @@ class Engine:
         act = stage_activations(split, ku["act_stored"], ku["emb_act"], ku["head_act"])
         working_layer = k["act_working"]
         if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
-            moe_kernel, _ = _gather_distinct(self._moe_kernel, [t, c, b, sp, rc], len(_MOE_FIELDS))
-            kmu = dict(zip(_MOE_FIELDS, moe_kernel.T))  # the same distinct rows as ``kernel``
-            km = dict(zip(_MOE_FIELDS, moe_kernel[kid].T))
-            mc = _gather(self._moe_comm, [t, c, pp_col, d, ds, zero], 2)
+            # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
+            kmu = dict(zip(_MOE_FIELDS, _gather_distinct(self._moe_kernel, [t, c, b, sp, rc, np.ones_like(t)], len(_MOE_FIELDS))[0].T))
+            km = dict(zip(_MOE_FIELDS, _gather(self._moe_kernel, [t, c, b, sp, rc, ep], len(_MOE_FIELDS)).T))
+            mc = _gather(self._moe_comm, [t, c, pp_col, d, ds, ep, zero], 2)
             lt_moe = layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
             moe_stage = moe_layers_per_stage(model, split)
-            add_moe_layers(st, moe_stage, lt, lt_moe, (0.0, 0.0))
+            full = (rc == RECOMPUTE.index("full")).astype(np.int64)
+            a2a = _gather(self._a2a, [t, c, pp_col, d, ep, b, sp, full], 2)
+            add_moe_layers(st, moe_stage, lt, lt_moe, (a2a[:, 0], a2a[:, 1]))
             act = [a + n_m * (kmu["act_stored"] - ku["act_stored"]) for a, n_m in zip(act, moe_stage)]
             working_layer = np.maximum(k["act_working"], km["act_working"])
         n_stages = pp * v
@@ -303,14 +335,18 @@ class Engine:
         t_where, t_inv = _distinct_rows([t])
         t_vals = t[t_where]
         by_tp = lambda fn: np.array([fn(int(x)) for x in t_vals], dtype=np.int64)[t_inv]  # noqa: E731
+        te_where, te_inv = _distinct_rows([t, ep])
+        te_vals = np.stack([t, ep], axis=1)[te_where].tolist()
+        by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv]  # noqa: E731
         logits_grad = (b * base.seq_len / c) * by_tp(lambda x: loss_grad_bytes(model, 1, 1, x, 1, base.kernels))
         layer_params = by_tp(lambda x: layer_params_per_rank(model, x))
         if model.is_moe:  # ZeRO-3 buffers hold the largest layer
-            layer_params = np.maximum(layer_params, by_tp(lambda x: layer_params_per_rank(model, x, moe=True)))
+            layer_params = np.maximum(layer_params, by_tp_ep(lambda x, y: layer_params_per_rank(model, x, moe=True, ep=y)))
+            expert_shard = d // ep * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
         head_params = by_tp(lambda x: head_params_per_rank(model, x, pp))
         kept_embedding = by_tp(lambda x: embedding_params_per_rank(model, x)) if model.tied_embeddings and pp == 1 else 0
-        mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, zero])
-        mesh_rows = np.stack([t, c, d, ds, zero], axis=1)[mesh_where].tolist()
+        mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, ep, zero])
+        mesh_rows = np.stack([t, c, d, ds, ep, zero], axis=1)[mesh_where].tolist()
 
         # peak activations: the schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
@@ -344,8 +380,15 @@ class Engine:
             n_layers = sum(split[j] for j in mine)
             first_, holds_head = 0 in mine, last in mine
             n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
-            params = by_tp(lambda x: rank_params(model, x, pp, n_layers, first_, holds_head, n_moe))  # int64
-            state = model_state_bytes(params, rec, zero, shard)
+            params = by_tp_ep(lambda x, y: rank_params(model, x, pp, n_layers, first_, holds_head, n_moe, y))  # int64
+            if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
+                experts = by_tp_ep(lambda x, y: rank_expert_params(model, x, y, n_moe))
+                state = model_state_bytes(params - experts, rec, zero, shard)
+                ex = model_state_bytes(experts, rec, zero, expert_shard)
+                state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
+            else:
+                experts = 0
+                state = model_state_bytes(params, rec, zero, shard)
             other = rank_other_items(
                 reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad, head_act=k["head_act"],
                 zero=zero, shard=shard, params=params, layer_params=layer_params, head_params=head_params,
@@ -356,9 +399,10 @@ class Engine:
             # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
             fixed[:, ci] = state.weights + state.gradients + state.optimizer
             other_total[:, ci] = total_of(other)
-            p_of = {x: rank_params(model, x, pp, n_layers, first_, holds_head, n_moe) for x in t_vals.tolist()}
+            p_of = {(x, y): (rank_params(model, x, pp, n_layers, first_, holds_head, n_moe, y),
+                             rank_expert_params(model, x, y, n_moe)) for x, y in te_vals}
             sync = np.array(
-                [self._dp(tt, cc, pp, dd, ss, zz, p_of[tt]) for tt, cc, dd, ss, zz in mesh_rows]
+                [self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows]
             ).reshape(len(mesh_rows), 2)[mesh_inv]
             last_bwd = sum(st.bwd[j] for j in mine)
             first_fwd = sum(st.fwd[j] for j in mine)
@@ -368,6 +412,8 @@ class Engine:
                 overlap_param_gather=base.overlap_param_gather,
             )
             local = params / pick(zero >= 1, shard, 1)
+            if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
+                local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
             opt = optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
             opt_pg = np.maximum(opt_pg, opt + pg)  # the slowest rank's optimizer + gather
             busy_c[:, ci] = m * (last_bwd + first_fwd)

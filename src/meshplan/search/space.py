@@ -3,13 +3,16 @@
 A plan of the space is a choice of
 
 =================  =============================================================================
-tp, cp, pp, dp     a factorization tp·cp·pp·dp = N of the GPU count (ep = 1: MoE models keep
-                   every expert on every GPU; ep is not searched yet)
+tp, cp, pp, dp     a factorization tp·cp·pp·dp = N of the GPU count
+ep                 mixture-of-experts models: every ep dividing both the expert count E and dp
+                   (the ep group is carved out of the data-parallel axis, :mod:`meshplan.cost.moe`);
+                   dense models: 1
 schedule, vpp      pp = 1: none; pp > 1: 1f1b, gpipe, zbh1 (v = 1), zbv (v = 2), interleaved and
                    interleaved-zb (v = 2 .. max_vpp)
 micro_batch b      1 .. max_micro_batch; m = B / (b·dp) micro-batches per step (B sequences)
 recompute          none, selective, op, full
 sequence parallel  on or off (tp > 1; off without TP)
+TP comm overlap    on or off (tp > 1; off without TP)
 ZeRO stage         0 .. 3; with ``hsdp`` also every shard group 1 < dp_shard < dp dividing dp
 =================  =============================================================================
 
@@ -21,6 +24,7 @@ memory exceeds the usable HBM are rejected for memory.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -42,6 +46,8 @@ REASONS = {
     "interleaved_rounds": "interleaved schedules need the micro-batches in equal rounds of pp",
     "pipeline_size": f"micro-batches x pp x vpp must not exceed {MAX_PIPELINE_CHUNKS:,} (simulation limit)",
     "sp_seq": "sequence parallelism needs seq_len / cp divisible by tp",
+    "ep_sp": "expert parallelism (ep > 1) with tp > 1 needs sequence parallelism",
+    "ep_hsdp": "HSDP shard groups with expert parallelism (ep > 1) are not modelled",
     "memory": "peak memory per GPU above the usable HBM",
 }
 
@@ -55,16 +61,21 @@ class SearchLimits:
     max_pp: int = 128
     max_vpp: int = 8
     max_micro_batch: int = 8
+    max_ep: Optional[int] = None  # default: the expert count
     tp: Optional[int] = None
     cp: Optional[int] = None
     pp: Optional[int] = None
     dp: Optional[int] = None
+    ep: Optional[int] = None
     vpp: Optional[int] = None
     micro_batch: Optional[int] = None
     schedules: tuple[str, ...] = SCHEDULE_NAMES
     recompute: tuple[str, ...] = RECOMPUTE
     zero: tuple[int, ...] = (0, 1, 2, 3)
     sequence_parallel: tuple[bool, ...] = (True, False)
+    # off unless asked for, as in estimate: meshplan hides overlapped TP traffic entirely, which
+    # measured AsyncTP does not reach (docs/accuracy.md), so a search does not assume it
+    tp_comm_overlap: tuple[bool, ...] = (False,)
     hsdp: bool = False
 
 
@@ -77,12 +88,14 @@ class PlanTable:
     pp: np.ndarray
     dp: np.ndarray
     dp_shard: np.ndarray
+    ep: np.ndarray
     vpp: np.ndarray
     schedule: np.ndarray  # code: index into SCHEDULE_NAMES
     micro_batch: np.ndarray
     global_batch: np.ndarray
     recompute: np.ndarray  # code: index into RECOMPUTE
     sp: np.ndarray
+    tpo: np.ndarray  # TP communication overlap
     zero: np.ndarray
     rejected: dict[str, int] = field(default_factory=dict)
 
@@ -105,17 +118,22 @@ class PlanTable:
             "pp": int(self.pp[i]),
             "dp": int(self.dp[i]),
             "dp_shard": int(self.dp_shard[i]) if self.dp_shard[i] != self.dp[i] else None,
+            "ep": int(self.ep[i]),
             "vpp": int(self.vpp[i]),
             "schedule": SCHEDULE_NAMES[int(self.schedule[i])],
             "micro_batch": int(self.micro_batch[i]),
             "global_batch": int(self.global_batch[i]),
             "recompute": RECOMPUTE[int(self.recompute[i])],
             "sequence_parallel": bool(self.sp[i]),
+            "tp_comm_overlap": bool(self.tpo[i]),
             "zero": int(self.zero[i]),
         }
 
 
-COLUMNS = ("tp", "cp", "pp", "dp", "dp_shard", "vpp", "schedule", "micro_batch", "global_batch", "recompute", "sp", "zero")
+COLUMNS = ("tp", "cp", "pp", "dp", "dp_shard", "ep", "vpp", "schedule", "micro_batch", "global_batch", "recompute", "sp", "tpo", "zero")
+_BOOL_COLUMNS = ("sp", "tpo")
+#: The columns that vary inside one mesh (tp, cp, pp, dp), in the order of :func:`_inner_combos`.
+_INNER = ("ep", "tpo", "recompute", "sp", "zero", "dp_shard")
 
 
 def divisors(n: int) -> list[int]:
@@ -155,6 +173,62 @@ def _tp_ok(model: ModelSpec, t: int) -> bool:
     return model.n_heads % t == 0 and (g % t == 0 or t % g == 0) and model.ffn_hidden % t == 0 and experts_ok
 
 
+def _ep_values(model: ModelSpec, d: int, lim: SearchLimits) -> list[int]:
+    """Expert-parallel sizes for dp = d: every divisor of gcd(E, d) up to ``max_ep`` (the fixed
+    ``ep`` only, when it divides d); 1 for a dense model."""
+    if not model.is_moe:
+        return [1]
+    cap = lim.max_ep if lim.max_ep is not None else model.n_experts
+    values = [e for e in divisors(math.gcd(model.n_experts, d)) if e <= cap]
+    return [e for e in values if e == lim.ep] if lim.ep is not None else values
+
+
+def _check_ep_limits(model: ModelSpec, lim: SearchLimits) -> None:
+    if lim.max_ep is not None and lim.max_ep < 1:
+        raise InputError("max_ep", f"--max-ep must be at least 1 (got {lim.max_ep})")
+    if lim.ep is None:
+        return
+    if lim.ep < 1:
+        raise InputError("ep", f"--ep must be at least 1 (got {lim.ep})")
+    if lim.ep > 1 and not model.is_moe:
+        raise InputError("ep", f"ep = {lim.ep} needs a mixture-of-experts model; {model.name} is dense (use ep = 1)")
+    if model.is_moe and model.n_experts % lim.ep:
+        raise InputError("ep", f"ep ({lim.ep}) must divide the number of experts ({model.n_experts})")
+
+
+def _inner_combos(
+    t: int, c: int, d: int, seq_len: int, lim: SearchLimits, eps: list[int], rec_codes: list[int],
+    zero_opts: list[tuple[int, int]],
+) -> tuple[dict[str, np.ndarray], dict[str, int], int]:
+    """The (ep, TP overlap, recompute, SP, ZeRO, dp_shard) combinations of one mesh that pass the
+    rules (as columns, :data:`_INNER`), the others counted by the first rule they break, and the
+    number of combinations in all."""
+    sp_opts = list(lim.sequence_parallel) if t > 1 else [False]  # no SP without TP
+    tpo_opts = list(lim.tp_comm_overlap) if t > 1 else [False]  # nothing to overlap without TP
+    rows: list[tuple[int, int, int, int, int, int]] = []
+    bad: dict[str, int] = {}
+    total = 0
+    for ep in eps:
+        for o in tpo_opts:
+            for r in rec_codes:
+                for sp in sp_opts:
+                    for z, sh in zero_opts:
+                        total += 1
+                        if sp and t > 1 and (seq_len // c) % t:
+                            reason = "sp_seq"
+                        elif ep > 1 and t > 1 and not sp:
+                            reason = "ep_sp"
+                        elif ep > 1 and sh != d:
+                            reason = "ep_hsdp"
+                        else:
+                            rows.append((ep, o, r, sp, z, sh))
+                            continue
+                        bad[reason] = bad.get(reason, 0) + 1
+    arr = np.array(rows, dtype=np.int64).reshape(len(rows), len(_INNER))
+    cols = {name: arr[:, j].astype(bool) if name in _BOOL_COLUMNS else arr[:, j] for j, name in enumerate(_INNER)}
+    return cols, bad, total
+
+
 def enumerate_plans(
     model: ModelSpec,
     num_gpus: int,
@@ -166,6 +240,7 @@ def enumerate_plans(
     """Every plan of the space (module docstring) that passes the structural rules, as columns;
     the others counted by reason in ``rejected``."""
     n = num_gpus
+    _check_ep_limits(model, lim)
     max_tp = lim.max_tp if lim.max_tp is not None else gpus_per_node
     tps = _axis_values(n, lim.tp, max_tp, "tp")
     cps = _axis_values(n, lim.cp, lim.max_cp, "cp")
@@ -175,14 +250,13 @@ def enumerate_plans(
     cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
     # op-level selective recompute is modelled for dense attention + MLP layers only
     modes = [r for r in lim.recompute if not (r == "op" and (model.is_moe or model.is_mla))]
-    rec_codes = np.array([RECOMPUTE.index(r) for r in modes], dtype=np.int64)
+    rec_codes = [RECOMPUTE.index(r) for r in modes]
     interleaved = {SCHEDULE_NAMES.index("interleaved"), SCHEDULE_NAMES.index("interleaved-zb")}
 
     def add(reason: str, count: int) -> None:
         reject[reason] = reject.get(reason, 0) + count
 
     for t in tps:
-        sp_opts = list(lim.sequence_parallel) if t > 1 else [False]  # no SP without TP
         for c in cps:
             for p in pps:
                 if n % (t * c * p):
@@ -190,10 +264,13 @@ def enumerate_plans(
                 d = n // (t * c * p)
                 if lim.dp is not None and d != lim.dp:
                     continue
+                eps = _ep_values(model, d, lim)
+                if not eps:  # the fixed ep does not divide this dp
+                    continue
                 zero_opts = [(z, d) for z in lim.zero]
                 if lim.hsdp:
                     zero_opts += [(z, s) for z in lim.zero if z >= 1 for s in divisors(d) if 1 < s < d]
-                inner = len(rec_codes) * len(sp_opts) * len(zero_opts)
+                inner_cols, inner_bad, inner = _inner_combos(t, c, d, seq_len, lim, eps, rec_codes, zero_opts)
                 per_mesh = inner * len(mbs) * len(global_batches)
                 sv = _schedule_options(p, model.n_layers, lim, reject, per_mesh)
                 if not _tp_ok(model, t):
@@ -202,8 +279,8 @@ def enumerate_plans(
                 if c > 1 and seq_len % (2 * c):
                     add("cp_seq", per_mesh * len(sv))
                     continue
-                sp_ok = [s for s in sp_opts if not (s and t > 1 and (seq_len // c) % t)]
-                n_sp_bad = len(sp_opts) - len(sp_ok)
+                k = len(inner_cols["ep"])
+                full = lambda x: np.full(k, x, dtype=np.int64)  # noqa: E731
                 for code, v in sv:
                     for gb in global_batches:
                         for b in mbs:
@@ -217,31 +294,17 @@ def enumerate_plans(
                             if m * p * v > MAX_PIPELINE_CHUNKS:
                                 add("pipeline_size", inner)
                                 continue
-                            if n_sp_bad:
-                                add("sp_seq", n_sp_bad * len(rec_codes) * len(zero_opts))
-                            if not sp_ok:
+                            for reason, count in inner_bad.items():
+                                add(reason, count)
+                            if not k:
                                 continue
-                            k = len(rec_codes) * len(sp_ok) * len(zero_opts)
-                            rec_col = np.repeat(rec_codes, len(sp_ok) * len(zero_opts))
-                            sp_col = np.tile(np.repeat(np.array(sp_ok, dtype=bool), len(zero_opts)), len(rec_codes))
-                            zs = np.array(zero_opts, dtype=np.int64)
-                            z_col = np.tile(zs[:, 0], len(rec_codes) * len(sp_ok))
-                            sh_col = np.tile(zs[:, 1], len(rec_codes) * len(sp_ok))
-                            full = lambda x: np.full(k, x, dtype=np.int64)  # noqa: E731
-                            cols["tp"].append(full(t))
-                            cols["cp"].append(full(c))
-                            cols["pp"].append(full(p))
-                            cols["dp"].append(full(d))
-                            cols["dp_shard"].append(sh_col)
-                            cols["vpp"].append(full(v))
-                            cols["schedule"].append(full(code))
-                            cols["micro_batch"].append(full(b))
-                            cols["global_batch"].append(full(gb))
-                            cols["recompute"].append(rec_col)
-                            cols["sp"].append(sp_col)
-                            cols["zero"].append(z_col)
+                            for name, x in (("tp", t), ("cp", c), ("pp", p), ("dp", d), ("vpp", v), ("schedule", code),
+                                            ("micro_batch", b), ("global_batch", gb)):
+                                cols[name].append(full(x))
+                            for name in _INNER:
+                                cols[name].append(inner_cols[name])
     arrays = {
-        name: (np.concatenate(parts) if parts else np.zeros(0, dtype=bool if name == "sp" else np.int64))
+        name: (np.concatenate(parts) if parts else np.zeros(0, dtype=bool if name in _BOOL_COLUMNS else np.int64))
         for name, parts in cols.items()
     }
     return PlanTable(**arrays, rejected=reject)

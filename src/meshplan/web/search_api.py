@@ -43,6 +43,7 @@ _SEARCH_OPTIONS: dict[str, Any] = {
     "max_pp": (Optional[int], Field(None, description="Largest PP degree (default: 128).")),
     "max_vpp": (Optional[int], Field(None, description="Most virtual stages per rank (default: 8).")),
     "max_micro_batch": (Optional[int], Field(None, description="Largest micro-batch (default: 8).")),
+    "max_ep": (Optional[int], Field(None, description="Largest expert-parallel degree (default: the expert count).")),
     "schedules": (Optional[str], Field(None, description="Comma-separated schedules to consider (default: all).")),
     "hsdp": (bool, Field(False, description="Also try HSDP shard groups.")),
     "batch_range": (Optional[str], Field(None, description="Let the global batch vary: MIN,MAX tokens, e.g. 4M,16M.")),
