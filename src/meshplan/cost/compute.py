@@ -14,8 +14,9 @@ efficiency η = η_max · q(m, n) · k/(k + k½):
   smaller tiles paying a reuse penalty;
 * k/(k + k½) — short reductions do not fill the pipeline of a tile (k½ from the calibration).
 
-Attention (QKᵀ, softmax, A·V) runs as FlashAttention at the calibrated forward/backward
-efficiency; its backward does 2.5× the forward's matmul FLOPs (it recomputes QKᵀ; Dao 2023).
+Attention (QKᵀ, softmax, A·V) runs as FlashAttention at an efficiency that grows with the keys
+each kernel call sees (:func:`flash_attention_efficiency`); its backward does 2.5× the forward's
+matmul FLOPs (it recomputes QKᵀ; Dao 2023).
 With materialized attention, the two batched GEMMs follow the GEMM model and the softmax is
 memory-bound. Norms, RoPE, the MLP activation, residual adds and dropout are memory-bound: bytes
 read and written over ``W·η_hbm``. The backward of a GEMM is two GEMMs (input and weight
@@ -77,6 +78,22 @@ def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: 
     t_flop = 2.0 * (m * n * k) / (peak * gemm_efficiency(m, n, k, gpu, cal))
     t_mem = (m * k + k * n + m * n) * elem_bytes / (gpu.hbm_bandwidth * cal.hbm_efficiency)
     return maximum(t_flop, t_mem) + cal.kernel_overhead
+
+
+def flash_attention_efficiency(keys, eta_inf: float, l0: float):
+    """Fraction of peak a FlashAttention call reaches when each query block visits ``keys`` keys:
+
+        η(L) = η∞ · L / (L + L₀)
+
+    A thread block owns B_r queries and streams the L keys through in tiles; its matmul work is
+    ∝ B_r·L·d, while loading Q, the epilogue (rescaling by the softmax sum) and writing O and the
+    log-sum-exp are a fixed cost per block, worth L₀ keys of streaming. The block takes
+    t ∝ (L + L₀) for work ∝ L, so η = η∞·L/(L + L₀), with η∞ the long-sequence efficiency and L₀
+    the length at which half of it is reached (Dao 2023, "FlashAttention-2", Algorithm 1 and
+    Sec. 3.1; L₀ fitted to the FA2 kernel benchmarks of Shah et al. 2024, ``cost/calibration.py``).
+    L is the sequence length s for a plain call and s/c for each ring step of context parallelism
+    over c ranks. Scalars or numpy arrays."""
+    return eta_inf * keys / (keys + l0)
 
 
 def memory_time(nbytes: float, gpu: GPUSpec, cal: Calibration) -> float:
@@ -202,8 +219,11 @@ def layer_op_times(
     d_core = (d + model.value_head_dim) / 2 if model.is_mla else d
     if attention == "flash":
         core = 4.0 * micro_batch * a_r * d_core * q_len * kv_len * 0.5  # causal: masked blocks skipped
-        fa = core / (peak16 * cal.attention_fwd_efficiency) + cal.kernel_overhead
-        ba = 2.5 * core / (peak16 * cal.attention_bwd_efficiency) + cal.kernel_overhead
+        keys = kv_len / cp  # keys per kernel call: the whole sequence, or one ring step's block
+        eta_f = flash_attention_efficiency(keys, cal.attention_fwd_efficiency, cal.attention_fwd_l0)
+        eta_b = flash_attention_efficiency(keys, cal.attention_bwd_efficiency, cal.attention_bwd_l0)
+        fa = core / (peak16 * eta_f) + cal.kernel_overhead
+        ba = 2.5 * core / (peak16 * eta_b) + cal.kernel_overhead
         if cp > 1:
             d_v = model.value_head_dim if model.is_mla else d
             ring_f, ring_b = ring_attention_merge_times(tokens, a_r, g_r, d, d_v, cp, e, gpu, cal)
