@@ -145,5 +145,19 @@ def test_import_refuses_bad_input_in_one_line(name, text, expect, tmp_path):
     one_error(*run_cli("estimate", "--plan", str(path)), "error:")
 
 
+def test_import_refuses_a_directory_a_binary_file_and_an_empty_path(tmp_path):
+    one_error(*run_cli("import", str(tmp_path)), f"error: file: {tmp_path} is a directory")
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes([0x80, 0xFF, 0x00, 0xFE]))
+    one_error(*run_cli("import", str(binary)), f"error: file: {binary} is not UTF-8 text")
+    one_error(*run_cli("estimate", "--plan", str(binary)), "error: plan:", "is not UTF-8 text")
+    one_error(*run_cli("import", ""), "error: file: must name a config file")
+
+
+def test_export_out_must_name_a_file(tmp_path):
+    one_error(*run_cli("export", *PLAN, "--to", "megatron", "--out", ""), "error: out: must name a file")
+    one_error(*run_cli("export", *PLAN, "--to", "megatron", "--out", str(tmp_path)), "error: out:", "is a directory")
+
+
 def test_estimate_plan_missing_file_names_the_option(tmp_path):
     one_error(*run_cli("estimate", "--plan", str(tmp_path / "nope.toml")), "error: plan: no such file")

@@ -126,6 +126,20 @@ def test_export_from_search_writes_the_best_plan():
     assert f"TP{best['tp']} CP{best['cp']} PP{best['pp']} DP{best['dp']}" in note[0]
 
 
+def test_export_from_search_chooses_ep_within_max_ep():
+    moe = ["--model", "mixtral-8x7b", "--gpus", "64", "--seq-len", "4096", "--global-batch", "128", "--max-pp", "2",
+           "--max-micro-batch", "1", "--schedules", "1f1b"]
+    code, out, err = run_cli("export", "--to", "megatron", "--from-search", *moe, "--max-ep", "2")
+    assert code == 0, err
+    code2, js, err2 = run_cli("search", *moe, "--max-ep", "2", "--top", "1", "--json")
+    assert code2 == 0, err2
+    best = json.loads(js)["top"][0]["plan"]
+    assert best["ep"] in (1, 2)
+    assert _flags(out).get("--expert-model-parallel-size", "1") == str(best["ep"])
+    note = next(line for line in err.splitlines() if line.startswith("note: from-search: "))
+    assert (f" EP{best['ep']} " in note) == (best["ep"] > 1)
+
+
 def test_search_options_need_from_search():
     code, out, err = run_cli("export", "--to", "megatron", "--model", "llama3-8b", "--max-tp", "4")
     assert code == 2 and out == "" and err.strip() == "error: max-tp: --max-tp is a search option: it needs --from-search"

@@ -335,6 +335,10 @@ def test_grading_messages():
     assert not grade(generate("tp-shard-shape"), "z").valid
     assert not grade(generate("formats-by-range"), "1 1 2 3").valid
     assert not grade(generate("faulty-young"), "9").valid
+    for huge in ("1e999", "-1e999", "9" * 400, 10**400):  # past a float: unreadable, not graded as ∞
+        fb = grade(ex, huge)
+        assert not fb.valid and "is not a finite number; give it in GB" in fb.error
+    assert grade(ex, "9" * 400).error == "'99999999999999999999…(400 characters)' is not a finite number; give it in GB"
     assert grade(ex, "1.75").to_dict()["url"] == "/calc?calc=collective&op=all-reduce&size=1GB&n=8&bw=50&latency=0us&algorithm=ring"
 
 

@@ -150,7 +150,6 @@ def test_human_output_units_actions_and_uneven():
 
 def test_out_writes_svg(tmp_path):
     path = tmp_path / "x.svg"
-    path.write_text("old")  # the user asked to write this path: it is replaced
     code, out, err = run_cli("--out", str(path))
     assert code == 0 and err == ""
     assert f"wrote {path}" in out
@@ -180,6 +179,13 @@ def test_out_refuses_other_extensions_and_directories(tmp_path):
     assert_one_error(*run_cli("--out", str(tmp_path / "nope" / "x.svg")), "does not exist")
     assert_one_error(*run_cli("--pp", "0", "--out", str(tmp_path / "z.svg")), "error: pp:")
     assert not (tmp_path / "z.svg").exists()  # nothing written on bad input
+
+
+def test_out_never_overwrites_a_file(tmp_path):
+    mine = tmp_path / "mine.svg"
+    mine.write_text("<svg>the user's drawing</svg>")
+    assert_one_error(*run_cli("--out", str(mine)), f"error: out: '{mine}' already exists; meshplan does not overwrite files")
+    assert mine.read_text() == "<svg>the user's drawing</svg>"
 
 
 # ---- bad input ------------------------------------------------------------------------------

@@ -348,7 +348,7 @@ def test_gpu_counts_parse():
                       ("0,8", "positive"), ("8:16:32", "MIN:MAX"), (",", "list"), ("8:" + str(8 * 2**40), "at most")):
         with pytest.raises(Exception) as err:
             parse_gpu_counts(bad, 8)
-        assert err.value.field == "gpus_range" and rule in str(err.value), bad
+        assert err.value.field == "gpus-range" and rule in str(err.value), bad
 
 
 def test_front_marks_only_counts_that_cut_the_days():

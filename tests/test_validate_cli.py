@@ -200,7 +200,7 @@ def test_out_png(cached, tmp_path):
 @pytest.fixture
 def no_report(monkeypatch):
     """Bad input is refused before any run is predicted."""
-    def build(sources=None):
+    def build(*args, **kwargs):
         raise AssertionError("the report was built despite bad input")
 
     monkeypatch.setattr(validate_cmd, "build_report", build)
@@ -215,6 +215,10 @@ def test_bad_out_extension_is_one_line_and_writes_nothing(no_report, tmp_path):
     assert_one_error(*run_cli("--out", str(tmp_path / "acc.jpg")), "error: out: must be a .svg or .png file")
     assert_one_error(*run_cli("--out", str(tmp_path / "nope" / "acc.svg")), "does not exist")
     assert list(tmp_path.iterdir()) == []
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"the user's picture")
+    assert_one_error(*run_cli("--out", str(mine)), f"error: out: '{mine}' already exists; meshplan does not overwrite files")
+    assert mine.read_bytes() == b"the user's picture"
 
 
 def test_json_and_markdown_together_are_refused(no_report):

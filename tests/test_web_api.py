@@ -8,6 +8,7 @@ import socket
 import time
 
 import pytest
+from web_support import bad
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -17,11 +18,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 from meshplan.cli.app import main  # noqa: E402
 from meshplan.web import Limits, create_app  # noqa: E402
 from meshplan.web.search_api import Job  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def client():
-    return TestClient(create_app())
 
 
 def cli_json(capsys, *args: str) -> dict:
@@ -34,15 +30,6 @@ def cli_error(capsys, *args: str) -> str:
     capsys.readouterr()
     assert main(list(args)) == 2
     return capsys.readouterr().err.strip()
-
-
-def bad(response, field: str) -> str:
-    assert response.status_code == 422, response.text
-    body = response.json()
-    assert body["field"] == field
-    assert body["detail"] == f"{field}: {body['rule']}"
-    assert "\n" not in body["detail"]
-    return body["rule"]
 
 
 # ---- /api/estimate, /api/explain, /api/view/plan ------------------------------------------------
@@ -164,6 +151,10 @@ def test_pipeline_bad_input(client):
     assert bad(client.get("/api/pipeline", params={"schedule": "1f1b", "vpp": 3}), "vpp") == "the 1f1b schedule needs vpp = 1 (got 3)"
     assert "number" in bad(client.get("/api/pipeline", params={"fwd": "fast"}), "fwd")
     assert "one forward:backward pair per virtual stage" in bad(client.get("/api/pipeline", params={"pp": 2, "stage_times": "1:2"}), "stage_times")
+    # a misspelt parameter is refused, not answered for the defaults
+    for path in ("/api/pipeline", "/api/view/pipeline"):
+        rule = bad(client.get(path, params={"p": 2}), "p")
+        assert rule == "unknown parameter (this endpoint takes: schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times)"
 
 
 # ---- /api/calc -----------------------------------------------------------------------------------
@@ -296,4 +287,7 @@ def test_serve_command_bad_input(capsys):
     assert cli_error(capsys, "serve", "--port", "0") == "error: port: must be between 1 and 65535 (got 0)"
     with socket.create_server(("127.0.0.1", 0)) as s:
         port = s.getsockname()[1]
-        assert cli_error(capsys, "serve", "--port", str(port)).startswith(f"error: port: cannot listen on 127.0.0.1:{port}")
+        assert cli_error(capsys, "serve", "--port", str(port)) == f"error: port: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert cli_error(capsys, "serve", "--host", " ").startswith("error: host: must not be empty")
+    assert cli_error(capsys, "serve", "--host", "no-such-host.invalid").startswith("error: host: cannot resolve 'no-such-host.invalid'")
+    assert cli_error(capsys, "serve", "--host", "192.0.2.1").startswith("error: host: cannot listen on 192.0.2.1:8765")  # TEST-NET-1

@@ -1,94 +1,25 @@
 """The web explorer in a real browser: headless Chromium (Debian's ``chromium``) driven by
 Playwright, against ``meshplan serve``'s app on a free loopback port. Every request to a host other
-than 127.0.0.1 or localhost is aborted and recorded, and the test fails if there was one.
-Screenshots go to ``tests/artifacts/``."""
+than 127.0.0.1 or localhost is aborted and recorded, and the test fails if there was one
+(the fixtures ``server``, ``browser`` and ``page`` of ``conftest.py``). Screenshots go to
+``tests/artifacts/``."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from web_support import CHROMIUM, LOOPBACK, loaded, shot
 
-CHROMIUM = "/usr/bin/chromium"
-playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
 pytest.importorskip("uvicorn", reason="uvicorn is not installed (the web extra)")
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)", allow_module_level=True)
 
-import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from meshplan.web import create_app  # noqa: E402
-
-ARTIFACTS = Path(__file__).parent / "artifacts"
-LOOPBACK = {"127.0.0.1", "localhost"}
-
-
-@pytest.fixture(scope="module")
-def server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    assert srv.started, "the server did not start"
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"])
-        yield b
-        b.close()
-
-
-@pytest.fixture()
-def page(browser):
-    ctx = browser.new_context(viewport={"width": 1440, "height": 1100})
-    outside: list[str] = []
-    errors: list[str] = []
-
-    def guard(route):
-        host = urlparse(route.request.url).hostname
-        if route.request.url.startswith("data:") or host in LOOPBACK:
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    ctx.route("**/*", guard)
-    pg = ctx.new_page()
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    yield pg
-    ctx.close()
-    assert outside == [], f"requests left the machine: {outside}"
-    assert errors == [], f"script errors: {errors}"
-
-
-def loaded(pg, after: int = 0, timeout: float = 20_000) -> int:
-    """Wait until the page has drawn an API answer more than ``after`` times; the count."""
-    pg.wait_for_function(f"Number(document.body.dataset.loaded || 0) > {after}", timeout=timeout)
-    return int(pg.evaluate("document.body.dataset.loaded"))
-
-
-def shot(pg, name: str) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
-    pg.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    return path
 
 
 def api(path: str, **params) -> dict:
@@ -184,6 +115,7 @@ def test_copied_url_restores_the_same_view(server, page, browser):
     page.fill("#in-price", "2.5")
     loaded(page, n)
     page.click("#copy-link")
+    page.wait_for_selector("#copy-link[data-href]")
     url = page.get_attribute("#copy-link", "data-href")
     assert parse_qs(urlparse(url).query) == {"preset": ["llama3-405b-16k"], "pp": ["8"], "recompute": ["full"], "price": ["2.5"]}
     ids = ["#kpi-mfu", "#kpi-step", "#kpi-days", "#kpi-run-sub", "#verdict-sub", "#summary"]

@@ -17,19 +17,12 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
-
 from meshplan.cli.app import main  # noqa: E402
 from meshplan.errors import InputError  # noqa: E402
-from meshplan.web import create_app, plan_api  # noqa: E402
+from meshplan.web import plan_api  # noqa: E402
 from meshplan.web.estimate_cache import BoundedMap, CachedEstimates, EstimateCache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def client():
-    return TestClient(create_app())
 
 
 def asgi_get(app, path: str, query: bytes, method: str = "GET") -> tuple[int, list, bytes]:

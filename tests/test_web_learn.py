@@ -9,27 +9,21 @@ import shlex
 from urllib.parse import parse_qsl, urlparse
 
 import pytest
+from web_support import bad
 
 pytest.importorskip("fastapi", reason="fastapi is not installed (the web extra)")
-from fastapi.testclient import TestClient  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from meshplan.cli.app import app as cli  # noqa: E402
 from meshplan.cli.options import PLAN_OPTIONS  # noqa: E402
 from meshplan.learn import TOPICS, generate, grade, specs  # noqa: E402
 from meshplan.learn.model import LETTERS  # noqa: E402
-from meshplan.web import create_app  # noqa: E402
 
 #: What the page may see of each kind's answer before grading.
 SHOWN = {"numeric": {"kind", "unit", "rtol", "tolerance"}, "choice": {"kind", "options"},
          "ordering": {"kind", "items", "first", "last"}, "faulty-line": {"kind", "lines", "function", "args"}}
 HIDDEN = {"solution", "solution_text", "explanation", "source_note", "command", "url", "params"}
 IDS = [s.id for s in specs()]
-
-
-@pytest.fixture(scope="module")
-def client():
-    return TestClient(create_app())
 
 
 def right_answer(ex):
@@ -53,13 +47,6 @@ def wrong_answer(ex):
 def expected_feedback(ex, answer) -> dict:
     shown = ex.to_dict()
     return {**grade(ex, answer).to_dict(), "derivations": shown["solution"], "explanation": shown["explanation"]}
-
-
-def bad(res, field: str) -> str:
-    assert res.status_code == 422, res.text
-    body = res.json()
-    assert body["field"] == field and body["detail"] == f"{field}: {body['rule']}" and "\n" not in body["rule"]
-    return body["rule"]
 
 
 # ---- the list -----------------------------------------------------------------------------------
@@ -125,6 +112,11 @@ def test_exercise_bad_input(client):
     assert bad(client.get("/api/learn/nope", params={"seed": 1}), "exercise") == "unknown exercise 'nope' (see `meshplan learn --list`)"
     assert bad(client.get("/api/learn/ring-volume", params={"seed": -3}), "seed") == "must be a non-negative whole number (got -3)"
     assert bad(client.get("/api/learn/ring-volume", params={"seed": 1, "fixed": "1"}), "seed").startswith("seed and fixed exclude")
+    # the exercise is checked before the variant and the answer; a misspelt parameter is refused
+    assert bad(client.get("/api/learn/nope"), "exercise").startswith("unknown exercise 'nope'")
+    assert bad(client.post("/api/learn/nope/grade", json={}), "exercise").startswith("unknown exercise 'nope'")
+    assert bad(client.get("/api/learn/ring-volume", params={"sed": 1}), "sed") == "unknown parameter (this endpoint takes: seed, fixed)"
+    assert bad(client.get("/api/learn", params={"topics": "tp"}), "topics") == "unknown parameter (this endpoint takes: topic, seed, fixed)"
 
 
 # ---- grading ------------------------------------------------------------------------------------
@@ -185,6 +177,10 @@ def test_grade_bad_input(client):
     assert bad(post("ring-volume", {"answer": "1", "extra": 2}), "extra") == "unknown field"
     inf = client.post("/api/learn/ring-volume/grade?fixed=true", content=b'{"answer": Infinity}', headers={"content-type": "application/json"})
     assert bad(inf, "answer") == "must be a finite number (got inf)"
+    huge = client.post("/api/learn/ring-volume/grade?fixed=true", content=b'{"answer": 1' + b"0" * 400 + b"}",
+                       headers={"content-type": "application/json"})
+    assert bad(huge, "answer") == "'10000000000000000000…(401 characters)' is not a finite number; give it in GB"
+    assert bad(post("ring-volume", {"answer": "1e999"}), "answer") == "'1e999' is not a finite number; give it in GB"
     assert bad(post("tp-shard-shape", {"answer": 9}), "answer") == "option 10 does not exist"
     assert bad(post("tp-shard-shape", {"answer": "z"}), "answer") == grade(generate("tp-shard-shape"), "z").error
     assert bad(post("l3-axis-order", {"answer": [0, 0, 1, 2]}), "answer") == "give each of the 4 items exactly once"

@@ -1,4 +1,4 @@
-"""The Learn view in a real browser (the fixtures of ``test_web_browser``: headless Chromium, every
+"""The Learn view in a real browser (the fixtures of ``conftest.py``: headless Chromium, every
 request off the machine aborted, screenshots to ``tests/artifacts/``): three exercises answered
 (one right, one wrong, one ordering) with the feedback checked against :func:`meshplan.learn.grade`,
 progress kept across a reload, and the feedback's links opening working views with the problem's
@@ -6,13 +6,19 @@ numbers filled in."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from test_web_browser import browser, loaded, page, server, shot  # noqa: F401  (fixtures)
+from web_support import CHROMIUM, loaded, shot
 
-from meshplan.learn import generate, grade, specs
-from meshplan.learn.model import LETTERS
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+pytest.importorskip("uvicorn", reason="uvicorn is not installed (the web extra)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)", allow_module_level=True)
+
+from meshplan.learn import generate, grade, specs  # noqa: E402
+from meshplan.learn.model import LETTERS  # noqa: E402
 
 
 def graded(pg, after: int = 0) -> int:

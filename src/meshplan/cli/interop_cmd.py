@@ -24,6 +24,7 @@ from meshplan.cli.search_cmd import (
     SearchHeadroom,
     SearchHsdp,
     SearchMaxCp,
+    SearchMaxEp,
     SearchMaxMicroBatch,
     SearchMaxPp,
     SearchMaxTp,
@@ -38,6 +39,8 @@ Engine = Literal["torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nano
 
 
 def _out_file(out: str, force: bool) -> Path:
+    if not out.strip():
+        raise InputError("out", "must name a file (got an empty value)")
     path = Path(out).expanduser()
     if path.is_dir():
         raise InputError("out", f"'{out}' is a directory; give a file name")
@@ -62,6 +65,7 @@ def export(
     max_pp: SearchMaxPp = None,
     max_vpp: SearchMaxVpp = None,
     max_micro_batch: SearchMaxMicroBatch = None,
+    max_ep: SearchMaxEp = None,
     schedules: SearchSchedules = None,
     hsdp: SearchHsdp = False,
     batch_range: SearchBatchRange = None,
@@ -69,7 +73,7 @@ def export(
     """Write the plan as an engine's config; settings the engine cannot express are named on stderr (warning: ...), never dropped silently. With --from-search, the best plan of a search."""
     path = _out_file(out, force) if out is not None else None
     search_opts = dict(objective=objective, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp, max_vpp=max_vpp,
-                       max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range)
+                       max_micro_batch=max_micro_batch, max_ep=max_ep, schedules=schedules, hsdp=hsdp, batch_range=batch_range)
     if from_search:
         model, best, gpus_per_node = _best_of_search(plan, search_opts)
     else:
@@ -107,7 +111,7 @@ def _best_of_search(plan: PlanArgs, options: dict[str, Any]):
     p = est.plan
     print(
         f"note: from-search: best of {result.feasible:,} feasible plans ({result.evaluated:,} evaluated) by {options['objective']}: "
-        f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} {p.schedule} v={p.vpp}, micro-batch {p.micro_batch}, recompute {p.recompute}, "
+        f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}{f' EP{p.ep}' if p.ep > 1 else ''} {p.schedule} v={p.vpp}, micro-batch {p.micro_batch}, recompute {p.recompute}, "
         f"ZeRO-{p.zero}; step {est.time.step_s:.3f} s, MFU {est.mfu:.1%}",
         file=sys.stderr,
     )

@@ -293,6 +293,8 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
 
 
 def _out_path(out: Optional[str]) -> Optional[Path]:
+    """The picture file ``--out`` names, checked before any work: an .svg or .png in an existing
+    directory, and not an existing file (meshplan never overwrites what the user wrote)."""
     if out is None:
         return None
     path = Path(out).expanduser()
@@ -302,6 +304,8 @@ def _out_path(out: Optional[str]) -> Optional[Path]:
         raise InputError("out", f"'{out}' is a directory; give a file name ending in .svg or .png")
     if not path.parent.is_dir():
         raise InputError("out", f"directory '{path.parent}' does not exist")
+    if path.exists():
+        raise InputError("out", f"'{out}' already exists; meshplan does not overwrite files: choose another name")
     return path
 
 

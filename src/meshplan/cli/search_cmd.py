@@ -431,8 +431,7 @@ def search(
     """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs (and ep for mixture-of-experts models) with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism, TP communication overlap and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
 
     Layout flags (--tp, --pp, --schedule, --zero, ...) fix that axis. With --preset the preset's model, GPUs, batch and network are used and its plan is the baseline."""
-    if out is not None and _out_path(out).exists():
-        raise InputError("out", f"'{out}' already exists; meshplan does not overwrite files: choose another name")
+    _out_path(out)  # checked before any work: a new .svg or .png file
     progress = _Progress(not json_out)
     if gpus_range is not None:
         from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet

@@ -13,6 +13,7 @@ from meshplan.search.fleet import FleetPoint
 
 
 def print_fleet(points: list[FleetPoint], budget: Budget) -> None:
+    """The front as a table: per GPU count its best plan by time-to-train, * on the front."""
     con = render.console()
     priced = budget.price_per_gpu_hour is not None
     t = Table(title=f"Best plan per GPU count for {budget.tokens:.3g} tokens (time-to-train)", title_justify="left")
@@ -41,6 +42,7 @@ def print_fleet(points: list[FleetPoint], budget: Budget) -> None:
 
 
 def fleet_json(points: list[FleetPoint]) -> dict[str, Any]:
+    """``{"gpu_front": [...]}``: per GPU count the search's counts, and its best estimate or why none fits."""
     out = []
     for pt in points:
         item: dict[str, Any] = {"num_gpus": pt.num_gpus, "on_front": pt.on_front, "evaluated": pt.result.evaluated,
@@ -57,6 +59,7 @@ def fleet_json(points: list[FleetPoint]) -> dict[str, Any]:
 
 
 def write_fleet(points: list[FleetPoint], out: str) -> None:
+    """Days against GPUs (log2 axis), the front as a line and the counts off it as crosses."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     have = [pt for pt in points if pt.best is not None]

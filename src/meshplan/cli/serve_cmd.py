@@ -3,7 +3,9 @@ web extra is imported only when the command runs, so the CLI works without it.""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import os
 import socket
 import threading
 import webbrowser
@@ -23,7 +25,9 @@ def serve(
     open_browser: Annotated[bool, typer.Option("--open", help="Open the Plan view in the default browser.")] = False,
     workers: Annotated[int, typer.Option("--workers", help="Server processes (each keeps its own estimate cache); one per core to use.")] = 1,
 ) -> None:
-    """Run the web explorer: Plan, Search, Pipeline and Calculators views over meshplan's JSON API (needs the web extra: pip install 'meshplan\\[web]')."""
+    """Run the web explorer: Plan, Search, Pipeline, Calculators and Learn views over meshplan's JSON API (needs the web extra: pip install 'meshplan\\[web]')."""
+    if not host.strip():
+        raise InputError("host", "must not be empty (127.0.0.1 keeps the explorer on this machine; 0.0.0.0 listens on every interface)")
     if not 1 <= port <= 65535:
         raise InputError("port", f"must be between 1 and 65535 (got {port})")
     if not 1 <= workers <= MAX_WORKERS:
@@ -35,10 +39,16 @@ def serve(
     except ImportError as err:
         raise InputError("serve", f"needs the web extra ({err.name} is missing): pip install 'meshplan[web]'") from None
     try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise InputError("host", f"cannot resolve '{host}': {err.strerror or err}") from None
+    try:
         with socket.create_server((host, port)):
             pass
     except OSError as err:
-        raise InputError("port", f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+        field = "host" if err.errno == errno.EADDRNOTAVAIL else "port"
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        raise InputError(field, f"cannot listen on {host}:{port}: {reason}") from None
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/plan"
     typer.echo(f"meshplan explorer on {url} (Ctrl+C stops it)")
     if workers > 1:

@@ -55,17 +55,25 @@ def parse_text(text: str, fmt: Optional[str] = None) -> ParseResult:
 
 
 def read_config(path: str, where: str = "plan") -> str:
+    """The text of the config file ``path``; InputError ``where`` when the path is empty, names a
+    directory or nothing, or the file is not UTF-8 text."""
+    if not path.strip():
+        raise InputError(where, "must name a config file (got an empty value)")
     p = Path(path).expanduser()
     try:
-        is_file = p.is_file()
+        is_file, is_dir = p.is_file(), p.is_dir()
     except (OSError, ValueError):
-        is_file = False
+        is_file = is_dir = False
+    if is_dir:
+        raise InputError(where, f"{path} is a directory, not a config file")
     if not is_file:
         raise InputError(where, f"no such file: {path}")
     try:
-        return p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(where, f"{path} is not UTF-8 text: a config is TOML, JSON, YAML or an argument list") from None
+    except OSError as exc:
+        raise InputError(where, f"cannot read {path}: {exc.strerror or exc.__class__.__name__}") from None
 
 
 #: plan fields with a ``meshplan estimate`` option of the same name

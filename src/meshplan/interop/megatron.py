@@ -152,7 +152,10 @@ def parse_layer_freq(text: str, n_layers: int) -> tuple[int, ...]:
         values = items[1:].split(",")
         if any(v not in ("0", "1") for v in values):
             raise InputError("moe-layer-freq", f"entries must be 0 (dense) or 1 (MoE) (got {text!r})")
-        flags += [int(v) for v in values] * (int(times) if times else 1)
+        repeat = int(times) if times else 1
+        if len(flags) + len(values) * repeat > n_layers:  # refused before the list is built
+            raise InputError("moe-layer-freq", f"gives more entries than the {n_layers} layers (got {text!r})")
+        flags += [int(v) for v in values] * repeat
     if len(flags) != n_layers:
         raise InputError("moe-layer-freq", f"has {len(flags)} entries for {n_layers} layers")
     return tuple(i for i, x in enumerate(flags) if not x)

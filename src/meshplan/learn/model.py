@@ -201,7 +201,20 @@ def parse_numeric(text: str, answer: Numeric) -> float:
     unit = hit.group(2)
     if unit and unit.lower() != answer.unit.lower():
         raise AnswerError(f"'{text}': give the number in {answer.unit or 'plain units'}, without another unit")
-    return float(hit.group(1))
+    return finite_number(hit.group(1), text, answer)
+
+
+def finite_number(value: str | int | float, text: object, answer: Numeric) -> float:
+    """``value`` as a float; AnswerError when it is infinite or too large for one (``1e999``, a
+    400-digit number)."""
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x):
+        shown = str(text) if len(str(text)) <= 40 else f"{str(text)[:20]}…({len(str(text)):,} characters)"
+        raise AnswerError(f"'{shown}' is not a finite number; give it in {answer.unit or 'plain units'}")
+    return x
 
 
 def _index(token: str, n: int, what: str) -> int:
@@ -262,7 +275,7 @@ def grade(ex: Exercise, answer: str | float | int | list | tuple) -> Feedback:
                   command=ex.command, url=ex.url)
     try:
         if isinstance(a, Numeric):
-            x = float(answer) if isinstance(answer, (int, float)) else parse_numeric(str(answer), a)
+            x = finite_number(answer, answer, a) if isinstance(answer, (int, float)) else parse_numeric(str(answer), a)
             ok = a.accepts(x)
             rel = (x - a.display) / a.display if a.display else None
             given = f"{x:,.6g} {a.unit}".strip()

@@ -53,20 +53,20 @@ def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
         try:
             n = int(part.replace("_", "").strip())
         except ValueError:
-            raise InputError("gpus_range", f"'{part.strip()}' is not a whole number of GPUs") from None
+            raise InputError("gpus-range", f"'{part.strip()}' is not a whole number of GPUs (use MIN:MAX such as 4096:16384, or a list such as 4096,8192)") from None
         if n < 1:
-            raise InputError("gpus_range", f"GPU counts must be positive (got {n})")
+            raise InputError("gpus-range", f"GPU counts must be positive (got {n})")
         if (n >= gpus_per_node and n % gpus_per_node) or (n < gpus_per_node and gpus_per_node % n):
-            raise InputError("gpus_range", f"{n:,} GPUs is not a multiple of the {gpus_per_node}-GPU node (or a divisor of it)")
+            raise InputError("gpus-range", f"{n:,} GPUs is not a multiple of the {gpus_per_node}-GPU node (or a divisor of it)")
         return n
 
     if ":" in text:
         parts = text.split(":")
         if len(parts) != 2:
-            raise InputError("gpus_range", f"expected MIN:MAX such as 4096:16384 (got '{text}')")
+            raise InputError("gpus-range", f"expected MIN:MAX such as 4096:16384 (got '{text}')")
         lo, hi = count(parts[0]), count(parts[1])
         if hi < lo:
-            raise InputError("gpus_range", f"MIN ({lo:,}) must not exceed MAX ({hi:,})")
+            raise InputError("gpus-range", f"MIN ({lo:,}) must not exceed MAX ({hi:,})")
         out, n = [], lo
         while n < hi:
             out.append(n)
@@ -75,10 +75,10 @@ def parse_gpu_counts(text: str, gpus_per_node: int) -> tuple[int, ...]:
     else:
         out = [count(p) for p in text.split(",") if p.strip()]
         if not out:
-            raise InputError("gpus_range", "expected MIN:MAX or a comma-separated list of GPU counts")
+            raise InputError("gpus-range", "expected MIN:MAX or a comma-separated list of GPU counts")
     counts = tuple(sorted(set(out)))
     if len(counts) > MAX_COUNTS:
-        raise InputError("gpus_range", f"at most {MAX_COUNTS} GPU counts (got {len(counts)})")
+        raise InputError("gpus-range", f"at most {MAX_COUNTS} GPU counts (got {len(counts)})")
     return counts
 
 
@@ -87,7 +87,7 @@ def cluster_with(cluster: ClusterSpec, num_gpus: int) -> ClusterSpec:
     try:
         return ClusterSpec.model_validate({**cluster.model_dump(), "num_gpus": num_gpus})
     except Exception as err:  # pydantic: one line naming the rule
-        raise InputError("gpus_range", str(err).splitlines()[-1].strip()) from None
+        raise InputError("gpus-range", str(err).splitlines()[-1].strip()) from None
 
 
 def gpu_front(

@@ -34,6 +34,24 @@ def from_request_error(exc: RequestValidationError) -> InputError:
     return InputError(field, err.rule)
 
 
+def known_query(request: Request) -> None:
+    """Reject a query parameter the endpoint does not declare (``?p=0`` for ``pp``), as the CLI rejects
+    an unknown option, instead of answering for the defaults: InputError naming it, with the names
+    the endpoint takes. For a router's ``dependencies``."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    names, todo = [], [dependant]
+    while todo:  # the endpoint's own parameters and those of its dependencies
+        d = todo.pop()
+        names += [p.alias for p in d.query_params]
+        todo += d.dependencies
+    unknown = sorted(set(request.query_params) - set(names))
+    if unknown:
+        raise InputError(unknown[0], f"unknown parameter (this endpoint takes: {', '.join(names) or 'none'})")
+
+
 def install(app: FastAPI) -> None:
     """Map every kind of bad input to 422 with one line."""
 

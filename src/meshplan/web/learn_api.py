@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.errors import InputError
 from meshplan.learn import TOPICS, Exercise, generate, grade, specs
 from meshplan.learn.model import KINDS
+from meshplan.learn.registry import get_spec
+from meshplan.web.errors import known_query
 
 #: Keys of :meth:`Exercise.to_dict` the page does not get before grading: the worked solution, the
 #: source's mistake, the command and link that compute the answer, and ``params`` (the problem's
@@ -41,7 +43,7 @@ ANSWER_SECRETS = {
 }
 assert set(ANSWER_SECRETS) == set(KINDS)
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", dependencies=[Depends(known_query)])
 
 Topic = Query(None, description=f"Only this topic: {', '.join(TOPICS)}.")
 Seed = Query(None, description="The random variant of this seed (a whole number ≥ 0): the same seed, the same problem (`--seed`).")
@@ -57,6 +59,15 @@ def variant(seed: Optional[int], fixed: bool, required: bool = True) -> Optional
     if required and seed is None and not fixed:
         raise InputError("seed", "give seed=<whole number ≥ 0> or fixed=true")
     return seed
+
+
+def exercise_id(id: str) -> str:
+    """The path's exercise id, checked before the variant and the answer: an unknown one is
+    InputError ``exercise``."""
+    return get_spec(id).id
+
+
+ExerciseId = Annotated[str, Depends(exercise_id)]
 
 
 @lru_cache(maxsize=None)
@@ -119,11 +130,11 @@ def api_learn(topic: Optional[str] = Topic, seed: Optional[int] = Seed, fixed: b
 
 
 @router.get("/learn/{id}", tags=["learn"], summary="One exercise as shown before answering (no answer, no solution)")
-def api_exercise(id: str, seed: Optional[int] = Seed, fixed: bool = Fixed) -> dict[str, Any]:
+def api_exercise(id: ExerciseId, seed: Optional[int] = Seed, fixed: bool = Fixed) -> dict[str, Any]:
     return public(generate(id, variant(seed, fixed)))
 
 
 @router.post("/learn/{id}/grade", tags=["learn"],
              summary="Grade an answer: right or wrong, the error, the answer, the worked solution and the links")
-def api_grade(id: str, body: GradeBody, seed: Optional[int] = Seed, fixed: bool = Fixed) -> dict[str, Any]:
+def api_grade(id: ExerciseId, body: GradeBody, seed: Optional[int] = Seed, fixed: bool = Fixed) -> dict[str, Any]:
     return graded(generate(id, variant(seed, fixed)), body.answer)

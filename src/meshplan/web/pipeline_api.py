@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from meshplan.cli.pipeline_cmd import closed_form_lines, run_pipeline, schedule_names, to_json
 from meshplan.errors import InputError
+from meshplan.web.errors import known_query
 
 #: Most micro-batch stages (p·v·m) a request may simulate: a bounded request, and a Gantt a
 #: browser draws at once.
 MAX_WEB_STAGES = 20_000
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", dependencies=[Depends(known_query)])
 
 
 def _run(schedule: Optional[str], pp: int, microbatches: int, vpp: Optional[int], fwd: Optional[float],

@@ -154,7 +154,7 @@
       lay = { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "loss scale" }, type: "log" } };
     }
     panel.hidden = !traces;
-    if (traces) Plotly.react("calc-chart", traces, { margin: { l: 70, r: 10, t: 10, b: 45 }, font: { size: 11 }, ...lay }, MP.plotConfig);
+    if (traces) Plotly.react("calc-chart", traces, { margin: { l: 70, r: 10, t: 28, b: 45 }, font: { size: 11 }, ...lay }, MP.plotConfig);
   }
 
   MP.writeState(state);

@@ -103,9 +103,9 @@ const MP = (() => {
   document.addEventListener("DOMContentLoaded", () => {
     const b = document.getElementById("copy-link");
     if (b) b.addEventListener("click", async () => {
+      b.dataset.href = location.href;
       try { await navigator.clipboard.writeText(location.href); } catch (e) { /* clipboard needs a secure context */ }
       b.textContent = "link copied";
-      b.dataset.href = location.href;
       setTimeout(() => (b.textContent = "copy link"), 1500);
     });
   });

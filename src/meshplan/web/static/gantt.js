@@ -23,7 +23,7 @@ function drawGantt(el, pipe, unit) {
     hovertemplate: `%{customdata}<br>%{base:.4g} to %{x:.4g} long ${unit}<extra>${GANTT_NAMES[k] || k}</extra>`,
   }));
   const layout = {
-    barmode: "overlay", margin: { l: 60, r: 10, t: 10, b: 40 }, bargap: 0.25,
+    barmode: "overlay", margin: { l: 60, r: 10, t: 28, b: 40 }, bargap: 0.25,
     yaxis: { autorange: "reversed", type: "category" }, xaxis: { title: { text: `time (${unit})` }, zeroline: false },
     legend: { orientation: "h", y: -0.18 }, font: { size: 11 },
   };

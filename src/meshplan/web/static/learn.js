@@ -86,6 +86,7 @@
     $("l-feedback").hidden = true;
     drawAnswer();
     document.querySelectorAll("#l-list li").forEach(li => li.classList.toggle("current", li.dataset.id === ex.id));
+    document.querySelector("#l-list li.current")?.scrollIntoView({ block: "nearest" });  // an exercise far down the list stays in sight
     const k = list.findIndex(e => e.id === ex.id);
     $("l-prev").disabled = k <= 0;
     $("l-next").disabled = k < 0 || k >= list.length - 1;

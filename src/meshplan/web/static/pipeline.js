@@ -31,6 +31,11 @@
     document.getElementById("pl-fraction").textContent = MP.fmt.pct(p.bubble_fraction);
     document.getElementById("pl-overhead").textContent = MP.fmt.pct(p.bubble_overhead);
     document.getElementById("pl-title").textContent = `${p.schedule}: p = ${p.pp} ranks, m = ${p.microbatches} micro-batches, v = ${p.vpp}`;
+    // an empty field runs with its default: its slider shows that value, not the middle of its range
+    const defaults = { vpp: p.vpp, wgrad: (Number(state.bwd) || 2) / 2 };
+    for (const [name, value] of Object.entries(defaults)) {
+      if (state[name] === undefined) MP.syncSlider(form.querySelector(`[data-slider="${name}"]`), String(value));
+    }
     drawGantt(document.getElementById("chart-pipeline"), p, "units");
     document.getElementById("pl-ranks").innerHTML = `<tr><th>rank</th><th>busy</th><th>idle</th><th>idle % of step</th><th>peak in flight</th></tr>` +
       p.ranks.map(r => `<tr><td>${r.rank}</td><td>${MP.fmt.num(r.busy, 4)}</td><td>${MP.fmt.num(r.idle, 4)}</td><td>${MP.fmt.pct(r.idle / p.makespan)}</td><td>${r.peak_inflight}</td></tr>`).join("");

@@ -128,15 +128,16 @@
   }
 
   function drawMemory(e) {
-    const st = e.memory.stages, x = st.map(s => `rank ${s.rank}`);
+    const st = e.memory.stages, x = st.map(s => String(s.rank));  // short labels: 16+ ranks stay level and whole
     const traces = PARTS.map(k => ({
       type: "bar", name: k, x, y: st.map(s => s[k] / MP.GiB), marker: { color: COLORS[k] },
-      hovertemplate: `%{x}: ${k} %{y:.2f} GiB<extra></extra>`,
+      hovertemplate: `rank %{x}: ${k} %{y:.2f} GiB<extra></extra>`,
     }));
     const cap = e.memory.capacity_bytes / MP.GiB;
     const top = Math.max(cap, ...st.map(s => s.total / MP.GiB)) * 1.08;
     const layout = {
-      barmode: "stack", margin: { l: 50, r: 10, t: 10, b: 40 }, yaxis: { title: { text: "GiB per GPU" }, range: [0, top] },
+      barmode: "stack", margin: { l: 50, r: 10, t: 28, b: 40 }, yaxis: { title: { text: "GiB per GPU" }, range: [0, top] },
+      xaxis: { type: "category" },  // the panel title names the axis: pipeline rank
       legend: { orientation: "h", y: -0.15 }, font: { size: 11 },
       shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: cap, y1: cap, line: { color: e.memory.fits ? "#1f8a4c" : "#c62828", width: 2, dash: "dash" } }],
       annotations: [{ xref: "paper", x: 1, y: cap, xanchor: "right", yanchor: "bottom", showarrow: false, text: `usable HBM ${cap.toFixed(1)} GiB`, font: { color: "#444" } }],
@@ -167,8 +168,10 @@
     const trace = { type: "treemap", ids, labels, parents, values, branchvalues: "remainder",
       texttemplate: "%{label}<br>%{value:.2f} GiB", hovertemplate: "%{label}: %{value:.3f} GiB<extra></extra>",
       marker: { colors: ids.map(id => COLORS[id.split("/")[0]] || "#dfe4ec") } };
-    document.getElementById("treemap-title").textContent = `Rank ${s.rank}: ${s.layers} layers, ${s.peak_inflight_microbatches} micro-batches in flight`;
-    Plotly.react("chart-treemap", [trace], { margin: { l: 0, r: 0, t: 0, b: 0 }, font: { size: 11 } }, MP.plotConfig);
+    // with v > 1 virtual stages a rank holds chunks (one micro-batch on one of its stages), up to m·v
+    const held = e.plan.vpp > 1 ? "micro-batch chunks" : "micro-batches";
+    document.getElementById("treemap-title").textContent = `Rank ${s.rank}: ${s.layers} layers, ${s.peak_inflight_microbatches} ${held} in flight at peak`;
+    Plotly.react("chart-treemap", [trace], { margin: { l: 0, r: 0, t: 28, b: 0 }, font: { size: 11 } }, MP.plotConfig);
   }
 
   function drawTime(e, labels) {
@@ -176,8 +179,8 @@
     const trace = { type: "bar", orientation: "h", y: entries.map(([k]) => labels[k] || k), x: entries.map(([, v]) => v),
       text: entries.map(([, v]) => MP.fmt.pct(v / tm.step_s)), textposition: "auto", marker: { color: "#4c8be6" },
       hovertemplate: "%{y}: %{x:.4f} s<extra></extra>" };
-    document.getElementById("time-title").textContent = `Step time on the critical rank (${tm.critical_rank}): ${MP.fmt.num(tm.step_s, 4)} s`;
-    Plotly.react("chart-time", [trace], { margin: { l: 210, r: 10, t: 10, b: 40 }, yaxis: { autorange: "reversed" },
+    document.getElementById("time-title").textContent = `Step time on the critical rank (${tm.critical_rank}): ${MP.fmt.num(tm.step_s, 3)} s`;
+    Plotly.react("chart-time", [trace], { margin: { l: 210, r: 10, t: 28, b: 40 }, yaxis: { autorange: "reversed" },
       xaxis: { title: { text: "seconds per step" } }, font: { size: 11 } }, MP.plotConfig);
   }
 

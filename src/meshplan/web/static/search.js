@@ -35,19 +35,26 @@
     btn.disabled = true;
     document.getElementById("progress-panel").hidden = false;
     progress({ phase: "checking", done: 0, total: 0, elapsed_s: 0, simulated: 0 });
+    const sum = document.getElementById("search-summary"), before = sum.innerHTML;
+    sum.textContent = "Searching: the best plans appear here when the search is done.";
     try {
       const res = await MP.api("/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body()) });
-      if (!res.ok) { MP.showError(res.body, form); document.getElementById("progress-panel").hidden = true; return; }
+      if (!res.ok) {
+        MP.showError(res.body, form);
+        document.getElementById("progress-panel").hidden = true;
+        sum.innerHTML = before;
+        return;
+      }
       let job = res.body;
       while (job.status === "running") {
         progress(job);
         await new Promise(r => setTimeout(r, 250));
         const next = await MP.api(`/api/search/${job.id}`);
-        if (!next.ok) { MP.showError(next.body, form); return; }
+        if (!next.ok) { MP.showError(next.body, form); sum.innerHTML = before; return; }
         job = next.body;
       }
       progress(job);
-      if (job.status === "error") { MP.showError(job.error, form); return; }
+      if (job.status === "error") { MP.showError(job.error, form); sum.innerHTML = before; return; }
       show(job.result);
     } finally { btn.disabled = false; }
   }
@@ -110,7 +117,7 @@
       { type: "scatter", mode: "markers", name: "top plans", marker: { size: 10, color: "#e6864c", symbol: "diamond" }, x: r.top.map(t => t.memory.peak_bytes / MP.GiB),
         y: r.top.map(t => t.score), text: r.top.map(t => `#${t.rank} ${layout(t.plan)}`), hovertemplate: "%{text}<br>%{x:.1f} GiB, %{y:.4g}<extra></extra>" },
     ];
-    Plotly.react("chart-pareto", traces, { margin: { l: 70, r: 10, t: 10, b: 45 }, xaxis: { title: { text: "peak memory per GPU (GiB)" } },
+    Plotly.react("chart-pareto", traces, { margin: { l: 70, r: 10, t: 28, b: 45 }, xaxis: { title: { text: "peak memory per GPU (GiB)" } },
       yaxis: { title: { text: SCORE[r.objective] || r.objective } }, legend: { orientation: "h", y: -0.2 }, font: { size: 11 } }, MP.plotConfig);
   }
 

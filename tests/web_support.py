@@ -1,0 +1,37 @@
+"""Checks shared by the web explorer's tests (the fixtures are in ``conftest.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Where the browser tests write their screenshots.
+ARTIFACTS = Path(__file__).parent / "artifacts"
+#: The browser the tests drive (Debian's package; .ci/run installs it).
+CHROMIUM = "/usr/bin/chromium"
+#: The hosts a page may reach.
+LOOPBACK = {"127.0.0.1", "localhost"}
+
+
+def bad(response, field: str) -> str:
+    """The rule of a 422 answer, after checking it names ``field`` in one line as the CLI does."""
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == field
+    assert body["detail"] == f"{field}: {body['rule']}"
+    assert "\n" not in body["detail"]
+    return body["rule"]
+
+
+def loaded(pg, after: int = 0, timeout: float = 20_000) -> int:
+    """Wait until the page has drawn an API answer more than ``after`` times; the count."""
+    pg.wait_for_function(f"Number(document.body.dataset.loaded || 0) > {after}", timeout=timeout)
+    return int(pg.evaluate("document.body.dataset.loaded"))
+
+
+def shot(pg, name: str) -> Path:
+    """A full-page screenshot in :data:`ARTIFACTS`, checked to be a PNG with something drawn."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    pg.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return path
