@@ -240,6 +240,34 @@ def test_live_rows_of_gpipe_and_zbv():
         assert [r.tolist() for r in live_rows("zbv", pp, m, 2)] == [w[1].tolist() for w in walked]
 
 
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 5, 7, 8, 12, 16])
+def test_zbv_closed_form_live_rows_are_the_simulators(pp):
+    from meshplan.pipeline.inflight import zbv_live_rows
+
+    for m in [*range(1, 4 * pp + 1), 5 * pp + 3, 8 * pp, 64]:
+        walked = live_count_peaks(compile_schedule("zbv", pp, m, 2), 2 * pp)
+        closed = zbv_live_rows(pp, m)
+        for r in range(pp):
+            assert walked[r][0].tolist() == [r, 2 * pp - 1 - r]
+            assert closed[r].tolist() == walked[r][1].tolist(), (pp, m, r)  # same rows, same order
+
+
+def test_zbv_live_rows_real_values():
+    from meshplan.errors import InputError
+    from meshplan.pipeline.inflight import live_rows
+
+    # p = 4, m = 8: rank r holds (2p − 1 − r, r + 1) after its first F of stage 2p − 1 − r, then
+    # (2p − r, r) after the first steady-state F of stage r
+    assert [x.tolist() for x in live_rows("zbv", 4, 8, 2)] == [[[7, 1], [8, 0]], [[6, 2], [7, 1]], [[5, 3], [6, 2]], [[4, 4], [5, 3]]]
+    # m = 2 < 2p − 1: the micro-batches run out in the warm-up
+    assert [x.tolist() for x in live_rows("zbv", 4, 2, 2)] == [[[2, 1]], [[2, 2]], [[2, 2]], [[2, 2]]]
+    # p = 1: F(0) F(1) I(1) W(1), then F(0) I(0) W(0) F(1) I(1) W(1) per step; m = 1 has no steady state
+    assert [x.tolist() for x in live_rows("zbv", 1, 3, 2)] == [[[1, 1], [2, 0]]]
+    assert [x.tolist() for x in live_rows("zbv", 1, 1, 2)] == [[[1, 1]]]
+    with pytest.raises(InputError):
+        live_rows("zbv", 4, 8, 3)
+
+
 def test_undominated_keeps_the_first_of_equal_rows():
     from meshplan.pipeline.inflight import undominated
 

@@ -26,6 +26,33 @@ while ρ_b = 0 (b < r, split backwards) each row is dominated by the next. GPipe
 micro-batches of its one chunk at once. Rows that another row equals or exceeds in every chunk are
 dropped; what is left equals the simulator's undominated rows (tests assert it over a grid of p, m,
 v).
+
+ZBV (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory", Sec. 6, Fig. 8; torch's
+``ScheduleZBVZeroBubble``) puts stages s₀ = r and s₁ = 2p − 1 − r on rank r and is built for
+n = max(m, 2p − 1) micro-batches, the actions of micro-batches j ≥ m dropped
+(:func:`meshplan.pipeline.schedules._zbv`). An F adds to its chunk, a W frees (I keeps the
+activations), so with f_c and w_c the forwards and W's of chunk c run so far, the live counts are
+
+    c_c = min(f_c, m) − min(w_c, m).
+
+Warm-up: 2(p − r) − 1 forwards of s₀, then r pairs F(s₁), F(s₀): counts only grow, to
+(min(2p − 1 − r, m), min(r, m)). Then p − r triples F(s₁) I(s₁) W(s₁); right after the i-th F,
+c₁ = min(r + i + 1, m) − min(i, m) ≤ min(r + 1, m), so the first is largest:
+
+    P = (min(2p − 1 − r, m), min(r + 1, m)).
+
+Steady state, k = 0 … n − p − 1 (none when n = p): F(s₀) (while f₀ < n) I(s₀) W(s₀), then
+F(s₁) I(s₁) W(s₁), with f₀ = 2p − 1 − r + k, w₀ = k, f₁ = p + k, w₁ = p − r + k at the start.
+The states right after the two forwards are
+
+    A_k = (min(2p − r + k, m) − k,      min(p + k, m) − min(p − r + k, m)),
+    B_k = (min(2p − r + k, m) − k − 1,  min(p + k + 1, m) − min(p − r + k, m)),
+
+every other state of the step lying below one of them or below A_{k+1}. Each component of A_k
+and B_k is non-increasing in k (min(a + k, m) − k and min(a + k, m) − min(b + k, m) with a ≥ b
+are), so A₀ and B₀ dominate the steady state. The cool-down runs only I's and W's and frees.
+The undominated rows of rank r are therefore those of {P, A₀, B₀} (P alone when n = p), in the
+order the walk meets them.
 """
 
 from __future__ import annotations
@@ -34,13 +61,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.pipeline.schedules import compile_schedule, rounds_of
+from meshplan.pipeline.schedules import check_vpp, compile_schedule, rounds_of
 from meshplan.pipeline.simulate import live_count_peaks
 
 #: schedule → (warm-up factor f, backward split) for the schedules built by ``_looped``
 LOOPED = {"1f1b": (1, False), "interleaved": (2, False), "zbh1": (1, True), "interleaved-zb": (1, True)}
 #: schedules whose live counts :func:`live_rows` gives in closed form
-CLOSED_FORM = frozenset(LOOPED) | {"gpipe"}
+CLOSED_FORM = frozenset(LOOPED) | {"gpipe", "zbv"}
 
 
 def forwards_per_chunk(n: np.ndarray, q: int, v: int) -> np.ndarray:
@@ -83,13 +110,33 @@ def looped_live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, 
     return tuple(undominated(rows[i][keep[i]]) for i in range(pp))
 
 
+def zbv_live_rows(pp: int, m: int) -> tuple[np.ndarray, ...]:
+    """Per rank r, the undominated live-count rows (c₀ of stage r, c₁ of stage 2p − 1 − r) of ZBV:
+    those of P, A₀, B₀ of the module docstring, P alone when n = max(m, 2p − 1) equals p."""
+    p = pp
+    steady = max(m, 2 * p - 1) > p
+    out = []
+    for r in range(p):
+        top0 = min(2 * p - r, m)
+        rows = [(min(2 * p - 1 - r, m), min(r + 1, m))]
+        if steady:
+            rows.append((top0, min(p, m) - min(p - r, m)))
+            rows.append((top0 - 1, min(p + 1, m) - min(p - r, m)))
+        out.append(undominated(np.array(rows, dtype=np.int64)))
+    return tuple(out)
+
+
 @lru_cache(maxsize=4096)
 def live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, ...]:
     """Per rank, undominated live-count rows over the rank's chunks in increasing stage order:
-    closed forms for GPipe and the looped schedules, the simulator's walk for ZBV (cached)."""
+    closed forms for GPipe, the looped schedules and ZBV (cached); the simulator's walk for any
+    other schedule."""
     if name == "gpipe":
         return tuple(np.array([[m]], dtype=np.int64) for _ in range(pp))
     if name in LOOPED:
         return looped_live_rows(name, pp, m, vpp)
+    if name == "zbv":
+        check_vpp(name, vpp)
+        return zbv_live_rows(pp, m)
     sched = compile_schedule(name, pp, m, vpp)
     return tuple(rows for _, rows, _ in live_count_peaks(sched, pp * vpp))

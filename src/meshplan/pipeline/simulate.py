@@ -27,7 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.pipeline.schedules import Action, Schedule
+from meshplan.pipeline.schedules import Action, Schedule, stage_style
+from meshplan.pipeline.stages import stages_of_rank
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def live_count_peaks(sched: Schedule, n_stages: int) -> tuple[tuple[np.ndarray, 
 
 def schedule_live_counts(sched: Schedule, n_stages: int) -> tuple[tuple[np.ndarray, np.ndarray, int], ...]:
     """:func:`live_count_peaks`, from the closed forms of :mod:`meshplan.pipeline.inflight` when
-    ``sched`` is a compiled GPipe or looped schedule (the peak count is the largest row sum: the
+    ``sched`` is a compiled GPipe, looped or ZBV schedule (the peak count is the largest row sum: the
     row with it is never dominated), else by walking the action lists."""
     from meshplan.pipeline.inflight import CLOSED_FORM, live_rows
 
@@ -140,8 +141,10 @@ def schedule_live_counts(sched: Schedule, n_stages: int) -> tuple[tuple[np.ndarr
         return live_count_peaks(sched, n_stages)
     v = sched.n_stages // sched.pp
     rows = live_rows(sched.name, sched.pp, sched.microbatches, v)
+    style = stage_style(sched.name)
     return tuple(
-        (np.arange(r, sched.n_stages, sched.pp, dtype=np.int64), rows[r], int(max(rows[r].sum(axis=1).max(initial=0), 0)))
+        (np.array(sorted(stages_of_rank(r, sched.pp, v, style)), dtype=np.int64), rows[r],
+         int(max(rows[r].sum(axis=1).max(initial=0), 0)))
         for r in range(sched.pp)
     )
 
