@@ -9,19 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from meshplan.errors import InputError
+from meshplan.pyplot import pyplot
 
 COLORS = {"work": "#4c78a8", "checkpoint": "#f2c14e", "lost": "#e45756", "restart": "#9d755d"}
-
-
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError("out", "pictures need matplotlib: pip install 'meshplan[plot]'") from None
-    return plt
 
 
 def _save(fig, plt, path: Path) -> None:
@@ -35,7 +25,7 @@ def _save(fig, plt, path: Path) -> None:
 
 def plot_schedule(sched, ramp, end_tokens: float | None, path: Path, title: str) -> None:
     """LR (and, with a ramp, the batch in tokens) over tokens seen; without a ramp, over steps."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
     if ramp is not None:
         last = float(ramp.tokens_at(sched.total)) if end_tokens is None else end_tokens
@@ -61,7 +51,7 @@ def plot_schedule(sched, ramp, end_tokens: float | None, path: Path, title: str)
 
 def plot_timelines(timelines: dict[str, list], path: Path, title: str, unit: float = 86400.0, unit_name: str = "days") -> None:
     """One lane per scenario: work, checkpoint writes, lost work and restarts of run 0."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     names = list(timelines)
@@ -89,7 +79,7 @@ def plot_timelines(timelines: dict[str, list], path: Path, title: str, unit: flo
 
 def plot_roofline(data: dict, path: Path) -> None:
     """The roofline of the GPU and dtype with the operation's point."""
-    plt = _pyplot()
+    plt = pyplot()
     P, beta, I = data["peak_flops"], data["hbm_bandwidth"], data["intensity"]
     ridge = data["ridge"]
     lo, hi = min(I, ridge) / 100, max(I, ridge) * 100

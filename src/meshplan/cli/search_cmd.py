@@ -21,6 +21,7 @@ from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, parse_batch_tokens, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
+from meshplan.pyplot import pyplot
 from meshplan.estimate import Budget, Estimate
 from meshplan.search.fleet import FleetPoint, gpu_front, parse_gpu_counts
 from meshplan.search.run import OBJECTIVES, SearchResult, describe_rejections, search as run_search
@@ -275,18 +276,6 @@ def _json(result: SearchResult, num_gpus: int) -> dict[str, Any]:
     return out
 
 
-def _pyplot():
-    """matplotlib's pyplot on the Agg backend, or an ``out`` error naming the extra."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError("out", "pictures need matplotlib: pip install 'meshplan[plot]'") from None
-    return plt
-
-
 def _save(plt, fig, ax, out: str) -> None:
     """Finish the axes (grid, layout) and write the figure to ``out``; one-line error if it cannot."""
     ax.grid(alpha=0.3)
@@ -300,7 +289,7 @@ def _save(plt, fig, ax, out: str) -> None:
 
 
 def _write_front(result: SearchResult, out: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     front = result.pareto or result.top
     xs = [r.estimate.peak_bytes / GIB for r in front]

@@ -7,8 +7,9 @@ from typing import Any
 from rich.table import Table
 
 from meshplan.cli import render
-from meshplan.cli.search_cmd import _pyplot, _row, _save, impossible_line
+from meshplan.cli.search_cmd import _row, _save, impossible_line
 from meshplan.estimate import Budget
+from meshplan.pyplot import pyplot
 from meshplan.search.fleet import FleetPoint
 
 
@@ -60,7 +61,7 @@ def fleet_json(points: list[FleetPoint]) -> dict[str, Any]:
 
 def write_fleet(points: list[FleetPoint], out: str) -> None:
     """Days against GPUs (log2 axis), the front as a line and the counts off it as crosses."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     have = [pt for pt in points if pt.best is not None]
     front = [pt for pt in have if pt.on_front]

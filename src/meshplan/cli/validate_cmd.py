@@ -40,6 +40,7 @@ from meshplan.accuracy.runs import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
+from meshplan.pyplot import pyplot
 
 BAND = 0.10  # the shaded band around y = x in the scatter: ±10 %
 #: one colour and one marker shape per source group, in the ground truth's order
@@ -408,13 +409,7 @@ def svg_scatter(report: ValidationReport) -> str:
 
 def write_png_scatter(report: ValidationReport, path: Path, dpi: int = 150) -> None:
     """The same scatter as :func:`svg_scatter`, drawn with matplotlib and saved as PNG."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError("out", "writing a PNG needs matplotlib: pip install 'meshplan[plot]' (or write .svg)") from None
+    plt = pyplot("writing a PNG needs", " (or write .svg)")
     points = plot_points(report)
     lo, hi = _decades(points)
     styles = _styles(report)

@@ -12,18 +12,13 @@ from pathlib import Path
 from meshplan.errors import InputError
 from meshplan.pipeline.gantt import KIND_NAMES, _timeline, caption, kind_color, n_chunks
 from meshplan.pipeline.simulate import SimResult
+from meshplan.pyplot import pyplot
 
 
 def write_png_gantt(result: SimResult, title: str, path: Path, unit: str = "ms", dpi: int = 150) -> None:
     """Draw ``result`` and save it to ``path`` as PNG."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        raise InputError("out", "writing a PNG needs matplotlib: pip install 'meshplan[plot]' (or write .svg)") from None
+    plt = pyplot("writing a PNG needs", " (or write .svg)")
+    from matplotlib.patches import Patch
     tl, v, span = _timeline(result), n_chunks(result), result.makespan
     p = len(tl)
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * p + 0.9))

@@ -1,0 +1,19 @@
+"""matplotlib for the pictures meshplan writes (the optional ``plot`` extra), on the
+non-interactive Agg backend, or one ``out`` error naming the extra when it is not installed."""
+
+from __future__ import annotations
+
+from meshplan.errors import InputError
+
+
+def pyplot(what: str = "pictures need", alternative: str = ""):
+    """``matplotlib.pyplot`` on the Agg backend; without matplotlib an ``out`` error
+    ``"<what> matplotlib: pip install 'meshplan[plot]'<alternative>"``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("out", f"{what} matplotlib: pip install 'meshplan[plot]'{alternative}") from None
+    return plt
