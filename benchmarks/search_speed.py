@@ -82,10 +82,12 @@ def gpt3() -> None:
         w, c = rate(clock, k)
         print(f"  {label:<13} {clock.wall:8.2f} {clock.cpu:8.2f}  {w:15,.0f}  {c:14,.0f}")
     print(f"  whole search: {res.simulated:,} plans simulated exactly; scalar loop: {len(sample)} plans")
-    ratio = rate(whole)[1] / rate(loop, len(sample))[1]
-    best = max(rate(whole))
-    print(f"  ratio whole search / scalar loop (CPU): {ratio:,.0f}x; target {TARGET_RATE:,} plans/s: "
-          f"{'met' if best >= TARGET_RATE else 'NOT met'} ({best / TARGET_RATE:.3f} of it)")
+    scalar = rate(loop, len(sample))[1]
+    print(f"  ratio to the scalar loop (CPU): screening {rate(screen)[1] / scalar:,.0f}x, "
+          f"whole search {rate(whole)[1] / scalar:,.0f}x")
+    best = max(rate(screen))
+    print(f"  target {TARGET_RATE:,} plans/s screened: {'met' if best >= TARGET_RATE else 'NOT met'} "
+          f"({best / TARGET_RATE:.3f} of it)")
 
 
 def gpt3_full() -> None:

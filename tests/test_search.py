@@ -446,9 +446,9 @@ def test_simulator_live_counts_from_closed_forms_equal_the_walk():
 # ---- the screening's shortcuts: rank classes, all ranks' peaks at once, table-based distinct rows --
 
 
-def test_rank_peak_bytes_is_peak_bytes_of_each_rank_to_the_bit():
-    from meshplan.pipeline.inflight import live_rows
-    from meshplan.pipeline.simulate import peak_bytes, rank_peak_bytes
+def test_padded_peak_bytes_is_peak_bytes_of_each_rank_to_the_bit():
+    from meshplan.pipeline.inflight import live_rows, state_rows
+    from meshplan.pipeline.simulate import padded_peak_bytes, peak_bytes
     from meshplan.pipeline.stages import stages_of_rank
 
     rng = np.random.default_rng(11)
@@ -458,15 +458,14 @@ def test_rank_peak_bytes_is_peak_bytes_of_each_rank_to_the_bit():
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)])
         act = rng.uniform(1e6, 1e9, (40, pp * v))
         rows = live_rows(name, pp, m, v)
-        got = rank_peak_bytes(rows, act, chunks)
+        got = padded_peak_bytes(state_rows(name, pp, m, v), act[:, chunks])
         assert got.shape == (40, pp)
         for r in range(pp):
             assert np.array_equal(got[:, r], peak_bytes(rows[r], act[:, chunks[r]])), (name, r)
-    # a rank without rows holds nothing; negative sums count as 0 as in peak_bytes
-    rows = (np.array([[1, 2], [2, 0]]), np.zeros((0, 2), dtype=np.int64), np.array([[1, 1]]))
-    act = np.array([[1.0, -5.0, 2.0, 3.0, -4.0, -3.0]])
-    chunks = np.array([[0, 3], [1, 4], [2, 5]])
-    assert rank_peak_bytes(rows, act, chunks).tolist() == [[1 * 1.0 + 2 * 3.0, 0.0, 0.0]]  # rank 2: 2 - 3 < 0
+    # a rank without rows (all padding) holds nothing; negative sums count as 0 as in peak_bytes
+    rows = np.array([[[1, 2], [2, 0]], [[0, 0], [0, 0]], [[1, 1], [0, 0]]])
+    act = np.array([[[1.0, 3.0], [-5.0, -4.0], [2.0, -3.0]]])
+    assert padded_peak_bytes(rows, act).tolist() == [[1 * 1.0 + 2 * 3.0, 0.0, 0.0]]  # rank 2: 2 - 3 < 0
 
 
 def test_distinct_rows_by_table_and_by_sort_agree_with_unique():

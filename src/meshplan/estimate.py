@@ -18,6 +18,7 @@ from meshplan.cost.activations import (
     loss_grad_bytes,
     saved_gemm_input_bytes,
 )
+from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
 from meshplan.cost.compose import (
@@ -278,6 +279,7 @@ class Estimate:
                 "attention_flops": p.attention_flops,
                 "kernels": p.kernels,
                 "tp_comm_overlap": p.tp_comm_overlap,
+                "tp_overlap_kind": p.tp_overlap_kind,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -375,6 +377,8 @@ def estimate(
         reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:],
         embedding_kept=model.tied_embeddings and pp == 1,
     )
+    if plan.tp_overlap_kind == "micro-pipeline":
+        lt_args["tp_overlapped"] = micro_pipeline_tp_times(model, tokens, t, sp, pl.tp, cluster, cal, rec.compute_dtype, e)
     lt = layer_times(**lt_args, **_op_args(ops, recompute_layer))
     st = stage_times(split, lt)
     ep_comm = None

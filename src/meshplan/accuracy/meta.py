@@ -185,13 +185,16 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         micro_batch=micro, global_batch=global_batch, seq_len=s, recompute=recompute,
         sequence_parallel=tp > 1, zero=3, reshard_after_forward=pp == 1, fsdp_accumulate_unsharded=pp > 1,
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
-        tp_comm_overlap=async_tp, kernels="compiled" if compiled else "eager",
+        tp_comm_overlap=async_tp, tp_overlap_kind="micro-pipeline", kernels="compiled" if compiled else "eager",
     )
     cluster = ClusterSpec.of(h100_96gb(), n)
     if interleaved:
         assumptions.append("compile + Float8 + AsyncTP as in the 1F1B row (the interleaved row's note omits them)")
     if tp > 1:
-        assumptions.append("TP with sequence parallelism" + (" and AsyncTP (TP comm overlapped with GEMMs)" if async_tp else ""))
+        assumptions.append("TP with sequence parallelism" + (
+            " and AsyncTP as torch's micro-pipelined TP of 2024 (meshplan.cost.async_tp): forward all-gathers "
+            "and reduce-scatters and the backward gradient all-gathers fused with their GEMMs in t chunks, "
+            "the backward input-gradient reduce-scatters exposed" if async_tp else ""))
     if cp > 1:
         assumptions.append("context parallelism modelled as ring send/recv of K/V overlapped with attention")
     assumptions += _torchtitan_common(r, recompute, fp8, compiled) + _fsdp_notes(pp) + [

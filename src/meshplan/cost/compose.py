@@ -87,12 +87,15 @@ def layer_times(
     reshard_after_forward: bool,
     fsdp_units: tuple[Num, Num, Num, Num],
     embedding_kept: bool,
+    tp_overlapped: tuple[Num, Num] | None = None,
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs.
 
     * TP (``tp_one``: one all-reduce, or with sequence parallelism one all-gather + one
       reduce-scatter, of n·h·e; 0 without TP): 2 per layer forward and 2 backward, hidden behind
-      the GEMMs with TP overlap. The embedding reduces its output forward (reduce-scatter with SP,
+      the GEMMs with TP overlap (Megatron's userbuffers), or, with ``tp_overlapped`` given, as
+      exposed as that (forward, backward) pair says (torch's micro-pipelined TP,
+      :func:`meshplan.cost.async_tp.micro_pipeline_tp_times`). The embedding reduces its output forward (reduce-scatter with SP,
       then an all-gather of its gradient backward); the LM head gathers its input forward with SP
       and reduces its input gradient backward (Shoeybi et al. 2019; Korthikanti et al. 2022).
     * CP ring attention: c − 1 steps of ``cp_step`` (K and V), each hidden behind 1/c of the
@@ -107,7 +110,10 @@ def layer_times(
     * Full recompute repeats the forward's TP and CP collectives in the backward.
     """
     tp_fwd = tp_bwd = 2 * tp_one
-    tp_fwd, tp_bwd = pick(tp_comm_overlap, exposed(tp_fwd, fwd_gemm), tp_fwd), pick(tp_comm_overlap, exposed(tp_bwd, bwd_gemm), tp_bwd)
+    if tp_overlapped is None:
+        tp_fwd, tp_bwd = pick(tp_comm_overlap, exposed(tp_fwd, fwd_gemm), tp_fwd), pick(tp_comm_overlap, exposed(tp_bwd, bwd_gemm), tp_bwd)
+    else:
+        tp_fwd, tp_bwd = pick(tp_comm_overlap, tp_overlapped[0], tp_fwd), pick(tp_comm_overlap, tp_overlapped[1], tp_bwd)
     half = pick(sp, tp_one / 2, 0.0)
     cp_fwd = (cp - 1) * exposed(cp_step, fwd_attention / cp)
     cp_bwd = (cp - 1) * exposed(2 * cp_step, bwd_attention / cp)

@@ -134,6 +134,20 @@ def _gemm_fwd_bwd(m: float, n: float, k: float, gpu: GPUSpec, cal: Calibration, 
 EAGER_LAYER_KERNELS = 24
 
 
+def dense_gemm_shapes(model: ModelSpec, tokens: float, tp: int) -> list[tuple[float, float, float]]:
+    """The (m, n, k) forward GEMMs of a dense layer on one TP rank, n tokens: the fused QKV
+    projection (n, (a/t + 2·g_r)·d, h), the attention output projection (n, h, a/t·d), the MLP
+    input (n, 2f/t or f/t, h: gate and up fused when gated) and the MLP output (n, h, f/t)."""
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    a_r, g_r = model.n_heads // tp, kv_heads_per_rank(model, tp)
+    return [
+        (tokens, (a_r + 2 * g_r) * d, h),  # fused QKV projection
+        (tokens, h, a_r * d),  # attention output projection
+        (tokens, (2 if model.gated_mlp else 1) * f // tp, h),  # MLP in (fused gate|up)
+        (tokens, h, f // tp),  # MLP out
+    ]
+
+
 def elementwise_bytes(e: int, kernels: str = "fused") -> dict[str, float]:
     """HBM bytes per element that a layer's element-wise ops read and write in the forward, for
     ``e``-byte activations, by software stack (``kernels``):
@@ -188,12 +202,7 @@ def layer_op_times(
     tokens = micro_batch * seq_len / cp
     a_r = model.n_heads // tp
     g_r = kv_heads_per_rank(model, tp)
-    gemms = [
-        (tokens, (a_r + 2 * g_r) * d, h),  # fused QKV projection
-        (tokens, h, a_r * d),  # attention output projection
-        (tokens, (2 if model.gated_mlp else 1) * f // tp, h),  # MLP in (fused gate|up)
-        (tokens, h, f // tp),  # MLP out
-    ]
+    gemms = dense_gemm_shapes(model, tokens, tp)
     if model.is_mla:  # MLA's projections (down-projections replicated across TP)
         shapes = matmuls_per_rank(model, tp)
         gemms[:2] = [(tokens, shapes[nm][1], shapes[nm][0]) for nm, _, _ in layer_matmuls(model) if nm in MLA_NAMES]

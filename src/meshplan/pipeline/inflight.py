@@ -88,9 +88,9 @@ def undominated(rows: np.ndarray) -> np.ndarray:
     return rows[~dominated]
 
 
-def looped_live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, ...]:
-    """Per rank, the undominated live-count rows (chunks in increasing stage order) of schedule
-    ``name`` (one of :data:`LOOPED`), from the closed form of the module docstring."""
+def _looped_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's state rows right after a steady-state forward (module docstring), as one array
+    (p, n, v) over ranks, steps b and chunks, and the mask (p, n) of the steps each rank runs."""
     factor, split = LOOPED[name]
     v = vpp
     q = rounds_of(pp, m) if v > 1 else m
@@ -104,26 +104,70 @@ def looped_live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, 
     n_fwd = np.minimum(warm + b + 1, total)
     freed = np.maximum(0, b - r) if split else b
     rows = forwards_per_chunk(n_fwd, q, v) - forwards_per_chunk(freed, q, v)[..., ::-1]  # (p, n, v)
-    if v == 1:  # one chunk: the largest count
+    return rows, keep
+
+
+def looped_live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, ...]:
+    """Per rank, the undominated live-count rows (chunks in increasing stage order) of schedule
+    ``name`` (one of :data:`LOOPED`), from the closed form of the module docstring."""
+    rows, keep = _looped_rows(name, pp, m, vpp)
+    if vpp == 1:  # one chunk: the largest count
         top = np.where(keep, rows[..., 0], -1).max(axis=1)
         return tuple(np.array([[x]], dtype=np.int64) for x in top.tolist())
     return tuple(undominated(rows[i][keep[i]]) for i in range(pp))
 
 
+def _zbv_rows(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows P, A₀, B₀ of ZBV (module docstring) of every rank, as one array (p, 3, 2), and
+    the mask (p, 3) of those a rank has (P alone when n = max(m, 2p − 1) equals p)."""
+    p = pp
+    r = np.arange(p, dtype=np.int64)
+    top0 = np.minimum(2 * p - r, m)
+    low = np.minimum(p - r, m)
+    rows = np.stack([
+        np.stack([np.minimum(2 * p - 1 - r, m), np.minimum(r + 1, m)], axis=1),
+        np.stack([top0, min(p, m) - low], axis=1),
+        np.stack([top0 - 1, min(p + 1, m) - low], axis=1),
+    ], axis=1)
+    keep = np.zeros((p, 3), dtype=bool)
+    keep[:, 0] = True
+    keep[:, 1:] = max(m, 2 * p - 1) > p
+    return rows, keep
+
+
 def zbv_live_rows(pp: int, m: int) -> tuple[np.ndarray, ...]:
     """Per rank r, the undominated live-count rows (c₀ of stage r, c₁ of stage 2p − 1 − r) of ZBV:
     those of P, A₀, B₀ of the module docstring, P alone when n = max(m, 2p − 1) equals p."""
-    p = pp
-    steady = max(m, 2 * p - 1) > p
-    out = []
-    for r in range(p):
-        top0 = min(2 * p - r, m)
-        rows = [(min(2 * p - 1 - r, m), min(r + 1, m))]
-        if steady:
-            rows.append((top0, min(p, m) - min(p - r, m)))
-            rows.append((top0 - 1, min(p + 1, m) - min(p - r, m)))
-        out.append(undominated(np.array(rows, dtype=np.int64)))
-    return tuple(out)
+    rows, keep = _zbv_rows(pp, m)
+    return tuple(undominated(rows[r][keep[r]]) for r in range(pp))
+
+
+def state_rows(name: str, pp: int, m: int, vpp: int) -> np.ndarray:
+    """Every rank's candidate live-count rows as one array (p, n, v), chunks in increasing stage
+    order, rows a rank lacks all zero: the closed forms' rows before the dominated ones are dropped
+    (for one chunk, only the largest count), so a superset of each rank's :func:`live_rows`, computed
+    for all ranks at once. The peak max_rows Σ_j row_j·a_j over them equals the peak over
+    :func:`live_rows` to the bit: with a_j ≥ 0, a row that another equals or exceeds in every chunk
+    sums to no more (rounded products and sums are monotone in their operands), and an all-zero
+    row sums to 0, the floor of :func:`meshplan.pipeline.simulate.peak_bytes`. Dropping the
+    dominated rows costs O(n²) per rank, more than the rows it saves (half of one period are
+    repeats, none dominated), so they stay."""
+    if name == "gpipe":
+        return np.full((pp, 1, 1), m, dtype=np.int64)
+    if name in LOOPED:
+        rows, keep = _looped_rows(name, pp, m, vpp)
+        if vpp == 1:  # one chunk: the largest count
+            return np.where(keep, rows[..., 0], -1).max(axis=1)[:, None, None]
+        return np.where(keep[..., None], rows, 0)
+    if name == "zbv":
+        check_vpp(name, vpp)
+        rows, keep = _zbv_rows(pp, m)
+        return np.where(keep[..., None], rows, 0)
+    each = live_rows(name, pp, m, vpp)
+    out = np.zeros((pp, max(len(x) for x in each), vpp), dtype=np.int64)
+    for r, x in enumerate(each):
+        out[r, : len(x)] = x
+    return out
 
 
 @lru_cache(maxsize=4096)

@@ -167,26 +167,18 @@ def peak_bytes(rows: np.ndarray, act) -> "np.ndarray | float":
     return np.maximum(total.max(axis=1), 0.0)
 
 
-def rank_peak_bytes(rows: "tuple[np.ndarray, ...]", act: np.ndarray, chunks: np.ndarray) -> np.ndarray:
-    """:func:`peak_bytes` of every rank at once: ``rows[r]`` are rank r's live-count rows over its
-    chunks, ``act`` has shape (plans, stages) and ``chunks[r]`` lists rank r's stages in the order
-    of its rows' columns. All ranks' rows are stacked, each multiplied by its rank's activations
-    with the same left-to-right sum over the chunks, and maximized per rank; the result, of shape
-    (plans, ranks), equals ``peak_bytes(rows[r], act[:, chunks[r]])`` column by column to the bit."""
+def padded_peak_bytes(rows: np.ndarray, act: np.ndarray) -> np.ndarray:
+    """:func:`peak_bytes` of every rank at once: ``rows`` (ranks, n, chunks) holds each rank's
+    live-count rows, padded with all-zero rows (:func:`meshplan.pipeline.inflight.state_rows`),
+    ``act`` (plans, ranks, chunks) each rank's chunk activations in the order of its rows' columns.
+    The same left-to-right sum over the chunks and the floor at 0, so the result, of shape
+    (plans, ranks), equals ``peak_bytes`` of each rank's rows to the bit (an all-zero row sums to
+    0, the floor)."""
     act = np.asarray(act, dtype=float)
-    counts = np.array([len(x) for x in rows], dtype=np.int64)
-    out = np.zeros((act.shape[0], len(rows)))
-    held = np.flatnonzero(counts)
-    if held.size == 0:
-        return out
-    stacked = np.concatenate([rows[r] for r in held.tolist()])  # (rows, chunks)
-    a = act[:, chunks[np.repeat(held, counts[held])]]  # (plans, rows, chunks)
-    total = stacked[None, :, 0] * a[:, :, 0]
-    for j in range(1, stacked.shape[1]):
-        total = total + stacked[None, :, j] * a[:, :, j]
-    starts = np.concatenate(([0], np.cumsum(counts[held])[:-1]))
-    out[:, held] = np.maximum(np.maximum.reduceat(total, starts, axis=1), 0.0)
-    return out
+    total = rows[None, :, :, 0] * act[:, :, None, 0]
+    for j in range(1, rows.shape[2]):
+        total = total + rows[None, :, :, j] * act[:, :, None, j]
+    return np.maximum(total.max(axis=2), 0.0)
 
 
 def _rank_program(sched: Schedule, r: int, n_stages: int, m: int):

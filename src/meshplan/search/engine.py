@@ -5,15 +5,16 @@ same virtual stages and layer split; inside a group all arithmetic runs on NumPy
 plans, through the same functions :func:`meshplan.estimate.estimate` uses
 (:mod:`meshplan.cost.compose`, :mod:`meshplan.cost.comm`, :func:`meshplan.cost.memory.model_state_bytes`,
 :func:`meshplan.pipeline.simulate.peak_bytes`), with the live micro-batch counts of each rank
-from :func:`meshplan.pipeline.inflight.live_rows` (closed forms the simulator's walk agrees with).
-What cannot be vectorized — the GEMM and attention
-time of a layer, the placement of a group, the time of one collective — is computed once per
-distinct argument and gathered. Ranks that hold the same stages (all interior ranks; the ranks
-with the embedding or the LM head differ) share their model state, buffers and stage times, so
-that work is done once per class of ranks and spread over the (plans × ranks) arrays of memory
-and bound; the activation peak of every rank comes at once per distinct (micro-batch count,
-kernel terms) pair (:func:`meshplan.pipeline.simulate.rank_peak_bytes`). The peak memory of
-every plan is therefore ``estimate``'s to the last bit (tests assert it).
+from :func:`meshplan.pipeline.inflight.state_rows` (the closed forms of
+:func:`~meshplan.pipeline.inflight.live_rows`, for all ranks at once). What cannot be vectorized —
+the GEMM and attention time of a layer, the placement of a group, the time of one collective — is
+computed once per distinct argument over the whole plan table (:meth:`Engine._terms`) and
+gathered. Ranks that hold the same stages (all interior ranks; the ranks with the embedding or the
+LM head differ) share their model state, buffers and stage times, so that work is done once per
+class of ranks and spread over the (plans × ranks) arrays of memory and bound; the activation peak
+of every rank comes at once per distinct (micro-batch count, kernel terms) pair
+(:func:`meshplan.pipeline.simulate.padded_peak_bytes`). The peak memory of every plan is
+therefore ``estimate``'s to the last bit (tests assert it).
 
 The step time needs the pipeline simulation, which is sequential per plan; instead the engine
 bounds it from below. For pipeline rank r with stages K_r, per-micro-batch stage durations f_k,
@@ -45,6 +46,7 @@ from meshplan.cost import collectives as coll
 from meshplan.cost.activations import (
     embedding_activation_bytes, head_activation_bytes, layer_activations, loss_grad_bytes, saved_gemm_input_bytes,
 )
+from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.compose import (
@@ -70,8 +72,8 @@ from meshplan.cost.moe import (
 )
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank, rank_params
 from meshplan.pipeline.schedules import stage_style
-from meshplan.pipeline.inflight import live_rows
-from meshplan.pipeline.simulate import rank_peak_bytes
+from meshplan.pipeline.inflight import state_rows
+from meshplan.pipeline.simulate import padded_peak_bytes
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, PlanTable
 from meshplan.specs.hardware import ClusterSpec
@@ -88,7 +90,7 @@ _KERNEL_FIELDS = (
 )
 _COMM_FIELDS = (
     "tp_one", "cp_step", "all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather",
-    "head_reduce_scatter", "act_msg", "p2p_bytes", "p2p",
+    "head_reduce_scatter", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd",
 )
 
 
@@ -187,6 +189,26 @@ def _op_fields(k: dict) -> dict:
     return {name: k[name] for name in names}
 
 
+@dataclass
+class _Terms:
+    """Per-argument terms of a whole plan table: distinct rows and, per plan, the index of its row
+    (``kid``, ``t_inv``, ``te_inv``, ``mesh_inv``), or gathered per plan (``comm``, MoE terms)."""
+
+    kernel: np.ndarray
+    kid: np.ndarray
+    comm: np.ndarray
+    t_vals: list
+    t_inv: np.ndarray
+    te_vals: list
+    te_inv: np.ndarray
+    mesh_rows: np.ndarray
+    mesh_inv: np.ndarray
+    moe_kernel_ep1: Optional[np.ndarray] = None
+    moe_kernel: Optional[np.ndarray] = None
+    moe_comm: Optional[np.ndarray] = None
+    a2a: Optional[np.ndarray] = None
+
+
 class Engine:
     """Vectorized evaluation of a :class:`PlanTable` for one model, cluster and base plan (the
     fields the search does not vary: sequence length, precision, attention, rank order, overlap
@@ -208,6 +230,7 @@ class Engine:
         self._moe_comm = lru_cache(maxsize=None)(self._moe_comm_terms)
         self._a2a = lru_cache(maxsize=None)(self._a2a_terms)
         self._comm = lru_cache(maxsize=None)(self._comm_terms)
+        self._units = lru_cache(maxsize=None)(self._unit_terms)
         self._dp = lru_cache(maxsize=None)(self._dp_terms)
         self._place = lru_cache(maxsize=None)(
             lambda t, c, p, d, ds: placements(cluster, t, c, p, d, ds, base.rank_order)
@@ -261,18 +284,27 @@ class Engine:
         return alltoall_times(self.model, tokens, t, bool(sp), self.e, bool(full), self._expert_place(t, c, p, d, ep)[0],
                               self.cluster, self.cal)
 
-    def _comm_terms(self, t: int, c: int, p: int, d: int, ds: int, b: int, sp: int, zero: int) -> tuple:
+    def _comm_terms(self, t: int, c: int, p: int, d: int, ds: int, b: int, sp: int) -> tuple:
+        """The collectives of one micro-batch, which do not depend on the ZeRO stage: TP (one),
+        CP ring step, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP."""
         m, cluster, cal, e, rec = self.model, self.cluster, self.cal, self.e, self.rec
         pl = self._place(t, c, p, d, ds)
         tokens = b * self.base.seq_len / c
         act_msg = tokens * m.hidden * e
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
         cp_step = coll.collective_time("send_recv", cp_kv_bytes(m, tokens, t, e), pl.cp, cluster, cal)
-        per_layer = zero == 3 and ds * c > 1
-        units = fsdp_unit_times(m, t, p, rec, pl.shard, cluster, cal) if per_layer else (0.0,) * 6
         p2p_bytes = act_msg / (t if sp else 1)
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
-        return (tp_one, cp_step, *units, act_msg, p2p_bytes, p2p)
+        micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e)
+                 if self.base.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
+        return (tp_one, cp_step, act_msg, p2p_bytes, p2p, *micro)
+
+    def _unit_terms(self, t: int, c: int, p: int, d: int, ds: int, per_layer: int) -> tuple:
+        """ZeRO-3's per-layer and embedding/head unit collectives, which do not depend on the
+        micro-batch (0 unless the weights are sharded per layer)."""
+        if not per_layer:
+            return (0.0,) * 6
+        return fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, ds).shard, self.cluster, self.cal)
 
     def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int) -> tuple:
         """(gradient sync, weight all-gather) of a rank holding ``params`` parameters, of which
@@ -286,19 +318,45 @@ class Engine:
             grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
         return grad_comm, pg
 
+    # ---- all plans at once ---------------------------------------------------------------------
+    def _terms(self, T: PlanTable) -> "_Terms":
+        """The per-argument terms of every plan of ``T``, each computed once per distinct argument
+        over the whole table (not per pipeline shape)."""
+        t, c, p, d, ds, b, ep = T.tp, T.cp, T.pp, T.dp, T.dp_shard, T.micro_batch, T.ep
+        sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
+        kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS))
+        per_layer = ((zero == 3) & (ds * c > 1)).astype(np.int64)
+        mb = _gather(self._comm, [t, c, p, d, ds, b, sp], len(_COMM_FIELDS) - 6)
+        comm = np.concatenate([mb[:, :2], _gather(self._units, [t, c, p, d, ds, per_layer], 6), mb[:, 2:]], axis=1)
+        t_where, t_inv = _distinct(t)
+        te_where, te_inv = _distinct_rows([t, ep])
+        mesh = np.stack([t, c, d, ds, ep, zero], axis=1)
+        mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, ep, zero])
+        terms = _Terms(
+            kernel=kernel, kid=kid, comm=comm, t_vals=t[t_where].tolist(), t_inv=t_inv,
+            te_vals=np.stack([t, ep], axis=1)[te_where].tolist(), te_inv=te_inv, mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
+        )
+        if self.model.is_moe:
+            # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
+            terms.moe_kernel_ep1 = _gather_distinct(self._moe_kernel, [t, c, b, sp, rc, np.ones_like(t)], len(_MOE_FIELDS))[0]
+            terms.moe_kernel = _gather(self._moe_kernel, [t, c, b, sp, rc, ep], len(_MOE_FIELDS))
+            terms.moe_comm = _gather(self._moe_comm, [t, c, p, d, ds, ep, zero], 2)
+            full = (rc == RECOMPUTE.index("full")).astype(np.int64)
+            terms.a2a = _gather(self._a2a, [t, c, p, d, ep, b, sp, full], 2)
+        return terms
+
     # ---- one pipeline shape -------------------------------------------------------------------
-    def _group(self, pp: int, v: int, code: int, T: PlanTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _group(self, pp: int, v: int, code: int, T: PlanTable, pre: "_Terms", idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         model, base, rec = self.model, self.base, self.rec
         t, c, d, ds, b, ep = T.tp, T.cp, T.dp, T.dp_shard, T.micro_batch, T.ep
-        sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
+        zero, rc = T.zero, T.recompute
         m = T.num_microbatches
         G = len(T)
-        kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS))
+        kernel, kid = pre.kernel, pre.kid[idx]
         k = dict(zip(_KERNEL_FIELDS, kernel[kid].T))
-        pp_col = np.full(G, pp, dtype=np.int64)
-        cm = dict(zip(_COMM_FIELDS, _gather(self._comm, [t, c, pp_col, d, ds, b, sp, zero], len(_COMM_FIELDS)).T))
+        cm = dict(zip(_COMM_FIELDS, pre.comm[idx].T))
         shard = ds * c
-        spb = sp.astype(bool)
+        spb = T.sp
         lt_args = dict(
             full_recompute=rc == RECOMPUTE.index("full"),
             emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
@@ -308,6 +366,8 @@ class Engine:
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
             embedding_kept=model.tied_embeddings and pp == 1,
         )
+        if base.tp_overlap_kind == "micro-pipeline":
+            lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
         lt = layer_times(**lt_args, **_op_fields(k))
         split = layer_split(model.n_layers, pp, v)
         st = _shared_stage_times(split, lt)
@@ -317,13 +377,12 @@ class Engine:
         working_layer = k["act_working"]
         if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
-            kmu = dict(zip(_MOE_FIELDS, _gather_distinct(self._moe_kernel, [t, c, b, sp, rc, np.ones_like(t)], len(_MOE_FIELDS))[0].T))
-            km = dict(zip(_MOE_FIELDS, _gather(self._moe_kernel, [t, c, b, sp, rc, ep], len(_MOE_FIELDS)).T))
-            mc = _gather(self._moe_comm, [t, c, pp_col, d, ds, ep, zero], 2)
+            kmu = dict(zip(_MOE_FIELDS, pre.moe_kernel_ep1.T))
+            km = dict(zip(_MOE_FIELDS, pre.moe_kernel[idx].T))
+            mc = pre.moe_comm[idx]
             lt_moe = layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
             moe_stage = moe_layers_per_stage(model, split)
-            full = (rc == RECOMPUTE.index("full")).astype(np.int64)
-            a2a = _gather(self._a2a, [t, c, pp_col, d, ep, b, sp, full], 2)
+            a2a = pre.a2a[idx]
             add_moe_layers(st, moe_stage, lt, lt_moe, (a2a[:, 0], a2a[:, 1]))
             act = [a + n_m * (kmu["act_stored"] - ku["act_stored"]) for a, n_m in zip(act, moe_stage)]
             working_layer = np.maximum(k["act_working"], km["act_working"])
@@ -332,11 +391,9 @@ class Engine:
         style = stage_style(SCHEDULE_NAMES[code])
         tau = cm["p2p"]
         working = pick(rc != RECOMPUTE.index("none"), working_layer, 0.0)
-        t_where, t_inv = _distinct_rows([t])
-        t_vals = t[t_where]
-        by_tp = lambda fn: np.array([fn(int(x)) for x in t_vals], dtype=np.int64)[t_inv]  # noqa: E731
-        te_where, te_inv = _distinct_rows([t, ep])
-        te_vals = np.stack([t, ep], axis=1)[te_where].tolist()
+        t_inv, te_inv = pre.t_inv[idx], pre.te_inv[idx]
+        by_tp = lambda fn: np.array([fn(x) for x in pre.t_vals], dtype=np.int64)[t_inv]  # noqa: E731
+        te_vals = pre.te_vals
         by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv]  # noqa: E731
         logits_grad = (b * base.seq_len / c) * by_tp(lambda x: loss_grad_bytes(model, 1, 1, x, 1, base.kernels))
         layer_params = by_tp(lambda x: layer_params_per_rank(model, x))
@@ -345,8 +402,8 @@ class Engine:
             expert_shard = d // ep * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
         head_params = by_tp(lambda x: head_params_per_rank(model, x, pp))
         kept_embedding = by_tp(lambda x: embedding_params_per_rank(model, x)) if model.tied_embeddings and pp == 1 else 0
-        mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, ep, zero])
-        mesh_rows = np.stack([t, c, d, ds, ep, zero], axis=1)[mesh_where].tolist()
+        mesh_where, mesh_inv = _distinct(pre.mesh_inv[idx])
+        mesh_rows = pre.mesh_rows[pre.mesh_inv[idx][mesh_where]].tolist()
 
         # peak activations: the schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
@@ -356,9 +413,9 @@ class Engine:
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
         m_first = m_eff[first]
         stored_u = np.empty((len(first), pp))
-        for mm in np.unique(m_first).tolist():
+        for mm in sorted(set(m_first.tolist())):
             sel = np.flatnonzero(m_first == mm)
-            stored_u[sel] = rank_peak_bytes(live_rows(SCHEDULE_NAMES[code], pp, mm, v), act_mat[kid[first[sel]]], chunks)
+            stored_u[sel] = padded_peak_bytes(state_rows(SCHEDULE_NAMES[code], pp, mm, v), act_mat[kid[first[sel]]][:, chunks])
         stored = stored_u[pair_inv]
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
         # stage for the last micro-batch (the gradient chain of the module docstring)
@@ -368,14 +425,17 @@ class Engine:
         # order) have the same model state, buffers and stage times to the bit: once per class
         classes: dict[tuple, int] = {}
         cls_of = np.empty(pp, dtype=np.int64)
+        cls_first: list[int] = []  # per class, its first rank
         for r in range(pp):
             mine = stages_of_rank(r, pp, v, style)
             key = tuple((split[j], j == 0, j == last, moe_stage[j] if model.is_moe else 0) for j in mine)
             cls_of[r] = classes.setdefault(key, len(classes))
+            if cls_of[r] == len(cls_first):
+                cls_first.append(r)
         n_cls = len(classes)
         fixed, other_total = np.empty((G, n_cls)), np.empty((G, n_cls))
         busy_c, after_c, opt_pg = np.empty((G, n_cls)), np.empty((G, n_cls)), np.full(G, -np.inf)
-        for ci, r in enumerate(np.unique(cls_of, return_index=True)[1].tolist()):
+        for ci, r in enumerate(cls_first):
             mine = stages_of_rank(r, pp, v, style)
             n_layers = sum(split[j] for j in mine)
             first_, holds_head = 0 in mine, last in mine
@@ -443,9 +503,10 @@ class Engine:
         key = (T.pp * 64 + T.vpp) * 16 + T.schedule
         order = np.argsort(key, kind="stable")
         bounds = np.flatnonzero(np.diff(key[order])) + 1
+        pre = self._terms(T) if n else None
         for idx in np.split(order, bounds) if n else []:
             i0 = idx[0]
-            g = self._group(int(T.pp[i0]), int(T.vpp[i0]), int(T.schedule[i0]), T.take(idx))
+            g = self._group(int(T.pp[i0]), int(T.vpp[i0]), int(T.schedule[i0]), T.take(idx), pre, idx)
             peak[idx], worst[idx], lb[idx] = g
             if progress:
                 progress(len(idx))

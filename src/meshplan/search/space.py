@@ -247,7 +247,10 @@ def enumerate_plans(
     pps = _axis_values(n, lim.pp, min(lim.max_pp, n), "pp")
     mbs = [lim.micro_batch] if lim.micro_batch is not None else list(range(1, lim.max_micro_batch + 1))
     reject: dict[str, int] = {}
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in _INNER}
+    # the columns fixed per (mesh, schedule, batch, micro-batch): one value and a repeat count each
+    scalars: dict[str, list[int]] = {c: [] for c in COLUMNS if c not in _INNER}
+    repeats: list[int] = []
     # op-level selective recompute is modelled for dense attention + MLP layers only
     modes = [r for r in lim.recompute if not (r == "op" and (model.is_moe or model.is_mla))]
     rec_codes = [RECOMPUTE.index(r) for r in modes]
@@ -280,7 +283,6 @@ def enumerate_plans(
                     add("cp_seq", per_mesh * len(sv))
                     continue
                 k = len(inner_cols["ep"])
-                full = lambda x: np.full(k, x, dtype=np.int64)  # noqa: E731
                 for code, v in sv:
                     for gb in global_batches:
                         for b in mbs:
@@ -300,11 +302,14 @@ def enumerate_plans(
                                 continue
                             for name, x in (("tp", t), ("cp", c), ("pp", p), ("dp", d), ("vpp", v), ("schedule", code),
                                             ("micro_batch", b), ("global_batch", gb)):
-                                cols[name].append(full(x))
+                                scalars[name].append(x)
+                            repeats.append(k)
                             for name in _INNER:
                                 cols[name].append(inner_cols[name])
     arrays = {
         name: (np.concatenate(parts) if parts else np.zeros(0, dtype=bool if name in _BOOL_COLUMNS else np.int64))
         for name, parts in cols.items()
     }
+    arrays |= {name: np.repeat(np.array(xs, dtype=np.int64), repeats) for name, xs in scalars.items()}
+    arrays = {name: arrays[name] for name in COLUMNS}
     return PlanTable(**arrays, rejected=reject)

@@ -127,6 +127,10 @@ class TrainingPlan(Spec):
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
+    # how TP communication is overlapped (meshplan.cost.async_tp): userbuffers (Megatron
+    # --tp-comm-overlap, Transformer Engine: every TP collective behind the GEMMs) or
+    # micro-pipeline (torch's AsyncTP: the fused all-gather/reduce-scatter matmuls only)
+    tp_overlap_kind: Literal["userbuffers", "micro-pipeline"] = "userbuffers"
     reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered weights after forward
     # ZeRO-3/FSDP: keep weights gathered and gradients unsharded across the step's micro-batches,
     # one all-gather and one reduce-scatter per step (torch.distributed.pipelining with FSDP2)

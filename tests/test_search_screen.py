@@ -1,0 +1,105 @@
+"""The screening's exactness, plan kind by plan kind: peak memory equal to ``estimate``'s to the bit
+and a step bound no larger than the simulated step, on plans drawn from every kind of the space
+(each schedule, expert and context parallelism, ZeRO stages and HSDP shard groups, TP overlap on
+and off), and the all-ranks-at-once live counts it uses against the per-rank ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshplan.catalog import load_gpu, load_model
+from meshplan.estimate import estimate
+from meshplan.pipeline.inflight import live_rows, state_rows, undominated
+from meshplan.pipeline.schedules import SCHEDULES
+from meshplan.pipeline.simulate import padded_peak_bytes, peak_bytes
+from meshplan.search.engine import Engine
+from meshplan.search.space import SCHEDULE_NAMES, SearchLimits, enumerate_plans
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.plan import TrainingPlan
+
+H100 = load_gpu("h100-sxm-80gb")
+BOTH = (True, False)
+
+SPACES = [
+    # model, gpus, seq_len, global batch (sequences), limits: every schedule in each
+    ("mixtral-8x7b", 32, 4096, 64, SearchLimits(max_micro_batch=2, max_vpp=3, tp_comm_overlap=BOTH)),  # MoE, ep
+    ("llama3-70b", 64, 8192, 64, SearchLimits(max_micro_batch=2, max_vpp=4, max_cp=4, hsdp=True, tp_comm_overlap=BOTH)),
+    ("gpt3-175b", 128, 2048, 256, SearchLimits(max_micro_batch=4, max_vpp=6, max_tp=8, tp_comm_overlap=BOTH)),
+]
+
+
+def _kinds(table) -> dict[tuple, list[int]]:
+    """Plans by kind: schedule, ep > 1, cp > 1, HSDP, TP overlap, ZeRO stage."""
+    key = np.stack([table.schedule, table.ep > 1, table.cp > 1, table.dp_shard < table.dp, table.tpo, table.zero], axis=1)
+    kinds: dict[tuple, list[int]] = {}
+    for i, k in enumerate(map(tuple, key.tolist())):
+        kinds.setdefault(k, []).append(i)
+    return kinds
+
+
+@pytest.mark.parametrize("name,gpus,seq,gb,limits", SPACES)
+def test_every_kind_of_plan_screens_to_estimates_memory_and_below_its_step(name, gpus, seq, gb, limits):
+    model, cluster = load_model(name), ClusterSpec.of(H100, gpus)
+    base = TrainingPlan(global_batch=gb, seq_len=seq)
+    table = enumerate_plans(model, gpus, cluster.gpus_per_node, seq, (gb,), limits)
+    kinds = _kinds(table)
+    # the space holds every schedule, and the switches the space varies both ways
+    assert {k[0] for k in kinds} == set(range(len(SCHEDULE_NAMES)))
+    assert {k[4] for k in kinds} == {0, 1} and {k[5] for k in kinds} == {0, 1, 2, 3}
+    if model.is_moe:
+        assert {k[1] for k in kinds} == {0, 1}
+    if limits.hsdp:
+        assert {k[2] for k in kinds} == {0, 1} and {k[3] for k in kinds} == {0, 1}
+    screen = Engine(model, cluster, base).evaluate(table)
+    rng = np.random.default_rng(11)
+    checked = 0
+    for members in kinds.values():
+        for i in rng.choice(members, min(1, len(members)), replace=False).tolist():
+            plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+            est = estimate(model, cluster, plan)
+            assert screen.peak_bytes[i] == est.peak_bytes, table.row(i)
+            assert screen.worst_rank[i] == max(range(len(est.stages)), key=lambda r: est.stages[r].total)
+            assert screen.step_lower_bound[i] <= est.time.step_s, table.row(i)
+            checked += 1
+    assert checked == len(kinds) >= 60
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_state_rows_hold_every_ranks_live_rows_and_no_more(name):
+    """Undominated, each rank's state rows are its :func:`live_rows`; the padded peak of all ranks
+    at once is each rank's :func:`peak_bytes` to the bit."""
+    rng = np.random.default_rng(3)
+    vs = {"1": [1], "2": [2]}.get(SCHEDULES[name][0], [2, 3, 4])
+    cases = 0
+    for pp in (1, 2, 3, 4, 6, 8):
+        for v in vs:
+            for m in range(1, 3 * pp + 2):
+                if SCHEDULES[name][0] == ">=2" and m % max(1, m // pp):
+                    continue  # interleaved schedules run the micro-batches in equal rounds of pp
+                try:
+                    want = live_rows(name, pp, m, v)
+                except ValueError:
+                    continue
+                rows = state_rows(name, pp, m, v)
+                assert rows.shape[0] == pp and rows.shape[2] == v
+                act = rng.uniform(0, 1e9, size=(5, pp, v))
+                got = padded_peak_bytes(rows, act)
+                for r in range(pp):
+                    held = rows[r][rows[r].any(axis=1)]  # the padding dropped
+                    assert undominated(held).tolist() == want[r].tolist(), (pp, m, v, r)
+                    for i in range(len(act)):
+                        assert got[i, r] == peak_bytes(want[r], act[i, r]), (pp, m, v, r)
+                cases += 1
+    assert cases >= 20
+
+
+def test_state_rows_real_values():
+    # 1F1B, p = 4, m = 8: rank r holds p − r micro-batches at its peak (Narayanan et al. 2021)
+    assert state_rows("1f1b", 4, 8, 1)[:, :, 0].tolist() == [[4], [3], [2], [1]]
+    # GPipe holds all m on every rank
+    assert state_rows("gpipe", 3, 5, 1).tolist() == [[[5]], [[5]], [[5]]]
+    # ZBV, p = 4, m = 8: the rows P, A0, B0 (tests/test_search.py lists the undominated ones)
+    assert state_rows("zbv", 4, 8, 2)[0].tolist() == [[7, 1], [8, 0], [7, 1]]
+    # ZBV with n = p: P alone, the other rows zero
+    assert state_rows("zbv", 1, 1, 2).tolist() == [[[1, 1], [0, 0], [0, 0]]]
