@@ -70,7 +70,7 @@ GRID = {
     ],
     "torchtitan": [
         ("llama3-8b", plan(dp=8, zero=3, recompute="op")),
-        ("llama3-8b", plan(tp=2, dp=4, zero=3, dp_shard=2, recompute="full", tp_comm_overlap=True, seq_len=8192)),
+        ("llama3-8b", plan(tp=2, dp=4, zero=3, dp_shard=2, recompute="full", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline", seq_len=8192)),
         ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True)),
         ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, micro_batch=2)),
         ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True)),
@@ -156,7 +156,8 @@ def plans(draw):
         zero=zero, dp_shard=shard, precision=prec, attention=draw(st.sampled_from(["flash", "materialized"])),
         rank_order=draw(st.sampled_from([("tp", "cp", "dp", "pp"), ("tp", "cp", "pp", "dp"), ("cp", "tp", "dp", "pp")])),
         overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
-        tp_comm_overlap=draw(st.booleans()), reshard_after_forward=draw(st.booleans()),
+        tp_comm_overlap=draw(st.booleans()), tp_overlap_kind=draw(st.sampled_from(["userbuffers", "micro-pipeline"])),
+        reshard_after_forward=draw(st.booleans()),
         fsdp_accumulate_unsharded=zero == 3 and draw(st.booleans()),
     )
 

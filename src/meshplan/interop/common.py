@@ -74,12 +74,15 @@ def effective_split(model: Optional[ModelSpec], plan: TrainingPlan) -> Optional[
 def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> TrainingPlan:
     """The plan with settings that change nothing put back to meshplan's defaults, so that two
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
+    overlap kind without overlap, the
     ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
     up: dict[str, Any] = {"attention_flops": "causal"}
     if plan.tp == 1:
         up.update(sequence_parallel=True, tp_comm_overlap=False)
+    if plan.tp == 1 or not plan.tp_comm_overlap:
+        up.update(tp_overlap_kind="userbuffers")
     if plan.zero != 3 and plan.dp * plan.cp > 1:
         up.update(reshard_after_forward=True)
     if plan.zero == 0:

@@ -80,6 +80,8 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         cfg["tensor_parallel"] = {"autotp_size": p.tp}
         if p.tp_comm_overlap:
             cfg["tensor_parallel"]["tp_overlap_comm"] = True
+            if p.tp_overlap_kind != "userbuffers":
+                led.lose("tp_overlap_kind", "DeepSpeed has no micro-pipelined TP; exported as its tp_overlap_comm")
         led.note(f"tensor parallelism: tensor_parallel.autotp_size = {p.tp} is DeepSpeed's AutoTP; with Megatron-DeepSpeed set --tensor-model-parallel-size {p.tp} and pass its mpu to deepspeed.initialize")
         if p.sequence_parallel:
             led.lose("sequence_parallel", "DeepSpeed's config has no Megatron sequence parallelism (Megatron-DeepSpeed: --sequence-parallel)")

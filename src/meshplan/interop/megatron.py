@@ -20,7 +20,8 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
 * recompute: selective → ``--recompute-granularity selective``; full → ``--recompute-granularity
   full --recompute-method uniform --recompute-num-layers 1``; op (torchtitan's) warns, exported as
   selective.
-* sequence_parallel → ``--sequence-parallel``; tp_comm_overlap → ``--tp-comm-overlap``.
+* sequence_parallel → ``--sequence-parallel``; tp_comm_overlap → ``--tp-comm-overlap`` (Transformer
+  Engine's userbuffers, ``tp_overlap_kind = "userbuffers"``).
 * zero: 1 → ``--use-distributed-optimizer``; 2 / 3 → ``--use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``; dp_shard →
   ``--num-distributed-optimizer-instances dp / dp_shard``.
@@ -199,6 +200,8 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         a.append(("--sequence-parallel", None))
     if p.tp_comm_overlap and p.tp > 1:
         a.append(("--tp-comm-overlap", None))
+        if p.tp_overlap_kind != "userbuffers":
+            led.lose("tp_overlap_kind", "Megatron's --tp-comm-overlap is Transformer Engine's userbuffers overlap; exported as it")
 
     if p.zero == 1:
         a.append(("--use-distributed-optimizer", None))

@@ -52,6 +52,8 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
         led.lose("layer_split", "nanotron splits layers by its own cost estimate; not exported")
     par["tp_mode"] = "REDUCE_SCATTER" if (p.sequence_parallel and p.tp > 1) else "ALL_REDUCE"
     par["tp_linear_async_communication"] = bool(p.tp_comm_overlap and p.tp > 1)
+    if p.tp_comm_overlap and p.tp > 1 and p.tp_overlap_kind != "userbuffers":
+        led.lose("tp_overlap_kind", "nanotron has no micro-pipelined TP; exported as tp_linear_async_communication")
     if p.recompute == "full":
         par["recompute_layer"] = True
     elif p.recompute != "none":

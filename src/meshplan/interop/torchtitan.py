@@ -24,7 +24,9 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
 * precision: bf16 → ``training.mixed_precision_param = "bfloat16"`` with fp32 reduce
   (``mixed_precision_reduce``), fp32 → ``"float32"``, fp8 → bf16 plus ``model.converters =
   ["quantize.linear.float8"]``; fp16 cannot be expressed.
-* tp_comm_overlap → ``parallelism.enable_async_tensor_parallel``; sequence parallelism is always on
+* tp_comm_overlap → ``parallelism.enable_async_tensor_parallel``, which is torch's micro-pipelined TP
+  (``tp_overlap_kind = "micro-pipeline"``; Megatron's userbuffers kind has no torchtitan
+  equivalent and is exported as AsyncTP); sequence parallelism is always on
   with TP (turning it off cannot be expressed before torchtitan 0.3).
 * Model: ``model.name = "llama3"`` with ``model.flavor`` 8B / 70B / 405B (Llama 3.1); other shapes
   cannot be named.
@@ -139,6 +141,8 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
     if p.tp > 1:
         if p.tp_comm_overlap:
             par["enable_async_tensor_parallel"] = True
+            if p.tp_overlap_kind != "micro-pipeline":
+                led.lose("tp_overlap_kind", "torchtitan's async TP is torch's micro-pipelined TP, not userbuffers; exported as it")
         if not p.sequence_parallel:
             led.lose("sequence_parallel", "torchtitan (to 0.2) always runs sequence parallelism with TP; exported with it")
     par["pipeline_parallel_degree"] = p.pp
@@ -302,6 +306,8 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     f["sequence_parallel"] = as_bool("parallelism.enable_sequence_parallel", par.get("enable_sequence_parallel", True)) or tp == 1
     async_tp = par.get("enable_async_tensor_parallel", s.get("compile", {}).get("enable_async_tensor_parallel", False))
     f["tp_comm_overlap"] = as_bool("parallelism.enable_async_tensor_parallel", async_tp) and tp > 1
+    if f["tp_comm_overlap"]:
+        f["tp_overlap_kind"] = "micro-pipeline"
 
     local = get(tr, "training", "local_batch_size", 8)
     gbs = as_int("training.global_batch_size", tr.get("global_batch_size", -1), lo=-1)
