@@ -17,3 +17,14 @@ def pyplot(what: str = "pictures need", alternative: str = ""):
     except ImportError:
         raise InputError("out", f"{what} matplotlib: pip install 'meshplan[plot]'{alternative}") from None
     return plt
+
+
+def save_figure(plt, fig, path, **savefig: object) -> None:
+    """Write ``fig`` to ``path`` (``savefig``: ``Figure.savefig``'s keywords, e.g. dpi, format) and
+    close it, written or not; an ``out`` error naming the file when it cannot be written."""
+    try:
+        fig.savefig(path, **savefig)
+    except OSError as err:
+        raise InputError("out", f"cannot write '{path}': {err.strerror or err}") from None
+    finally:
+        plt.close(fig)

@@ -8,19 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.errors import InputError
-from meshplan.pyplot import pyplot
+from meshplan.pyplot import pyplot, save_figure
 
 COLORS = {"work": "#4c78a8", "checkpoint": "#f2c14e", "lost": "#e45756", "restart": "#9d755d"}
 
 
 def _save(fig, plt, path: Path) -> None:
-    try:
-        fig.savefig(path, format=path.suffix.lower().lstrip("."), dpi=150)
-    except OSError as err:
-        raise InputError("out", f"cannot write '{path}': {err.strerror or err}") from None
-    finally:
-        plt.close(fig)
+    save_figure(plt, fig, path, format=path.suffix.lower().lstrip("."), dpi=150)
 
 
 def plot_schedule(sched, ramp, end_tokens: float | None, path: Path, title: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -19,19 +20,8 @@ import typer
 
 from meshplan import interop
 from meshplan.cli.options import PlanArgs, plan_options, resolve
-from meshplan.cli.search_cmd import (
-    SearchBatchRange,
-    SearchHeadroom,
-    SearchHsdp,
-    SearchMaxCp,
-    SearchMaxEp,
-    SearchMaxMicroBatch,
-    SearchMaxPp,
-    SearchMaxTp,
-    SearchMaxVpp,
-    SearchObjective,
-    SearchSchedules,
-)
+from meshplan.cli.outfile import write_text
+from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.errors import InputError
 from meshplan.interop.common import catalog_match
 
@@ -52,42 +42,28 @@ def _out_file(out: str, force: bool) -> Path:
 
 
 @plan_options
+@search_options(omit=("top",))
 def export(
     plan: PlanArgs,
     to: Annotated[Engine, typer.Option("--to", help="Engine: torchtitan (--section.key flags), torchtitan-toml (sectioned TOML), megatron (torchrun + Megatron-LM arguments), deepspeed (JSON), nanotron (YAML sections).")],
     out: Annotated[Optional[str], typer.Option("--out", help="Write the config to this file instead of stdout.", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
     from_search: Annotated[bool, typer.Option("--from-search", help="Export the best plan of `meshplan search` for these flags (layout flags fix axes, as in search); the search options below apply.")] = False,
-    objective: SearchObjective = "throughput",
-    headroom: SearchHeadroom = 0.0,
-    max_tp: SearchMaxTp = None,
-    max_cp: SearchMaxCp = None,
-    max_pp: SearchMaxPp = None,
-    max_vpp: SearchMaxVpp = None,
-    max_micro_batch: SearchMaxMicroBatch = None,
-    max_ep: SearchMaxEp = None,
-    schedules: SearchSchedules = None,
-    hsdp: SearchHsdp = False,
-    batch_range: SearchBatchRange = None,
+    search: SearchArgs = SearchArgs(),
 ) -> None:
     """Write the plan as an engine's config; settings the engine cannot express are named on stderr (warning: ...), never dropped silently. With --from-search, the best plan of a search."""
     path = _out_file(out, force) if out is not None else None
-    search_opts = dict(objective=objective, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp, max_vpp=max_vpp,
-                       max_micro_batch=max_micro_batch, max_ep=max_ep, schedules=schedules, hsdp=hsdp, batch_range=batch_range)
     if from_search:
-        model, best, gpus_per_node = _best_of_search(plan, search_opts)
+        model, best, gpus_per_node = _best_of_search(plan, search)
     else:
-        given = [f"--{k.replace('_', '-')}" for k, v in search_opts.items() if v not in (None, False, 0.0, "throughput")]
+        given = search.given()
         if given:
             raise InputError(given[0][2:], f"{given[0]} is a search option: it needs --from-search")
         setup = resolve(plan)
         model, best, gpus_per_node = setup.model, setup.plan, setup.cluster.gpus_per_node
     result = interop.export(to, model, best, gpus_per_node=gpus_per_node)
     if path is not None:
-        try:
-            path.write_text(result.text)
-        except OSError as exc:
-            raise InputError("out", f"cannot write '{out}': {exc.__class__.__name__}") from None
+        write_text(path, result.text, out)
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     for line in result.notes:
@@ -98,19 +74,19 @@ def export(
         print(f"wrote {path}", file=sys.stderr)
 
 
-def _best_of_search(plan: PlanArgs, options: dict[str, Any]):
+def _best_of_search(plan: PlanArgs, search: SearchArgs):
     """(model, best plan, GPUs per node) of ``meshplan search`` with the same flags; exits 1 with
     the search's one-line reason when no plan fits."""
     from meshplan.cli.search_cmd import execute, impossible_line
 
-    result, cluster, _ = execute(plan, top=1, **options)
+    result, cluster, _ = execute(plan, replace(search, top=1))
     if not result.top:
         print(f"error: from-search: {impossible_line(result, cluster.num_gpus)}", file=sys.stderr)
         raise typer.Exit(1)
     est = result.top[0].estimate
     p = est.plan
     print(
-        f"note: from-search: best of {result.feasible:,} feasible plans ({result.evaluated:,} evaluated) by {options['objective']}: "
+        f"note: from-search: best of {result.feasible:,} feasible plans ({result.evaluated:,} evaluated) by {search.objective}: "
         f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}{f' EP{p.ep}' if p.ep > 1 else ''} {p.schedule} v={p.vpp}, micro-batch {p.micro_batch}, recompute {p.recompute}, "
         f"ZeRO-{p.zero}; step {est.time.step_s:.3f} s, MFU {est.mfu:.1%}",
         file=sys.stderr,

@@ -37,6 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from meshplan.cli import render
+from meshplan.cli.outfile import write_text
 from meshplan.errors import InputError
 from meshplan.pipeline import schedules as sched
 from meshplan.pipeline.gantt import KIND_NAMES, fmt_time, rich_gantt, round_columns, svg_gantt, text_axis
@@ -343,10 +344,7 @@ def pipeline(
 
             write_png_gantt(run["result"], title, path, unit)
         else:
-            try:
-                path.write_text(svg_gantt(run["result"], title, unit), encoding="utf-8")
-            except OSError as err:
-                raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
+            write_text(path, svg_gantt(run["result"], title, unit), out)
     if json_out:
         typer.echo(json.dumps(to_json(run), allow_nan=False))
         return

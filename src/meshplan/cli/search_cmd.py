@@ -18,14 +18,14 @@ import typer
 from rich.table import Table
 
 from meshplan.cli import render
-from meshplan.cli.options import PlanArgs, parse_batch_tokens, plan_options, resolve
+from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
+from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.errors import InputError
-from meshplan.pyplot import pyplot
+from meshplan.pyplot import pyplot, save_figure
 from meshplan.estimate import Budget, Estimate
 from meshplan.search.fleet import FleetPoint, gpu_front, parse_gpu_counts
-from meshplan.search.run import OBJECTIVES, SearchResult, describe_rejections, search as run_search
-from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, SearchLimits
+from meshplan.search.run import SearchResult, describe_rejections, search as run_search
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
 from meshplan.units import GiB as GIB
@@ -78,53 +78,6 @@ def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan
         return TrainingPlan(**merged)
     except Exception as err:  # pydantic: one line naming the rule
         raise InputError("baseline", str(err).splitlines()[-1].strip()) from None
-
-
-def _limits(plan: PlanArgs, max_tp, max_cp, max_pp, max_vpp, max_mb, schedules, hsdp, max_ep=None) -> SearchLimits:
-    sched = tuple(s.strip() for s in schedules.split(",")) if schedules else SCHEDULE_NAMES
-    for s in sched:
-        if s not in SCHEDULE_NAMES:
-            raise InputError("schedules", f"unknown schedule '{s}' ({', '.join(SCHEDULE_NAMES)})")
-    if plan.schedule is not None:
-        sched = (plan.schedule,)
-    for name, value in (("max_tp", max_tp), ("max_cp", max_cp), ("max_pp", max_pp), ("max_vpp", max_vpp), ("max_micro_batch", max_mb),
-                        ("max_ep", max_ep)):
-        if value is not None and value < 1:
-            raise InputError(name.replace("_", "-"), f"must be at least 1 (got {value})")
-    return SearchLimits(
-        max_tp=max_tp,
-        max_cp=max_cp if max_cp is not None else 16,
-        max_pp=max_pp if max_pp is not None else 128,
-        max_vpp=max_vpp if max_vpp is not None else 8,
-        max_micro_batch=max_mb if max_mb is not None else 8,
-        max_ep=max_ep,
-        tp=plan.tp, cp=plan.cp, pp=plan.pp, dp=plan.dp, ep=plan.ep, vpp=plan.vpp, micro_batch=plan.micro_batch,
-        schedules=sched,
-        recompute=(plan.recompute,) if plan.recompute else RECOMPUTE,
-        zero=(int(plan.zero),) if plan.zero is not None else (0, 1, 2, 3),
-        sequence_parallel=(plan.sequence_parallel,) if plan.sequence_parallel is not None else (True, False),
-        tp_comm_overlap=(bool(plan.tp_comm_overlap),),
-        hsdp=hsdp,
-    )
-
-
-def _batch_range(text: Optional[str], seq_len: int) -> Optional[tuple[int, ...]]:
-    """``MIN,MAX`` tokens → the global batches (sequences) tried: MIN, then doubling, up to MAX."""
-    if text is None:
-        return None
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise InputError("batch_range", f"expected MIN,MAX tokens such as 4M,16M (got '{text}')")
-    lo, hi = (int(parse_batch_tokens(p.strip())) // seq_len for p in parts)
-    if lo < 1 or hi < lo:
-        raise InputError("batch_range", f"needs 1 sequence <= MIN <= MAX (got {lo:,} and {hi:,} sequences of {seq_len:,} tokens)")
-    out, b = [], lo
-    while b <= hi:
-        out.append(b)
-        b *= 2
-    if out[-1] != hi:
-        out.append(hi)
-    return tuple(out)
 
 
 class _Progress:
@@ -280,12 +233,7 @@ def _save(plt, fig, ax, out: str) -> None:
     """Finish the axes (grid, layout) and write the figure to ``out``; one-line error if it cannot."""
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    try:
-        fig.savefig(_out_path(out))
-    except OSError as err:
-        raise InputError("out", f"cannot write '{out}': {err.strerror or err}") from None
-    finally:
-        plt.close(fig)
+    save_figure(plt, fig, _out_path(out))
 
 
 def _write_front(result: SearchResult, out: str) -> None:
@@ -309,27 +257,21 @@ def _write_front(result: SearchResult, out: str) -> None:
     _save(plt, fig, ax, out)
 
 
-def _setup(plan: PlanArgs, objective: str, top: int, headroom: float, max_tp, max_cp, max_pp, max_vpp, max_micro_batch,
-           schedules, hsdp, baseline, max_ep=None) -> tuple:
+def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple:
     """Check the search's options and resolve the plan flags: (model, cluster, base plan, limits,
     budget, baseline plan or None)."""
-    if objective not in OBJECTIVES:
-        raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got '{objective}')")
-    if top < 1 or top > 1000:
-        raise InputError("top", f"must be between 1 and 1000 (got {top})")
-    if not 0.0 <= headroom < 1.0:
-        raise InputError("headroom", f"must be a fraction in [0, 1) (got {headroom})")
+    search.check()
     preset_setup = resolve(plan) if plan.preset is not None else None
     fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
-    limits = _limits(fixed, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, max_ep)
+    limits = search.limits(fixed)
     neutral = dict(tp=1, cp=1, pp=1, ep=None, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None, zero=None)
     one = resolve(replace(plan, **neutral, dp=1, gpus=None))  # base plan fields, model, budget
     gpus = preset_setup.cluster.num_gpus if preset_setup else (plan.gpus if plan.gpus is not None else (plan.dp * (plan.tp or 1) * (plan.cp or 1) * (plan.pp or 1) if plan.dp else 8))
     whole = resolve(replace(plan, **neutral, dp=None, gpus=gpus, global_batch=gpus, global_batch_tokens=None))
     cluster, budget, base = whole.cluster, one.budget, one.plan
-    if objective != "throughput" and not budget.tokens:
-        raise InputError("tokens", f"the {objective} objective needs --tokens")
-    if objective == "cost" and budget.price_per_gpu_hour is None:
+    if search.objective != "throughput" and not budget.tokens:
+        raise InputError("tokens", f"the {search.objective} objective needs --tokens")
+    if search.objective == "cost" and budget.price_per_gpu_hour is None:
         raise InputError("price", "the cost objective needs --price")
     base_plan = base.model_copy(update={"rank_order": preset_setup.plan.rank_order}) if preset_setup else base
     if preset_setup is not None:
@@ -343,74 +285,41 @@ def _setup(plan: PlanArgs, objective: str, top: int, headroom: float, max_tp, ma
 
 
 def execute(
-    plan: PlanArgs, *, objective: str = "throughput", top: int = 10, headroom: float = 0.0, max_tp: Optional[int] = None,
-    max_cp: Optional[int] = None, max_pp: Optional[int] = None, max_vpp: Optional[int] = None,
-    max_micro_batch: Optional[int] = None, schedules: Optional[str] = None, hsdp: bool = False,
-    batch_range: Optional[str] = None, baseline: Optional[str] = None, pareto: bool = False,
-    progress: Optional[Callable[[str, int, int], None]] = None, max_ep: Optional[int] = None,
+    plan: PlanArgs, search: SearchArgs = SearchArgs(), *, baseline: Optional[str] = None, pareto: bool = False,
+    progress: Optional[Callable[[str, int, int], None]] = None,
 ) -> tuple[SearchResult, ClusterSpec, Budget]:
     """Check the search's options, resolve the plan flags as ``meshplan search`` does and run the
     search; ``progress(phase, done, total)`` as :func:`meshplan.search.run.search`. Returns the
     result with the cluster and the budget it was run for."""
-    model, cluster, base_plan, limits, budget, bl = _setup(
-        plan, objective, top, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, baseline, max_ep
-    )
+    model, cluster, base_plan, limits, budget, bl = _setup(plan, search, baseline)
     result = run_search(
-        model, cluster, base_plan, limits, global_batches=_batch_range(batch_range, base_plan.seq_len),
-        objective=objective, budget=budget, top_k=top, headroom=headroom, baseline=bl, pareto=pareto,
+        model, cluster, base_plan, limits, global_batches=search.global_batches(base_plan.seq_len),
+        objective=search.objective, budget=budget, top_k=search.top, headroom=search.headroom, baseline=bl, pareto=pareto,
         progress=progress,
     )
     return result, cluster, budget
 
 
 def execute_fleet(
-    plan: PlanArgs, gpus_range: str, *, headroom: float = 0.0, max_tp: Optional[int] = None,
-    max_cp: Optional[int] = None, max_pp: Optional[int] = None, max_vpp: Optional[int] = None,
-    max_micro_batch: Optional[int] = None, schedules: Optional[str] = None, hsdp: bool = False,
-    batch_range: Optional[str] = None, progress: Optional[Callable[[str, int, int], None]] = None,
-    max_ep: Optional[int] = None,
+    plan: PlanArgs, gpus_range: str, search: SearchArgs = SearchArgs(), *,
+    progress: Optional[Callable[[str, int, int], None]] = None,
 ) -> tuple[list[FleetPoint], Budget]:
-    """The GPUs-vs-days front over the counts of ``gpus_range`` (:mod:`meshplan.search.fleet`)."""
-    model, cluster, base_plan, limits, budget, _ = _setup(
-        plan, "throughput", 1, headroom, max_tp, max_cp, max_pp, max_vpp, max_micro_batch, schedules, hsdp, None, max_ep
-    )
+    """The GPUs-vs-days front over the counts of ``gpus_range`` (:mod:`meshplan.search.fleet`);
+    the objective is time-to-train and ``search.top`` is not used."""
+    model, cluster, base_plan, limits, budget, _ = _setup(plan, replace(search, objective="throughput", top=1), None)
     counts = parse_gpu_counts(gpus_range, cluster.scale_up.size)
     points = gpu_front(
-        model, cluster, base_plan, limits, counts, budget, headroom=headroom,
-        global_batches=_batch_range(batch_range, base_plan.seq_len), progress=progress,
+        model, cluster, base_plan, limits, counts, budget, headroom=search.headroom,
+        global_batches=search.global_batches(base_plan.seq_len), progress=progress,
     )
     return points, budget
 
 
-#: Search options, shared with ``meshplan export --from-search``.
-SearchObjective = Annotated[str, typer.Option("--objective", help=f"Rank by {', '.join(OBJECTIVES)} (time-to-train needs --tokens, cost --tokens and --price).")]
-SearchHeadroom = Annotated[float, typer.Option("--headroom", help="Fraction of HBM kept free: plans must fit in HBM x (1 - headroom).")]
-SearchMaxTp = Annotated[Optional[int], typer.Option("--max-tp", help="Largest TP degree. (default: GPUs per node)", show_default=False)]
-SearchMaxCp = Annotated[Optional[int], typer.Option("--max-cp", help="Largest CP degree. (default: 16)", show_default=False)]
-SearchMaxPp = Annotated[Optional[int], typer.Option("--max-pp", help="Largest PP degree. (default: 128)", show_default=False)]
-SearchMaxVpp = Annotated[Optional[int], typer.Option("--max-vpp", help="Most virtual stages per rank. (default: 8)", show_default=False)]
-SearchMaxEp = Annotated[Optional[int], typer.Option("--max-ep", help="Largest expert-parallel degree (mixture-of-experts models). (default: the expert count)", show_default=False)]
-SearchMaxMicroBatch = Annotated[Optional[int], typer.Option("--max-micro-batch", help="Largest micro-batch. (default: 8)", show_default=False)]
-SearchSchedules = Annotated[Optional[str], typer.Option("--schedules", help="Comma-separated schedules to consider. (default: all)", show_default=False)]
-SearchHsdp = Annotated[bool, typer.Option("--hsdp", help="Also try HSDP shard groups (1 < dp_shard < dp).")]
-SearchBatchRange = Annotated[Optional[str], typer.Option("--batch-range", help="Let the global batch vary: MIN,MAX tokens (e.g. 4M,16M), doubling from MIN.", show_default=False)]
-
-
 @plan_options
+@search_options()
 def search(
     plan: PlanArgs,
-    objective: SearchObjective = "throughput",
-    top: Annotated[int, typer.Option("--top", help="How many plans to show.")] = 10,
-    headroom: SearchHeadroom = 0.0,
-    max_tp: SearchMaxTp = None,
-    max_cp: SearchMaxCp = None,
-    max_pp: SearchMaxPp = None,
-    max_vpp: SearchMaxVpp = None,
-    max_micro_batch: SearchMaxMicroBatch = None,
-    max_ep: SearchMaxEp = None,
-    schedules: SearchSchedules = None,
-    hsdp: SearchHsdp = False,
-    batch_range: SearchBatchRange = None,
+    search: SearchArgs,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Place this plan in the ranking, e.g. 'tp=8,pp=16,cp=1,vpp=2,schedule=interleaved'. (default: the --preset's plan)", show_default=False)] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also find the memory vs throughput front.")] = False,
     gpus_range: Annotated[Optional[str], typer.Option("--gpus-range", help="GPUs vs days front: the best plan by time-to-train (needs --tokens) for each GPU count, MIN:MAX (doubling) or a list such as 4096,8192,16384; --out draws it.", show_default=False)] = None,
@@ -426,11 +335,7 @@ def search(
         from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 
         try:
-            points, budget = execute_fleet(
-                plan, gpus_range, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp, max_vpp=max_vpp,
-                max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range, progress=progress,
-                max_ep=max_ep,
-            )
+            points, budget = execute_fleet(plan, gpus_range, search, progress=progress)
         finally:
             progress.close()
         if out is not None:
@@ -443,11 +348,7 @@ def search(
             raise typer.Exit(1)
         return
     try:
-        result, cluster, budget = execute(
-            plan, objective=objective, top=top, headroom=headroom, max_tp=max_tp, max_cp=max_cp, max_pp=max_pp,
-            max_vpp=max_vpp, max_micro_batch=max_micro_batch, schedules=schedules, hsdp=hsdp, batch_range=batch_range,
-            baseline=baseline, pareto=pareto or out is not None, progress=progress, max_ep=max_ep,
-        )
+        result, cluster, budget = execute(plan, search, baseline=baseline, pareto=pareto or out is not None, progress=progress)
     finally:
         progress.close()
     if out is not None:

@@ -38,9 +38,10 @@ from meshplan.accuracy import RUN_SETS, published_runs, runs_of, validate_runs
 from meshplan.accuracy.heldout import HELDOUT_SOURCES
 from meshplan.accuracy.runs import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
+from meshplan.cli.outfile import write_text
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
-from meshplan.pyplot import pyplot
+from meshplan.pyplot import pyplot, save_figure
 
 BAND = 0.10  # the shaded band around y = x in the scatter: ±10 %
 #: one colour and one marker shape per source group, in the ground truth's order
@@ -445,11 +446,10 @@ def write_png_scatter(report: ValidationReport, path: Path, dpi: int = 150) -> N
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=8,
                   title="source (runs, step MAPE)", title_fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=dpi, format="png")
-    except OSError as err:
-        raise InputError("out", f"cannot write '{path}': {err.strerror or err}") from None
-    finally:
+    except BaseException:
         plt.close(fig)
+        raise
+    save_figure(plt, fig, path, dpi=dpi, format="png")
 
 
 def write_plot(report: ValidationReport, path: Path) -> None:
@@ -458,10 +458,7 @@ def write_plot(report: ValidationReport, path: Path) -> None:
     if path.suffix.lower() == ".png":
         write_png_scatter(report, path)
         return
-    try:
-        path.write_text(svg_scatter(report), encoding="utf-8")
-    except OSError as err:
-        raise InputError("out", f"cannot write '{path}': {err.strerror or err}") from None
+    write_text(path, svg_scatter(report))
 
 
 # ---- the command --------------------------------------------------------------------------------

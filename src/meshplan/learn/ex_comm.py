@@ -14,8 +14,10 @@ from meshplan.calc.result import derive, num, pct, size
 from meshplan.catalog import load_model
 from meshplan.cost.comm import cp_kv_bytes
 from meshplan.cost.params import kv_heads_per_rank, layer_params_per_rank
+from meshplan.explain import Derivation
 from meshplan.learn.model import Choice, Numeric
 from meshplan.learn.registry import Problem, Variant, command, derivs, exercise, gb, url
+from meshplan.specs.model import ModelSpec
 from meshplan.units import GB, MB, MS, US
 
 RING = "Patarasuk & Yuan 2009; meshplan.calc.collective"
@@ -250,21 +252,31 @@ def tp_overhead(v: Variant) -> Problem:
     )
 
 
+def layer_params_derivation(m: ModelSpec, tp: int) -> tuple[int, Derivation]:
+    """Parameters of one transformer layer held by each of ``tp`` tensor-parallel ranks
+    (:func:`~meshplan.cost.params.layer_params_per_rank`), with its derivation: Q and O of h·q/t
+    each, K and V of h·g_r·d_h each (g_r K/V heads per rank, replicated past their number), a
+    gated FFN of 3·h·f/t, and the norms (Shoeybi et al. 2019, Sec. 3; GQA: Ainslie et al. 2023)."""
+    per, g = layer_params_per_rank(m, tp), kv_heads_per_rank(m, tp)
+    return per, derive(
+        "tp.layer_params", "layer parameters per TP rank", "h·q/t + 2·h·g_r·d_h + q/t·h + 3·h·f/t + norms",
+        [("h", f"{m.hidden:,}"), ("q", f"{m.n_heads * m.head_dim:,}"), ("g_r", f"{g} K/V head{'' if g == 1 else 's'}"),
+         ("d_h", str(m.head_dim)), ("f", f"{m.ffn_hidden:,}"), ("t", str(tp))], num(per), "meshplan.cost.params.layer_params_per_rank")
+
+
 @exercise("tp-weights", "tp", "Weight memory per GPU under TP", "medium", "001, tensor parallelism, question 3")
 def tp_weights(v: Variant) -> Problem:
     name = v.pick("llama3-70b", ["llama3-8b", "llama3-70b", "llama3-405b", "llama2-70b"])
     tp = v.pick(8, [2, 4, 8])
     m = load_model(name)
-    per = layer_params_per_rank(m, tp)
+    per, per_derivation = layer_params_derivation(m, tp)
     total = 2.0 * m.n_layers * per
     return Problem(
         prompt=f"{name}: {m.n_layers} layers, d = {m.hidden}, {m.n_heads} query heads, {m.n_kv_heads} K/V heads, "
                f"SwiGLU FFN of {m.ffn_hidden}. With TP = {tp}, how many GB of bf16 weights does each GPU hold for all "
                f"its transformer layers (no embedding, no head)?",
         answer=Numeric(total, "GB", GB, 0.01),
-        solution=[derive("tp.layer_params", "layer parameters per TP rank", "h·q/t + 2·h·g_r·d_h + q/t·h + 3·h·f/t + norms",
-                         [("h", str(m.hidden)), ("q", str(m.n_heads * m.head_dim)), ("g_r", f"{kv_heads_per_rank(m, tp)} K/V heads"),
-                          ("d_h", str(m.head_dim)), ("f", str(m.ffn_hidden)), ("t", str(tp))], num(per), "meshplan.cost.params.layer_params_per_rank"),
+        solution=[per_derivation,
                   derive("tp.weights", "weights per GPU", "2 bytes · L · P_layer/t", [("L", str(m.n_layers)), ("P_layer/t", num(per))], size(total))],
         hints=("Count one layer exactly: Q and O are h×h, K and V are h×(kv heads × head dim), the FFN has 3 matrices.",
                "TP splits every matrix t ways; K/V heads are replicated when t exceeds their number."),

@@ -14,6 +14,7 @@ from meshplan.calc.cost import cost
 from meshplan.calc.result import derive, num, size
 from meshplan.catalog import load_model
 from meshplan.cost.params import layer_params_per_rank
+from meshplan.learn.ex_comm import layer_params_derivation
 from meshplan.learn.ex_pipeline import _bubble_derivs, run
 from meshplan.learn.model import Choice, Numeric, Ordering
 from meshplan.learn.registry import Problem, Variant, command, derivs, exercise, gb, url
@@ -92,7 +93,7 @@ def l3_weights(v: Variant) -> Problem:
     lay = _layout(v)
     m = load_model("llama3-405b")
     layers = max(default_layer_split(m.n_layers, lay["pp"]))
-    per = layer_params_per_rank(m, lay["tp"])
+    per, per_derivation = layer_params_derivation(m, lay["tp"])
     w = 2.0 * layers * per
     cmd, link = _plan_links(lay)
     return Problem(
@@ -100,9 +101,7 @@ def l3_weights(v: Variant) -> Problem:
                f"TP = {lay['tp']} and PP = {lay['pp']}. A middle stage holds {layers} layers. How many GB of bf16 "
                f"weights does one of its GPUs hold?",
         answer=Numeric(w, "GB", GB, 0.01),
-        solution=[derive("tp.layer_params", "layer parameters per TP rank", "(h·q + 2·h·g·d_h + q·h + 3·h·f)/t + norms",
-                         [("h", "16,384"), ("q", "16,384"), ("g·d_h", "8·128"), ("f", "53,248"), ("t", str(lay["tp"]))],
-                         num(per), "meshplan.cost.params.layer_params_per_rank"),
+        solution=[per_derivation,
                   derive("l3.weights", "weights per GPU", "2 bytes · layers · P_layer/t", [("layers", str(layers))], size(w), LLAMA3)],
         hints=("K and V are 16,384 × 1,024 each (GQA), not 16,384².",), params={**lay, "layers": layers}, command=cmd, url=link,
         source_note="001 counts attention as 4·d² = 1.07B parameters per layer (3.69B per layer, 7.4 GB per GPU); with "

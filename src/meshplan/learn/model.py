@@ -174,7 +174,7 @@ class Feedback:
     command: str
     url: str
     valid: bool = True  # False: the answer could not be read (not a number, no such option, ...)
-    relative_error: float | None = None  # numeric answers: (given − expected) / expected
+    relative_error: float | None = None  # numeric answers: (given − expected) / expected; None where not finite
 
     def to_dict(self) -> dict:
         return {"correct": self.correct, "valid": self.valid, "given": self.given, "expected": self.expected,
@@ -277,7 +277,7 @@ def grade(ex: Exercise, answer: str | float | int | list | tuple) -> Feedback:
         if isinstance(a, Numeric):
             x = finite_number(answer, answer, a) if isinstance(answer, (int, float)) else parse_numeric(str(answer), a)
             ok = a.accepts(x)
-            rel = (x - a.display) / a.display if a.display else None
+            rel = relative_error(x, a.display)
             given = f"{x:,.6g} {a.unit}".strip()
             error = "" if ok else _numeric_error(x, a, rel)
             return Feedback(ok, given, error=error, relative_error=rel, **common)
@@ -305,19 +305,52 @@ def grade(ex: Exercise, answer: str | float | int | list | tuple) -> Feedback:
         return Feedback(False, str(answer), error=str(err), valid=False, **common)
 
 
+def relative_error(x: float, expected: float) -> float | None:
+    """(x − e) / e, or None where it has no finite value: an expected value of 0, or a quotient past
+    a float's range (1e308 against 4e-5)."""
+    if expected == 0:
+        return None
+    rel = (x - expected) / expected  # float arithmetic overflows to ±inf, never raises
+    return rel if math.isfinite(rel) else None
+
+
+def _times(big: float, small: float) -> str:
+    """How many times ``big`` is ``small`` (both > 0): '12.5 times', or from a million up 'about
+    10^N times', from logarithms, as the quotient itself may lie past a float's range."""
+    log_ratio = math.log10(big) - math.log10(small)
+    if log_ratio < 6:
+        return f"{num(big / small, 3)} times"
+    return f"about 10^{round(log_ratio)} times"
+
+
 def _numeric_error(x: float, a: Numeric, rel: float | None) -> str:
+    """How far a wrong numeric answer ``x`` is from the expected ``e`` (``a.display``): of the same
+    sign and within a factor 10, the relative error |x − e| / |e| in % (too high: x > e); further,
+    the factor |x| / |e| or |e| / |x| (:func:`_times`, finite for every finite answer); of the
+    opposite sign, that the sign is wrong and by what factor the magnitude is off. Zero is 100% off."""
     if a.rtol == 0:
         return f"{num(x, 6)} is not {round(a.display)}"
-    if rel is None:
+    e = a.display
+    if e == 0:
         return f"off by {num(x, 4)} {a.unit}".strip()
-    direction = "high" if rel > 0 else "low"
-    ratio = x / a.display if a.display else math.inf
+    tolerance = f" (tolerance ±{100 * a.rtol:g}%)"
+    if x == 0:  # every answer of the wrong sign is 100% off or more; zero exactly 100%
+        return f"100% too {'high' if x > e else 'low'}" + tolerance
+    big, small = max(abs(x), abs(e)), min(abs(x), abs(e))
+    ratio = big / small  # ≥ 1; +inf past a float's range, which only _times has to print
+    times, larger = _times(big, small), abs(x) > abs(e)
+    magnitude = f"{times} too {'large' if larger else 'small'} in magnitude"
+    if (x > 0) != (e > 0):
+        off = "" if ratio <= 1 + a.rtol else f" and {magnitude}"
+        return f"the sign is wrong: the answer is {'positive' if e > 0 else 'negative'}{off}{tolerance}"
     hint = ""
     for factor, why in ((2, "a factor 2"), (8, "a factor 8 (bits vs bytes?)"), (1000, "a factor 1000 (a unit prefix?)")):
-        if abs(ratio - factor) < 0.02 * factor or (ratio and abs(1 / ratio - factor) < 0.02 * factor):
+        if abs(ratio - factor) < 0.02 * factor:
             hint = f"; off by {why}"
             break
-    return f"{num(abs(rel) * 100, 3)}% too {direction} (tolerance ±{100 * a.rtol:g}%){hint}"
+    if ratio >= 10:  # a percentage would say less (or overflow): the factor
+        return f"{times} too {'high' if larger else 'low'}{tolerance}{hint}" if e > 0 else f"{magnitude}{tolerance}{hint}"
+    return f"{num(abs(rel) * 100, 3)}% too {'high' if x > e else 'low'}{tolerance}{hint}"
 
 
 def render_answer_prompt(ex: Exercise) -> list[str]:

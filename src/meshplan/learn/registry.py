@@ -9,6 +9,7 @@ and the equivalent ``meshplan`` command line and web-explorer URL.
 
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -94,7 +95,8 @@ def exercise(id: str, topic: str, title: str, difficulty: str, source: str):
 
 def _load() -> None:
     """Import the topic modules, which register their exercises."""
-    from meshplan.learn import ex_comm, ex_faulty, ex_llama3, ex_memory, ex_pipeline, ex_training  # noqa: F401
+    for module in ("ex_comm", "ex_faulty", "ex_llama3", "ex_memory", "ex_pipeline", "ex_training"):
+        importlib.import_module(f"meshplan.learn.{module}")
 
 
 def specs(topic: str | None = None) -> list[Spec]:

@@ -23,6 +23,7 @@ from pydantic import ConfigDict, Field, ValidationError, create_model
 from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.cli.search_cmd import _json as search_json
 from meshplan.cli.search_cmd import execute
+from meshplan.cli.search_options import SearchArgs, option_types
 from meshplan.errors import InputError
 from meshplan.search.run import OBJECTIVES
 from meshplan.specs.base import input_error_from
@@ -34,19 +35,12 @@ from meshplan.web.plan_api import plan_args
 CHECK_WAIT_S = 10.0
 KEEP_JOBS = 16
 
+#: The search options of ``meshplan search`` (:class:`~meshplan.cli.search_options.SearchArgs`), with
+#: the objective as a choice, at most 100 plans, and the front on by default.
 _SEARCH_OPTIONS: dict[str, Any] = {
-    "objective": (Literal["throughput", "time-to-train", "cost"], Field("throughput", description=f"Rank by {', '.join(OBJECTIVES)}.")),
+    **{name: (tp, Field(default, description=help)) for name, (tp, default, help) in option_types().items()},
+    "objective": (Literal[OBJECTIVES], Field("throughput", description=f"Rank by {', '.join(OBJECTIVES)}.")),
     "top": (int, Field(10, description="How many plans to return (1 to 100).")),
-    "headroom": (float, Field(0.0, description="Fraction of HBM kept free.")),
-    "max_tp": (Optional[int], Field(None, description="Largest TP degree (default: GPUs per node).")),
-    "max_cp": (Optional[int], Field(None, description="Largest CP degree (default: 16).")),
-    "max_pp": (Optional[int], Field(None, description="Largest PP degree (default: 128).")),
-    "max_vpp": (Optional[int], Field(None, description="Most virtual stages per rank (default: 8).")),
-    "max_micro_batch": (Optional[int], Field(None, description="Largest micro-batch (default: 8).")),
-    "max_ep": (Optional[int], Field(None, description="Largest expert-parallel degree (default: the expert count).")),
-    "schedules": (Optional[str], Field(None, description="Comma-separated schedules to consider (default: all).")),
-    "hsdp": (bool, Field(False, description="Also try HSDP shard groups.")),
-    "batch_range": (Optional[str], Field(None, description="Let the global batch vary: MIN,MAX tokens, e.g. 4M,16M.")),
     "baseline": (Optional[str], Field(None, description="Place this plan in the ranking, e.g. tp=8,pp=16,vpp=2,schedule=interleaved.")),
     "pareto": (bool, Field(True, description="Also find the memory vs throughput front.")),
 }
@@ -129,10 +123,10 @@ class Searches:
 
     def _run(self, job: Job, values: dict[str, Any]) -> None:
         try:
-            opts = {k: values.pop(k) for k in list(values) if k in _SEARCH_OPTIONS}
-            if not 1 <= opts["top"] <= 100:
-                raise InputError("top", f"must be between 1 and 100 (got {opts['top']})")
-            result, cluster, _ = execute(plan_args(values), progress=self._progress(job), **opts)
+            search = SearchArgs(**{k: values.pop(k) for k in option_types() if k in values})
+            search.check(max_top=100)
+            run = {k: values.pop(k) for k in ("baseline", "pareto") if k in values}
+            result, cluster, _ = execute(plan_args(values), search, progress=self._progress(job), **run)
             job.result = search_json(result, cluster.num_gpus)
             job.status = "done"
         except Stop as stop:
