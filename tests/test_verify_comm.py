@@ -1,6 +1,9 @@
 """meshplan verify comm: every collective of one real step on gloo CPU processes against meshplan's
 communication model (needs torch + transformers). Two launches of spawned workers (world 2 and
-world 4) run all plans; each launch is bounded by a timeout so a hang cannot stall CI."""
+world 4) run all plans; each launch is bounded by a timeout so a hang cannot stall CI. The workers
+take the device: cpu (gloo) here, and cuda (NCCL, one process per GPU) where 4 GPUs are visible,
+the same tests with the same tolerances; the world-4 launch also runs verify memory's rank function
+on real tensors (the path --device cuda takes)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ from meshplan.errors import InputError  # noqa: E402
 from meshplan.estimate import estimate  # noqa: E402
 from meshplan.specs.hardware import ClusterSpec  # noqa: E402
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan  # noqa: E402
-from meshplan.verify import comm, predict  # noqa: E402
+from meshplan.verify import comm, memory, predict  # noqa: E402
+from meshplan.verify.device import gpus_visible  # noqa: E402
 
 CONFIG = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
           "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 512}
@@ -55,14 +59,23 @@ WORLD4 = {
     "cp4": P(cp=4),
 }
 ALL = list({**WORLD2, **WORLD4})
+#: verify memory's FSDP2 (dp 2) over TP + SP (tp 2) on real tensors, in the world-4 launch
+MEM_MODEL = model_from_hf_config({**CONFIG, "num_hidden_layers": 2, "max_position_embeddings": 1024}, "tiny-llama-2")
+MEM_PLAN = TrainingPlan(tp=2, dp=2, zero=3, sequence_parallel=True, micro_batch=2, seq_len=256, global_batch=4, precision=FP32)
 
 
-@pytest.fixture(scope="module")
-def runs():
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(gpus_visible() < 4, reason="needs 4 CUDA GPUs"))])
+def runs(request):
+    device = request.param
     out = {}
     for jobs in (WORLD2, WORLD4):
-        results = comm.launch([(MODEL, p) for p in jobs.values()], timeout=240)
+        extra = [(MEM_MODEL, MEM_PLAN)] if jobs is WORLD4 else []
+        tasks = ["comm"] * len(jobs) + ["memory"] * len(extra)
+        results = comm.launch([(MODEL, p) for p in jobs.values()] + extra, timeout=240, device=device, task=tasks)
         out.update({name: predict.compare(MODEL, p, r) for (name, p), r in zip(jobs.items(), results)})
+    cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 4)
+    out["device"], out["memory-ranks"] = device, results[-1]
+    out["memory"] = memory.compare(MEM_MODEL, MEM_PLAN, cluster, device=device, measured=memory.gather(results[-1]))
     return out
 
 
@@ -70,6 +83,7 @@ def runs():
 def test_counts_exact_and_bytes_within_1_percent(runs, name):
     c = runs[name]
     assert c.ok, [r.to_dict() for r in c.failures]
+    assert c.setup["device"] == runs["device"]
     assert any(r.measured > 0 for r in c.rows)
 
 
@@ -173,6 +187,23 @@ def test_ring_attention_kv_exchange(runs, name, c):
         assert run.row(f"{where}: cp {kind} forward: bytes").measured == m * L * (c - 1) * kv
         assert run.row(f"{where}: cp {kind} backward: bytes").measured == 2 * m * L * (c - 1) * kv
     assert run.row("ranks whose ring attention equals full attention (output, dQ, dK, dV)").measured == c
+
+
+def test_memory_rank_function_on_real_processes(runs):
+    """verify memory's per-rank function on real tensors over a real process group (what --device
+    cuda runs, here on gloo): every rank holds the same shard sizes, the persistent state equals the
+    fake-group measurement byte for byte (on CUDA less Adam's step counters, 4 bytes for each of the
+    21 tensors, which stay on the host), and the rows are within tolerance."""
+    c, ranks = runs["memory"], runs["memory-ranks"]
+    assert c.ok, [r.to_dict() for r in c.failures]
+    assert c.setup["tensors"] == "real" and len(ranks) == 4 and [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert all(r["state"] == ranks[0]["state"] for r in ranks)
+    fake = memory.measure(MEM_MODEL, MEM_PLAN)
+    assert fake["tensors"] == "fake"
+    host_counters = 4 * 21 if runs["device"] == "cuda" else 0
+    for key, less in (("Sharded Param", 0), ("Sharded Grad", 0), ("OptState", host_counters)):
+        assert ranks[0]["state"][key] == fake["state"][key] - less
+    assert ranks[0]["state"]["Sharded Param"] == 1_706_496 == c.row("weights").predicted
 
 
 def test_predicted_tp_collectives_time_to_estimates_tp_time():

@@ -15,6 +15,10 @@ from meshplan.cli.app import main  # noqa: E402
 from meshplan.cost.params import count_params  # noqa: E402
 from meshplan.verify import flops  # noqa: E402
 from meshplan.verify.build import build_model, hf_config  # noqa: E402
+from meshplan.verify.device import gpus_visible  # noqa: E402
+
+#: cpu (fake tensors, CPU kernels) and, where a GPU is visible, cuda (real tensors, CUDA SDPA kernels)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(gpus_visible() < 1, reason="needs a CUDA GPU"))]
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
          "num_key_value_heads": 4, "intermediate_size": 688, "vocab_size": 1000, "max_position_embeddings": 512}
@@ -40,8 +44,9 @@ def test_hf_config_round_trip_and_exact_parameter_count(name):
     assert sum(p.numel() for p in net.parameters()) == count_params(spec).total
 
 
-def test_llama_eager_matches_exactly(llama):
-    c = flops.compare(llama, 2, 128, attn="eager")
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_eager_matches_exactly(llama, device):
+    c = flops.compare(llama, 2, 128, attn="eager", device=device)
     assert c.ok, [r.to_dict() for r in c.failures]
     n_mm = count_params(llama).matmul
     assert c.row("dense forward (2·N_mm·T)").measured == 2 * n_mm * 256 == 873_463_808
@@ -63,11 +68,28 @@ def test_llama_sdpa_counts_the_cpu_flash_kernel(llama):
     assert c.setup["meshplan_causal_attention"] * 2 == c.row("attention forward (full s², 4·L·a·d·s²·b)").predicted * 3
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_gpt2_exact(gpt2, attn):
-    c = flops.compare(gpt2, 2, 128, attn=attn)
+def test_gpt2_exact(gpt2, attn, device):
+    c = flops.compare(gpt2, 2, 128, attn=attn, device=device)
     assert c.ok, [r.to_dict() for r in c.failures]
     assert c.setup["measured_by_op"]["forward"]["addmm"] > 0  # Conv1D layers counted as dense
+
+
+@pytest.mark.skipif(gpus_visible() < 1, reason="needs a CUDA GPU")
+def test_llama_sdpa_on_cuda_counts_a_cuda_kernel(llama):
+    """On CUDA the fp32 model's SDPA runs a CUDA kernel whose formula torch registers (memory-efficient
+    attention for fp32, or the math path's bmm): the same exact rows as on CPU, no custom formula."""
+    c = flops.compare(llama, 2, 128, attn="sdpa", device="cuda")
+    assert c.ok, [r.to_dict() for r in c.failures]
+    assert c.setup["device"] == "cuda"
+    fwd = c.setup["measured_by_op"]["forward"]
+    assert not any("for_cpu" in op for op in fwd)
+    kernels = [op for op in fwd if op.split(".")[0] in flops.ATTENTION_OPS]
+    assert kernels and sum(fwd[op] for op in kernels) == 67_108_864 == c.row("attention forward (full s², 4·L·a·d·s²·b)").predicted
+    back = c.row("attention backward (full s², 8·L·a·d·s²·b)")
+    fused = any(op.split(".")[0] in flops.FUSED_BACKWARD for op in c.setup["measured_by_op"]["backward"])
+    assert back.measured == (167_772_160 if fused else 134_217_728)
 
 
 @pytest.mark.parametrize("fixture", ["llama", "gpt2"])

@@ -1,4 +1,8 @@
-"""meshplan verify memory: MemTracker / FSDPMemTracker against meshplan's per-rank memory (needs torch + transformers)."""
+"""meshplan verify memory: MemTracker / FSDPMemTracker against meshplan's per-rank memory (needs torch + transformers).
+
+Every comparison runs through the same device-parametrised functions: on cpu (a fake process group,
+fake tensors) here, and on cuda (one process per GPU, NCCL, real tensors, the allocator's peak
+beside the tracker's) where enough GPUs are visible; the cuda cases are skipped otherwise."""
 
 from __future__ import annotations
 
@@ -16,8 +20,19 @@ from meshplan.cost.params import count_params, head_params_per_rank, layer_param
 from meshplan.specs.hardware import ClusterSpec  # noqa: E402
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan  # noqa: E402
 from meshplan.verify import memory  # noqa: E402
+from meshplan.verify.device import gpus_visible  # noqa: E402
 
 FP32 = PrecisionRecipe(precision="fp32", grad_dtype="fp32")
+
+
+def on(n: int) -> list:
+    """The devices a test of ``n`` ranks runs on: cpu, and cuda when ``n`` GPUs are visible."""
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(gpus_visible() < n, reason=f"needs {n} CUDA GPUs"))]
+
+
+def counters(device: str, tensors: int) -> int:
+    """Adam's step counters in the rank's memory: 4 bytes per tensor on CPU; on CUDA they stay on the host."""
+    return 4 * tensors if device == "cpu" else 0
 
 
 def _llama(layers: int):
@@ -26,29 +41,31 @@ def _llama(layers: int):
                                  "vocab_size": 1024, "max_position_embeddings": 1024}, f"tiny-llama-{layers}")
 
 
-def _compare(model, dp: int, seq_len: int):
+def _compare(model, dp: int, seq_len: int, device: str = "cpu"):
     plan = TrainingPlan(dp=dp, zero=3 if dp > 1 else 0, micro_batch=2, seq_len=seq_len, global_batch=2 * dp, precision=FP32)
-    return memory.compare(model, plan, ClusterSpec.of(load_gpu("h100-sxm-80gb"), dp))
+    return memory.compare(model, plan, ClusterSpec.of(load_gpu("h100-sxm-80gb"), dp), device=device)
 
 
-def test_single_device_memtracker():
+@pytest.mark.parametrize("device", on(1))
+def test_single_device_memtracker(device):
     model = _llama(2)
-    c = _compare(model, 1, 256)
+    c = _compare(model, 1, 256, device)
     assert c.ok, [r.to_dict() for r in c.failures]
     params = count_params(model).total
     assert c.row("weights").measured == 4 * params == c.row("weights").predicted
     assert c.row("gradients").measured == 4 * params
     # 8 bytes of moments per parameter plus a 4-byte step counter per parameter tensor (21 here)
-    assert c.row("optimizer state").measured == 8 * params + 4 * 21
+    assert c.row("optimizer state").measured == 8 * params + counters(device, 21)
     act = c.row("activations at the peak")
     assert abs(act.relative) < 0.01  # eager-kernel extras named, the rest is meshplan's list
     assert act.measured > act.predicted  # the eager modules keep more than the fused kernels
 
 
-@pytest.mark.parametrize("dp", [2, 4])
-def test_fsdp2_on_a_fake_process_group(dp):
+@pytest.mark.parametrize("dp,device", [pytest.param(dp, *d.values, marks=d.marks) if hasattr(d, "values") else (dp, d)
+                                       for dp in (2, 4) for d in on(dp)])
+def test_fsdp2_on_a_fake_process_group(dp, device):
     model = _llama(4)
-    c = _compare(model, dp, 512)
+    c = _compare(model, dp, 512, device)
     assert c.ok, [r.to_dict() for r in c.failures]
     params = count_params(model).total
     assert c.row("weights").measured == 4 * params / dp
@@ -82,25 +99,31 @@ LAYOUTS = {
     "zero1": _plan(dp=2, zero=1),
     "zero2": _plan(dp=2, zero=2),
     "hsdp": _plan(dp=4, dp_shard=2, zero=3),
+    "fsdp+tp": _plan(tp=2, dp=2, zero=3, sequence_parallel=False),
+    "fsdp+tp+sp": _plan(tp=2, dp=2, zero=3, sequence_parallel=True),
+    "zero2+tp+sp": _plan(tp=2, dp=2, zero=2, sequence_parallel=True),
 }
 
 
-@pytest.fixture(scope="module")
-def layouts():
-    model = _llama(2)
-    return model, {k: memory.compare(model, p, ClusterSpec.of(load_gpu("h100-sxm-80gb"), p.tp * p.dp)) for k, p in LAYOUTS.items()}
+@pytest.fixture(scope="module", params=on(4))
+def layouts(request):
+    model, device = _llama(2), request.param
+    return model, {k: memory.compare(model, p, ClusterSpec.of(load_gpu("h100-sxm-80gb"), p.tp * p.dp), device=device)
+                   for k, p in LAYOUTS.items()}, device
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_within_tolerance(layouts, name):
     c = layouts[1][name]
     assert c.ok, [r.to_dict() for r in c.failures]
+    allocator_rows = [r for r in c.rows if r.item.startswith("peak, CUDA allocator")]
+    assert len(allocator_rows) == (LAYOUTS[name].tp * LAYOUTS[name].dp if layouts[2] == "cuda" else 0)
 
 
 def test_tp_state_per_rank(layouts):
     """TP 2: Megatron's split of every matrix, norms replicated; torch keeps the vocab-parallel
     embedding's gradient whole (V·h), the one known difference of the state rows."""
-    model, runs = layouts
+    model, runs, _ = layouts
     for name in ("tp", "tp+sp"):
         c = runs[name]
         params = rank_params(model, 2, 1, 2, True, True)
@@ -113,7 +136,7 @@ def test_tp_state_per_rank(layouts):
 def test_zero1_partition_of_whole_tensors(layouts):
     """ZeroRedundancyOptimizer: rank 0 steps whole tensors, largest first to the least-loaded rank;
     its AdamW state is 8 bytes per element it owns and 4 per tensor, exactly."""
-    model, runs = layouts
+    model, runs, device = layouts
     c = runs["zero1"]
     params = count_params(model).total
     h, kv, f, V = 256, 4 * 32, 512, 1024
@@ -123,14 +146,15 @@ def test_zero1_partition_of_whole_tensors(layouts):
     mine = memory.zero1_partition(tensors, 2)[0]
     assert c.row("weights").measured == 4 * params and c.row("gradients").measured == 4 * params
     assert c.row("optimizer state").predicted == 8 * params / 2
-    assert c.row("optimizer state").measured == 8 * sum(mine) + 4 * len(mine) != 8 * params / 2 + 4 * len(mine)
+    steps = counters(device, len(mine))
+    assert c.row("optimizer state").measured == 8 * sum(mine) + steps != 8 * params / 2 + steps
     assert memory.zero1_partition([5, 3, 3, 2, 1], 2) == [[5, 2], [3, 3, 1]]
 
 
 def test_zero2_keeps_the_whole_model_gathered(layouts):
     """torch's ZeRO-2 (FSDP2, reshard_after_forward=False) is meshplan's ZeRO-3 with weights kept
     gathered: at the peak the whole model is gathered beside its shards."""
-    model, runs = layouts
+    model, runs, _ = layouts
     c = runs["zero2"]
     assert c.setup["meshplan_plan"] == {"zero": 3, "reshard_after_forward": False}
     params = count_params(model).total
@@ -139,10 +163,61 @@ def test_zero2_keeps_the_whole_model_gathered(layouts):
 
 
 def test_hsdp_shards_within_the_shard_group(layouts):
-    model, runs = layouts
+    model, runs, _ = layouts
     c = runs["hsdp"]
     params = count_params(model).total
     assert c.row("weights").measured == 4 * params / 2 and c.row("optimizer state").predicted == 8 * params / 2
+
+
+def test_fsdp_over_tp_state_per_rank(layouts):
+    """FSDP2 over TP (tp 2 x dp 2, torchtitan's 2-D layout): every rank holds a quarter of each
+    matrix and half of each norm, exactly meshplan's ZeRO-3 shard of the TP rank's parameters, for
+    weights, gradients (FSDP2 reduce-scatters the embedding's replicated gradient into the weight's
+    row shards: no known difference) and 8 bytes of moments; the [norm, LM head] unit, kept gathered,
+    is the TP rank's V/2 rows of the head and the whole norm."""
+    model, runs, device = layouts
+    tp_rank = rank_params(model, 2, 1, 2, True, True)
+    assert tp_rank == 853_248 and tp_rank % 2 == 0
+    for name in ("fsdp+tp", "fsdp+tp+sp"):
+        c = runs[name]
+        assert c.setup["tracker"] == "FSDPMemTracker" and c.setup["tp"] == 2 and c.setup["dp"] == 2
+        assert c.row("weights").measured == c.row("weights").predicted == 4 * tp_rank / 2 == 1_706_496
+        assert c.row("gradients").measured == c.row("gradients").predicted == 4 * tp_rank / 2
+        assert c.row("gradients").known == 0
+        assert c.row("optimizer state").measured == 8 * tp_rank / 2 + counters(device, 21)
+        head_unit = head_params_per_rank(model, 2, 1) * 4
+        assert head_unit == (1024 // 2 * 256 + 256) * 4
+        if device == "cpu":
+            assert c.setup["measured_peak_by_category"]["Unsharded Param"] == head_unit
+    # torch's ZeRO-2 over TP keeps the TP rank's whole model gathered at the peak, beside its shards
+    z2 = runs["zero2+tp+sp"]
+    assert z2.row("weights").measured == 4 * tp_rank / 2 and z2.setup["meshplan_plan"] == {"zero": 3, "reshard_after_forward": False}
+    assert z2.setup["meshplan_other_items"]["gathered_weights"] == 4 * tp_rank
+    if device == "cpu":
+        assert z2.setup["measured_peak_by_category"]["Unsharded Param"] == 4 * tp_rank
+    # sequence parallelism shards the norms' activations over tp here too
+    assert runs["fsdp+tp+sp"].row("activations at the peak").measured < runs["fsdp+tp"].row("activations at the peak").measured
+
+
+def test_allocator_rows_per_rank():
+    """The CUDA allocator rows, fed a measurement: the allocator's peak less what it holds at the end
+    beyond the tracked tensors (the workspaces), against the same prediction as the tracker's peak;
+    under ZeRO-1 each rank's row expects its own whole-tensor share of the optimizer state."""
+    model = _llama(2)
+    plan = LAYOUTS["zero1"]
+    got = memory.measure(model, plan)
+    assert memory.allocator_peak({"peak": 100, "end": 60, "tracked_end": 50}) == 90
+    workspace = 8 * 2**20
+    peak, end = got["peak"]["Total"], got["state"]["Total"]
+    got["allocator"] = [{"peak": peak + workspace, "end": end + workspace, "tracked_end": end},
+                        {"peak": peak + workspace + 4096, "end": end + workspace, "tracked_end": end}]
+    c = memory.compare(model, plan, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 2), measured=got)
+    r0, r1 = c.row("peak, CUDA allocator (rank 0)"), c.row("peak, CUDA allocator (rank 1)")
+    assert r0.measured == c.row("peak").measured == peak and r0.expected == c.row("peak").expected
+    assert r1.measured == peak + 4096
+    part = memory.zero1_partition(got["param_sizes"], 2)
+    assert r1.known - r0.known == 8 * (sum(part[1]) - sum(part[0])) != 0
+    assert c.setup["allocator"] == got["allocator"]
 
 
 def test_cli_memory(tmp_path, capsys):
@@ -155,3 +230,6 @@ def test_cli_memory(tmp_path, capsys):
     assert out["ok"] and [r["item"] for r in out["rows"]] == ["weights", "gradients", "optimizer state", "activations at the peak", "peak"]
     assert main(["verify", "memory", "--model", str(cfg), "--pp", "2"]) == 2
     assert capsys.readouterr().err.startswith("error: pp:")
+    assert main(["verify", "memory", "--model", str(cfg), "--tp", "2", "--dp", "2", "--zero", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: zero: verify memory runs tp with dp as FSDP2 over TP (torchtitan's 2-D layout): give --zero 2 or 3"]

@@ -1,4 +1,4 @@
-"""``meshplan verify {flops,memory,comm}``: meshplan's predictions against torch on CPU.
+"""``meshplan verify {flops,memory,comm}``: meshplan's predictions against torch on CPU or CUDA.
 
 Each subcommand takes the plan options of ``meshplan estimate``, builds the Hugging Face model of
 ``--model`` (a catalog name or a config.json), measures with torch (FlopCounterMode, MemTracker /
@@ -6,6 +6,10 @@ FSDPMemTracker, collectives counted on a gloo process group), runs meshplan's pr
 plan and prints one row per item: torch measured, meshplan predicted, the named known difference,
 the difference, the tolerance and the verdict. ``--json`` prints the same as one object. Exit status
 1 when any item is beyond its tolerance, 2 for bad input or when torch is not installed.
+
+``--device cpu`` (the default) runs on CPU (gloo); ``--device cuda`` runs one process per GPU on NCCL
+with real tensors, and exits 2 naming ``--device`` when torch sees no GPU or fewer GPUs than the
+plan has ranks (:mod:`meshplan.verify.device`).
 
 torch and transformers are imported only when a subcommand runs (the ``verify`` extra).
 
@@ -29,12 +33,17 @@ from meshplan.cli.options import PlanArgs, Setup, plan_options, resolve
 from meshplan.errors import InputError
 
 verify_app = typer.Typer(
-    help="Check meshplan against real torch execution on CPU: FLOPs (FlopCounterMode), memory (MemTracker, "
+    help="Check meshplan against real torch execution on CPU (or CUDA GPUs with --device cuda): FLOPs (FlopCounterMode), memory (MemTracker, "
     "FSDPMemTracker) and collectives (gloo process group). Exit 1 when an item is beyond tolerance.",
     no_args_is_help=True,
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")]
+DeviceOption = Annotated[
+    str,
+    typer.Option("--device", help="cpu (default: gloo, fake tensors for flops and memory) or cuda (one process per GPU, "
+                 "NCCL, real tensors; the plan's ranks must not outnumber the visible GPUs)."),
+]
 
 
 def _verify_module(name: str):
@@ -42,8 +51,8 @@ def _verify_module(name: str):
     import importlib
 
     try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        for dependency in ("torch", "transformers"):
+            __import__(dependency)
     except ImportError as exc:
         raise InputError("verify", f"needs torch and transformers ({exc.name} is missing): install meshplan[verify]") from None
     return importlib.import_module(f"meshplan.verify.{name}")
@@ -110,6 +119,13 @@ def print_comparison(comparison) -> None:
               + ("" if not failures else f"; beyond: {', '.join(r.item for r in failures)}"))
 
 
+def _check_device(device: str, world: int) -> None:
+    """``--device`` against the GPUs torch sees (one line naming --device when it cannot run)."""
+    from meshplan.verify.device import check
+
+    check(device, world)
+
+
 def _finish(comparison, json_out: bool) -> None:
     if json_out:
         typer.echo(json.dumps(comparison.to_dict(), default=str))
@@ -125,22 +141,25 @@ def flops(
     plan: PlanArgs,
     json_out: JsonFlag = False,
     attn_impl: Annotated[Literal["sdpa", "eager"], typer.Option("--attn-impl", help="Hugging Face attention implementation: sdpa (CPU flash kernel) or eager (bmm).")] = "sdpa",
+    device: DeviceOption = "cpu",
 ) -> None:
-    """FLOPs of one micro-batch, forward + backward, by FlopCounterMode under FakeTensorMode, against meshplan's dense and attention FLOPs (full s² convention, as the counter counts)."""
+    """FLOPs of one micro-batch, forward + backward, by FlopCounterMode (fake CPU tensors, or real ones on one GPU with --device cuda), against meshplan's dense and attention FLOPs (full s² convention, as the counter counts)."""
     setup = _setup(plan, "flops")
     mod = _verify_module("flops")
+    _check_device(device, 1)
     p = setup.plan
-    _finish(mod.compare(setup.model, p.micro_batch, p.seq_len, attn=attn_impl, recompute=p.recompute), json_out)
+    _finish(mod.compare(setup.model, p.micro_batch, p.seq_len, attn=attn_impl, recompute=p.recompute, device=device), json_out)
 
 
 @verify_app.command("memory")
 @plan_options
-def memory(plan: PlanArgs, json_out: JsonFlag = False) -> None:
-    """Weights, gradients, optimizer state, activations and the peak per rank over two AdamW steps: MemTracker on one device, under TP (--tp N) or ZeRO-1 (--dp N --zero 1); FSDPMemTracker for FSDP2 (--zero 3, --zero 2 = weights kept gathered, --dp-shard for HSDP), over a fake process group."""
+def memory(plan: PlanArgs, json_out: JsonFlag = False, device: DeviceOption = "cpu") -> None:
+    """Weights, gradients, optimizer state, activations and the peak per rank over two AdamW steps: MemTracker on one device, under TP (--tp N) or ZeRO-1 (--dp N --zero 1); FSDPMemTracker for FSDP2 (--zero 3, --zero 2 = weights kept gathered, --dp-shard for HSDP), also over TP (--tp T --dp N --zero 3); on a fake process group, or with --device cuda on one GPU per rank (NCCL) beside the CUDA allocator's peak."""
     setup = _setup(plan, "memory")
     mod = _verify_module("memory")
     mod.check_plan(setup.model, setup.plan)
-    _finish(mod.compare(setup.model, setup.plan, setup.cluster), json_out)
+    _check_device(device, setup.plan.tp * setup.plan.dp)
+    _finish(mod.compare(setup.model, setup.plan, setup.cluster, device=device), json_out)
 
 
 @verify_app.command("comm")
@@ -148,14 +167,17 @@ def memory(plan: PlanArgs, json_out: JsonFlag = False) -> None:
 def comm(
     plan: PlanArgs,
     json_out: JsonFlag = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the CPU workers are stopped.")] = 240.0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the workers are stopped.")] = 240.0,
+    device: DeviceOption = "cpu",
 ) -> None:
-    """Every collective of one training step, counted on tp·pp·dp CPU processes (gloo), against meshplan's communication model: count (exact) and bytes (1%) per rank, axis, collective and phase."""
+    """Every collective of one training step, counted on tp·pp·dp CPU processes (gloo) or GPUs (NCCL, --device cuda), against meshplan's communication model: count (exact) and bytes (1%) per rank, axis, collective and phase."""
     setup = _setup(plan, "comm")
     mod = _verify_module("comm")
     predict = _verify_module("predict")
     mod.check_plan(setup.model, setup.plan)
+    p = setup.plan
+    _check_device(device, p.tp * p.pp * p.dp * p.cp)
     if timeout <= 0:
         raise InputError("timeout", f"must be a positive number of seconds (got {timeout})")
-    results = mod.launch([(setup.model, setup.plan)], timeout=timeout)[0]
+    results = mod.launch([(setup.model, setup.plan)], timeout=timeout, device=device)[0]
     _finish(predict.compare(setup.model, setup.plan, results), json_out)

@@ -6,12 +6,14 @@
 * :mod:`~meshplan.verify.build`   — the Hugging Face model for a :class:`~meshplan.specs.model.ModelSpec`
   (config.json written from the spec, built on the meta device or under FakeTensorMode);
 * :mod:`~meshplan.verify.flops`   — FlopCounterMode over forward + backward of one micro-batch;
-* :mod:`~meshplan.verify.memory`  — MemTracker (one device) and FSDPMemTracker (FSDP2 / TP on a fake
-  process group) over two optimizer steps;
-* :mod:`~meshplan.verify.comm`    — one training step per rank on a gloo CPU process group (DDP, FSDP2,
+* :mod:`~meshplan.verify.memory`  — MemTracker (one device) and FSDPMemTracker (FSDP2 / TP / both on a
+  fake process group, or real ranks on GPUs) over two optimizer steps;
+* :mod:`~meshplan.verify.comm`    — one training step per rank on a gloo CPU (or NCCL GPU) process group (DDP, FSDP2,
   TP, TP + SP, pipelining schedules and their combinations) with every collective counted;
 * :mod:`~meshplan.verify.predict` — the collectives meshplan's model charges for the same plan;
-* :mod:`~meshplan.verify.compare` — side-by-side rows with the tolerances of the comparison.
+* :mod:`~meshplan.verify.compare` — side-by-side rows with the tolerances of the comparison;
+* :mod:`~meshplan.verify.device`  — where it runs: CPU with gloo (the default) or one CUDA GPU per rank
+  with NCCL, and the refusals when the GPUs are missing.
 
 Import the submodules you need; this package file imports nothing heavy.
 """

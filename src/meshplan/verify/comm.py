@@ -3,9 +3,11 @@ collective counted.
 
 How it runs: :func:`launch` starts ``tp·pp·dp`` processes (``cp`` processes for context
 parallelism, which runs alone: :mod:`meshplan.verify.ring`), ``multiprocessing`` with *spawn*, a
-free port on 127.0.0.1, a wall-clock timeout after which every worker it started is killed. Each
-worker builds the Hugging Face model of the spec for real on CPU (fp32, fixed seed), lays it out as
-the plan says, with torch's own APIs only:
+free port on 127.0.0.1, a wall-clock timeout after which every worker it started is killed. The
+processes run on CPU with gloo (the default), or with ``device="cuda"`` one per GPU with NCCL, rank
+r on GPU r (:mod:`meshplan.verify.device`): the same functions below run either way, the device
+threaded through them. Each worker builds the Hugging Face model of the spec for real on its device
+(fp32, fixed seed), lays it out as the plan says, with torch's own APIs only:
 
 * pipeline (pp > 1): meshplan's own layer split and stage-to-rank assignment
   (:func:`meshplan.pipeline.stages.layer_split`, ``stages_of_rank``), each stage a module holding the
@@ -235,7 +237,7 @@ def _stage_module_class():
         def forward(self, x):
             if self.embed is not None:
                 x = self.embed(x)
-            pos = torch.arange(self.seq_len).unsqueeze(0)
+            pos = torch.arange(self.seq_len, device=x.device).unsqueeze(0)
             cos_sin = self.rotary(x, pos)
             for layer in self.layers.values():
                 x = layer(x, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
@@ -281,8 +283,9 @@ def _tp_plan(sp: bool):
     return layer, top
 
 
-def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
-    """This rank's stage modules (one per virtual stage it holds), laid out; and their indices."""
+def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int, device: str = "cpu"):
+    """This rank's stage modules (one per virtual stage it holds), laid out on ``device``; and their
+    indices."""
     import torch
     from torch.distributed.tensor.parallel import parallelize_module
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -290,9 +293,11 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
     from meshplan.pipeline.schedules import stage_style
     from meshplan.pipeline.stages import layer_split, stages_of_rank
     from meshplan.verify.build import build_model, parts
+    from meshplan.verify.device import here
 
     torch.manual_seed(0)
-    net = build_model(model, device="cpu", attn="sdpa")
+    dev = here(device)
+    net = build_model(model, device=dev, attn="sdpa")
     p = parts(net)
     split = layer_split(model.n_layers, plan.pp, plan.vpp, plan.layer_split)
     n_stages = len(split)
@@ -320,7 +325,7 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
         elif plan.dp > 1:
             grad_mb = sum(q.numel() * q.element_size() for q in mod.parameters()) / 2**20
             wrapped.append(DDP(mod, process_group=mesh["dp"].get_group(), bucket_cap_mb=grad_mb + 1,
-                               broadcast_buffers=False))
+                               broadcast_buffers=False, device_ids=[dev] if dev.type == "cuda" else None))
         else:
             wrapped.append(mod)
     return wrapped, mine, n_stages
@@ -382,14 +387,17 @@ class _Trainer:
     """This rank's modules, optimizer and (with pp > 1) pipeline schedule, built once; ``step``
     runs one optimizer step of ``m`` micro-batches."""
 
-    def __init__(self, model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int):
+    def __init__(self, model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int, device: str = "cpu"):
         import torch
         from torch.distributed.tensor.parallel import loss_parallel
 
+        from meshplan.verify.device import here
+
         self.model, self.plan = model, plan
-        self.mods, self.mine, self.n_stages = _build(model, plan, mesh, rank_pp)
+        self.mods, self.mine, self.n_stages = _build(model, plan, mesh, rank_pp, device)
         g = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, model.vocab_size, (plan.grad_accum * plan.micro_batch, plan.seq_len), generator=g)
+        ids = torch.randint(0, model.vocab_size, (plan.grad_accum * plan.micro_batch, plan.seq_len), generator=g)
+        self.ids = ids.to(here(device))
         self.loss_parallel = loss_parallel if plan.tp > 1 else None
         params = [q for mod in self.mods for q in mod.parameters()]
         self.opt = make_optimizer(params, plan, mesh)
@@ -398,7 +406,7 @@ class _Trainer:
             from torch.distributed.pipelining import PipelineStage
             from torch.distributed.pipelining import schedules as S
 
-            stages = [PipelineStage(mod, k, self.n_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+            stages = [PipelineStage(mod, k, self.n_stages, here(device), group=mesh["pp"].get_group())
                       for mod, k in zip(self.mods, self.mine)]
             cls = getattr(S, SCHEDULES[plan.schedule])
             multi = plan.schedule not in ("gpipe", "1f1b")
@@ -440,7 +448,9 @@ def _loss(logits, target):
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
-def _mesh(plan: TrainingPlan):
+def _mesh(plan: TrainingPlan, device: str = "cpu"):
+    """The device mesh of the plan's tp, pp and dp axes (dp split into (dp_rep, dp_shard) for HSDP),
+    outermost first in meshplan's rank order, over ``device``'s ranks."""
     from torch.distributed.device_mesh import init_device_mesh
 
     sizes = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
@@ -449,20 +459,21 @@ def _mesh(plan: TrainingPlan):
         i = names.index("dp")
         names[i:i + 1] = ["dp_rep", "dp_shard"]
         sizes |= {"dp_rep": plan.dp // plan.dp_shard, "dp_shard": plan.dp_shard}
-    return init_device_mesh("cpu", tuple(sizes[a] for a in names), mesh_dim_names=tuple(names))
+    return init_device_mesh(device, tuple(sizes[a] for a in names), mesh_dim_names=tuple(names))
 
 
-def run_rank(model: ModelSpec, plan: TrainingPlan) -> dict[str, Any]:
-    """Inside an initialised process group: warm-up step, counted step; this rank's records."""
+def run_rank(model: ModelSpec, plan: TrainingPlan, device: str = "cpu") -> dict[str, Any]:
+    """Inside an initialised process group (gloo on CPU, NCCL on CUDA): warm-up steps, counted
+    step; this rank's records."""
     import torch.distributed as dist
 
-    mesh = _mesh(plan)
+    mesh = _mesh(plan, device)
     axis_of = {}
     for name in mesh.mesh_dim_names:
         axis_of[tuple(sorted(dist.get_process_group_ranks(mesh[name].get_group())))] = name
     axis_of.setdefault(tuple(range(dist.get_world_size())), "world")
     rank_pp = mesh["pp"].get_local_rank() if plan.pp > 1 else 0
-    trainer = _Trainer(model, plan, mesh, rank_pp)
+    trainer = _Trainer(model, plan, mesh, rank_pp, device)
     for _ in range(WARMUP_STEPS):
         trainer.step()
     counter = make_counter(axis_of)
@@ -480,45 +491,77 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, jobs: list[tuple[dict, dict]], out) -> None:
+def _run_job(model: ModelSpec, plan: TrainingPlan, device: str, task: str) -> dict[str, Any]:
+    """One job on this rank: ``comm`` (the counted step, or the ring attention for cp) or
+    ``memory`` (:func:`meshplan.verify.memory.run_rank`)."""
+    if task == "memory":
+        from meshplan.verify import memory
+
+        return memory.run_rank(model, plan, device)
+    if plan.cp > 1:
+        from meshplan.verify import ring
+
+        return {**ring.run_rank(model, plan, make_counter, device), "device": device}
+    return {**run_rank(model, plan, device), "device": device}
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[tuple[dict, dict, str]], out, device: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
+
+    from meshplan.verify.device import backend, bind
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        for i, (model_d, plan_d) in enumerate(jobs):
+        bind(device, rank)
+        dist.init_process_group(backend(device), rank=rank, world_size=world)
+        for i, (model_d, plan_d, task) in enumerate(jobs):
             model, plan = ModelSpec.model_validate(model_d), TrainingPlan.model_validate(plan_d)
-            if plan.cp > 1:
-                from meshplan.verify import ring
-
-                res = ring.run_rank(model, plan, make_counter)
-            else:
-                res = run_rank(model, plan)
+            res = _run_job(model, plan, device, task)
             out.put((i, rank, res, None))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported to the parent
         out.put((-1, rank, None, traceback.format_exc()))
 
 
-def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_TIMEOUT) -> list[list[dict[str, Any]]]:
-    """Run every (model, plan) job on one set of spawned gloo workers (all jobs need the same world
-    size); per job, the records of every rank in rank order. Raises RuntimeError on a worker error
-    or after ``timeout`` seconds, killing the workers it started."""
+TASKS = ("comm", "memory")
+
+
+def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_TIMEOUT, *, device: str = "cpu",
+           task: str | list[str] = "comm") -> list[list[dict[str, Any]]]:
+    """Run every (model, plan) job on one set of spawned workers, one per rank (all jobs need the
+    same world size): CPU processes on gloo, or with ``device="cuda"`` one process per GPU on NCCL
+    (:mod:`meshplan.verify.device`). ``task``, for all jobs or one per job, is ``comm`` (collectives
+    counted) or ``memory`` (the memory trackers on real tensors). Per job, the result of every rank
+    in rank order. Raises RuntimeError on a worker error or after ``timeout`` seconds, killing the
+    workers it started."""
     import multiprocessing as mp
 
+    from meshplan.verify import device as device_mod
+
+    tasks = [task] * len(jobs) if isinstance(task, str) else list(task)
+    if len(tasks) != len(jobs) or any(t not in TASKS for t in tasks):
+        raise ValueError(f"task must be one of {TASKS}, or one of them per job (got {task!r})")
     worlds = {p.tp * p.pp * p.dp * p.cp for _, p in jobs}
     if len(worlds) != 1:
         raise ValueError("all jobs of one launch need the same world size")
     world = worlds.pop()
-    for m, p in jobs:
-        check_plan(m, p)
+    for (m, p), task_i in zip(jobs, tasks):
+        if task_i == "memory":
+            from meshplan.verify.memory import check_plan as check_memory_plan
+
+            check_memory_plan(m, p)
+        else:
+            check_plan(m, p)
+    device_mod.check(device, world)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    payload = [(m.model_dump(), p.model_dump()) for m, p in jobs]
+    payload = [(m.model_dump(), p.model_dump(), t) for (m, p), t in zip(jobs, tasks)]
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, payload, out), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, payload, out, device), daemon=True)
+             for r in range(world)]
+    what = "verify " + "/".join(sorted(set(tasks)))
     for proc in procs:
         proc.start()
     results: list[list[Any]] = [[None] * world for _ in jobs]
@@ -528,16 +571,16 @@ def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError(f"verify comm: workers did not finish within {timeout:.0f} s")
+                raise RuntimeError(f"{what}: workers did not finish within {timeout:.0f} s")
             try:
                 i, rank, res, err = out.get(timeout=min(left, 1.0))
             except queue_mod.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"verify comm: worker exited with code {dead[0].exitcode}") from None
+                    raise RuntimeError(f"{what}: worker exited with code {dead[0].exitcode}") from None
                 continue
             if err is not None:
-                raise RuntimeError(f"verify comm: rank {rank} failed:\n{err}")
+                raise RuntimeError(f"{what}: rank {rank} failed:\n{err}")
             results[i][rank] = res
             pending -= 1
         for proc in procs:

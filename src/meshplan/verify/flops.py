@@ -22,6 +22,12 @@ Traps, and what is done about each:
   2.5x the forward); meshplan's model FLOPs count the backward as 2x the forward, so the extra QKᵀ,
   half the attention forward, is a named known difference (``flash-backward-recomputes-scores``).
   Eager attention (``--attn-impl eager``, plain ``bmm``) shows exactly 2x.
+* On CUDA (``--device cuda``) the model is real, on one GPU, and SDPA dispatches to a CUDA kernel:
+  flash (fp16/bf16 only), memory-efficient (what the fp32 model takes) or cuDNN, or the math path
+  (``bmm``) when none applies. torch 2.13 registers formulas for all of them
+  (``_scaled_dot_product_{flash,efficient,cudnn}_attention`` and their backward, ``_flash_attention_*``,
+  ``_efficient_attention_*``: ``sdpa_flop_count`` / ``sdpa_backward_flop_count``, the formulas the CPU
+  kernels are given here), so the rows and the known difference are the same.
 * Full recompute (``--recompute full``) wraps every layer in activation checkpointing; the repeated
   forward then appears in the backward's count and is compared with meshplan's hardware FLOPs. The
   count is taken with torch's checkpoint *early stop* off: by default non-reentrant checkpointing stops
@@ -51,7 +57,13 @@ ATTENTION_OPS = (
     "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_cudnn_attention",
     "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_forward",
+    "_flash_attention_backward",
+    "_efficient_attention_forward",
+    "_efficient_attention_backward",
 )
+#: fused SDPA backward kernels: they recompute QKᵀ (:data:`FLASH_BWD`)
+FUSED_BACKWARD = tuple(op for op in ATTENTION_OPS if op.endswith("_backward"))
 
 FLASH_BWD = KnownDifference(
     "flash-backward-recomputes-scores",
@@ -92,26 +104,34 @@ def _by_op(counter) -> dict[str, int]:
 
 
 def measure(
-    model: ModelSpec, micro_batch: int, seq_len: int, *, attn: str = "sdpa", recompute: str = "none"
+    model: ModelSpec, micro_batch: int, seq_len: int, *, attn: str = "sdpa", recompute: str = "none", device: str = "cpu"
 ) -> dict[str, dict[str, int]]:
-    """FLOPs per aten op of one micro-batch: ``{"forward": {...}, "backward": {...}}``."""
+    """FLOPs per aten op of one micro-batch: ``{"forward": {...}, "backward": {...}}``. On ``cpu``
+    the model is fake (FakeTensorMode: CPU kernels, no memory); on ``cuda`` it is real, on the
+    current GPU, so that SDPA dispatches to the CUDA kernels, whose formulas torch registers."""
+    import contextlib
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
+    from meshplan.verify import device as device_mod
     from meshplan.verify.build import build_model
 
     if recompute not in ("none", "full"):
         raise InputError("recompute", f"verify flops runs none or full recompute (Hugging Face checkpoints whole layers), got {recompute}")
+    device_mod.check(device, 1)
+    fake = device == "cpu"
+    where = None if fake else device_mod.here(device)
     mapping = _cpu_sdpa_mapping()
-    with FakeTensorMode():
-        net = build_model(model, device=None, attn=attn)
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        net = build_model(model, device=where, attn=attn)
         if recompute == "full":
             if hasattr(net, "activation_checkpointing_enable"):  # transformers >= 5.x
                 net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        ids = torch.randint(0, model.vocab_size, (micro_batch, seq_len))
+        ids = torch.randint(0, model.vocab_size, (micro_batch, seq_len), device=where)
         fwd = FlopCounterMode(display=False, custom_mapping=mapping)
         bwd = FlopCounterMode(display=False, custom_mapping=mapping)
         with torch.utils.checkpoint.set_checkpoint_early_stop(False):
@@ -128,9 +148,10 @@ def _split(counts: dict[str, int]) -> tuple[int, int, int]:
     return dense, attention, sum(counts.values()) - dense - attention
 
 
-def compare(model: ModelSpec, micro_batch: int, seq_len: int, *, attn: str = "sdpa", recompute: str = "none") -> Comparison:
+def compare(model: ModelSpec, micro_batch: int, seq_len: int, *, attn: str = "sdpa", recompute: str = "none",
+            device: str = "cpu") -> Comparison:
     """Rows: dense and attention FLOPs, forward and backward, and the totals, exact."""
-    counts = measure(model, micro_batch, seq_len, attn=attn, recompute=recompute)
+    counts = measure(model, micro_batch, seq_len, attn=attn, recompute=recompute, device=device)
     d_f, a_f, o_f = _split(counts["forward"])
     d_b, a_b, o_b = _split(counts["backward"])
 
@@ -148,13 +169,15 @@ def compare(model: ModelSpec, micro_batch: int, seq_len: int, *, attn: str = "sd
         "model": model.name, "micro_batch": micro_batch, "seq_len": seq_len, "attention_impl": attn,
         "recompute": recompute, "matmul_params": n_mm, "tokens": tokens,
         "measured_by_op": counts, "meshplan_causal_attention": causal.attention,
-        "how": "FlopCounterMode under FakeTensorMode (CPU kernels), custom formulas for the CPU SDPA kernels",
+        "device": device,
+        "how": "FlopCounterMode under FakeTensorMode (CPU kernels), custom formulas for the CPU SDPA kernels" if device == "cpu"
+        else "FlopCounterMode on real CUDA tensors (torch's own formulas for the CUDA SDPA kernels)",
     }
     c.add(Row("dense forward (2·N_mm·T)", d_f, 2 * n_mm * tokens, EXACT, "FLOP"))
     c.add(Row("dense backward (4·N_mm·T" + (" + recompute)" if recompute == "full" else ")"), d_b,
               4 * n_mm * tokens + rec_dense, EXACT, "FLOP"))
     c.add(Row("attention forward (full s², 4·L·a·d·s²·b)", a_f, attn_fwd, EXACT, "FLOP", notes=(CAUSAL.name,)), CAUSAL)
-    fused = any(op.endswith("_backward") and "scaled_dot_product" in op for op in counts["backward"])
+    fused = any(op.split(".")[0] in FUSED_BACKWARD for op in counts["backward"])
     flash = attn_fwd // 2 if fused else 0  # the recomputed QKᵀ, half the attention forward
     known_attn = (CAUSAL, FLASH_BWD) if fused else (CAUSAL,)
     c.add(Row("attention backward (full s², 8·L·a·d·s²·b" + (" + recompute)" if recompute == "full" else ")"), a_b,

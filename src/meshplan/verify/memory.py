@@ -1,7 +1,8 @@
 """``meshplan verify memory``: torch's MemTracker / FSDPMemTracker over two optimizer steps.
 
 How it is measured: the Hugging Face model of the spec is built under ``FakeTensorMode`` (so a large
-model costs no memory; fake and real CPU runs give the same figures), its own embedding, decoder
+model costs no memory; a real CPU run gives the same figures, but for one logits-sized temporary
+more at the fake peak with TP), its own embedding, decoder
 layers, final norm and LM head glued as one stage (:func:`meshplan.verify.comm._stage_module_class`),
 laid out with the same torch APIs as ``verify comm``, over a *fake* process group of tp·dp ranks
 (``init_process_group("fake")``, the device mesh built outside FakeTensorMode), and trained for two
@@ -16,13 +17,22 @@ gradients, optimizer state) and at its peak (activations, total):
 * ZeRO-3 / ZeRO-2 / HSDP: FSDP2 units (:func:`meshplan.verify.comm.shard_units`; ZeRO-2 keeps weights
   gathered from forward to backward, :func:`meshplan.verify.comm.torch_plan`; HSDP on a (replicate,
   shard) mesh), ``FSDPMemTracker`` — Sharded Param, Sharded Grad, OptState, Activation, and the
-  transient unsharded parameters, gradients and communication buffers.
+  transient unsharded parameters, gradients and communication buffers;
+* FSDP2 over TP (``--tp T --dp N --zero 3``, torchtitan's 2-D layout): ``parallelize_module`` on the
+  tp axis, then the same FSDP2 units on the dp axis, ``FSDPMemTracker``.
+
+With ``device="cuda"`` the same functions run on real CUDA tensors, one process per GPU on NCCL
+(:func:`run_rank`), and each rank's caching allocator is read beside the tracker:
+``torch.cuda.max_memory_allocated`` over step 2 (after ``reset_peak_memory_stats``), less what the
+allocator holds at the end of the step beyond the tracked tensors (:func:`allocator_peak`).
 
 Compared with :func:`meshplan.estimate.estimate` for the same plan (eager kernels) on pipeline
 rank 0: weights, gradients and optimizer state exact, activations and the peak within 10 %. Named
 differences: Adam's per-parameter ``step`` counters, the eager Hugging Face kernels' extra saved
 tensors, ZeroRedundancyOptimizer's whole-tensor partition, the replicated gradient of torch's
-vocab-parallel embedding, SP's gathered linear inputs, and the runtime reserve (absent on CPU).
+vocab-parallel embedding (not under FSDP2, which redistributes it to the weight's row shards before
+reducing it), SP's gathered linear inputs, and the runtime reserve (absent on CPU, outside the
+allocator on CUDA).
 """
 
 from __future__ import annotations
@@ -67,6 +77,13 @@ SP_GATHERED_INPUTS = KnownDifference(
     "Sec. 4.2.2), which meshplan models: (1 − 1/t)·n·h·e more per attention and MLP block and for the "
     "LM head.",
 )
+RESERVE_OUTSIDE_ALLOCATOR = KnownDifference(
+    "runtime-reserve-outside-allocator",
+    "meshplan's peak includes a runtime reserve for the CUDA context, library workspaces and NCCL buffers "
+    "(calibration.runtime_reserve). The CUDA context and NCCL's buffers are outside torch's caching allocator and "
+    "the trackers count tensors only, so the reserve is taken off the prediction; the allocator rows take off "
+    "what the allocator holds at the end of the step beyond the tracked tensors (cuBLAS workspaces).",
+)
 NO_RUNTIME = KnownDifference(
     "no-runtime-reserve-on-cpu",
     "meshplan's peak includes a runtime reserve for the CUDA context, library workspaces and NCCL buffers "
@@ -86,9 +103,9 @@ def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("model", "tied embeddings would share one weight between the embedding and LM-head FSDP units: verify runs untied models under --zero 2 or 3")
     for name, value in (("pp", plan.pp), ("cp", plan.cp), ("ep", plan.ep)):
         if value > 1:
-            raise InputError(name, "verify memory runs one pipeline stage: tp or dp ranks (pp = cp = ep = 1)")
-    if plan.tp > 1 and plan.dp > 1:
-        raise InputError("dp", "verify memory runs tp or dp ranks, not both")
+            raise InputError(name, "verify memory runs one pipeline stage: tp and dp ranks only (pp = cp = ep = 1)")
+    if plan.tp > 1 and plan.dp > 1 and plan.zero < 2:
+        raise InputError("zero", "verify memory runs tp with dp as FSDP2 over TP (torchtitan's 2-D layout): give --zero 2 or 3")
     check_tp_divisible(model, plan)
     if plan.dp > 1 and plan.zero == 0:
         raise InputError("zero", "verify memory runs ZeRO-1 (ZeroRedundancyOptimizer), ZeRO-2 or ZeRO-3 (FSDP2) for dp > 1: give --zero 1, 2 or 3")
@@ -119,68 +136,141 @@ def _by_name(snap) -> dict[str, int]:
     return {(k.value if hasattr(k, "value") else str(k)): int(v) for k, v in snap.items()}
 
 
-def measure(model: ModelSpec, plan: TrainingPlan) -> dict[str, Any]:
+def measure(model: ModelSpec, plan: TrainingPlan, device: str = "cpu") -> dict[str, Any]:
     """Rank 0's memory by category at the peak of step 2 (``peak``) and at its end (``state``: the
-    persistent weights, gradients and optimizer state), and the sizes of its parameter tensors."""
-    import contextlib
+    persistent weights, gradients and optimizer state), and the sizes of its parameter tensors.
 
-    import torch
+    On ``cpu``: fake tensors on a fake process group of tp·dp ranks, in this process. On ``cuda``:
+    real tensors, one process per GPU on NCCL (:func:`meshplan.verify.comm.launch`, task
+    ``memory``), each running :func:`run_rank`; ``allocator`` then lists every rank's CUDA caching
+    allocator figures beside its tracker's."""
+    if device == "cpu":
+        return _measure_fake(model, plan)
+    from meshplan.verify.comm import launch
+
+    return gather(launch([(model, plan)], device=device, task="memory")[0])
+
+
+def gather(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One measurement from :func:`run_rank`'s results in rank order: rank 0's tracker figures and,
+    on CUDA, every rank's allocator figures (``allocator``)."""
+    out = dict(ranks[0])
+    out.pop("allocator", None)
+    if all("allocator" in r for r in ranks):
+        out["allocator"] = [r["allocator"] for r in ranks]
+    return out
+
+
+def _measure_fake(model: ModelSpec, plan: TrainingPlan) -> dict[str, Any]:
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from meshplan.verify.build import build_model, parts
-    from meshplan.verify.comm import _loss, _mesh, _stage_module_class, _tp_plan, dp_mesh, make_optimizer, shard_units
+    from meshplan.verify.comm import _mesh
 
-    b, s = plan.micro_batch, plan.seq_len
     world = plan.tp * plan.dp
-    fsdp = plan.dp > 1 and plan.zero >= 2
     mesh = None
     if world > 1:
         _fake_pg(world)
         mesh = _mesh(plan)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            net = build_model(model, device=None)
-            mod = _stage_module_class()(parts(net), list(range(model.n_layers)), True, True, s)
-            loss_ctx = contextlib.nullcontext
-            if plan.tp > 1:
-                from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
-
-                layer_plan, top_plan = _tp_plan(plan.sequence_parallel)
-                for layer in mod.layers.values():
-                    parallelize_module(layer, mesh["tp"], layer_plan)
-                parallelize_module(mod, mesh["tp"], top_plan)
-                loss_ctx = loss_parallel
-            if fsdp:
-                shard_units(mod, plan, dp_mesh(mesh, plan))
-            opt = make_optimizer(list(mod.parameters()), plan, mesh)
-            local_opt = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer steps a local AdamW
-            ids = torch.randint(0, model.vocab_size, (b, s))
-            if fsdp:
-                from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-                tracker = FSDPMemTracker(mod, opt)
-                tracker.track_inputs((ids,))
-            else:
-                from torch.distributed._tools.mem_tracker import MemTracker
-
-                tracker = MemTracker()
-                tracker.track_external(mod, local_opt)
-            with tracker:
-                for i in range(2):
-                    with loss_ctx():
-                        _loss(mod(ids), ids).backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=False)
-                    if i == 0:
-                        tracker.reset_mod_stats()
-                state = next(iter(tracker.get_tracker_snapshot("current").values()))
-            peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-            sizes = [q.to_local().numel() if hasattr(q, "to_local") else q.numel() for q in mod.parameters()]
+            return _track(model, plan, mesh, "cpu", fake=True)
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-    return {"peak": _by_name(peak), "state": _by_name(state), "param_sizes": sizes}
+
+
+def run_rank(model: ModelSpec, plan: TrainingPlan, device: str) -> dict[str, Any]:
+    """Inside an initialised process group of tp·dp ranks (NCCL on CUDA, gloo on CPU), real
+    tensors: this rank's tracker figures, and on CUDA its allocator's."""
+    import torch.distributed as dist
+
+    from meshplan.verify.comm import _mesh
+
+    mesh = _mesh(plan, device) if plan.tp * plan.dp > 1 else None
+    return {"rank": dist.get_rank(), **_track(model, plan, mesh, device, fake=False)}
+
+
+def _on(snapshot: dict, dev) -> dict:
+    """The tracker's figures for ``dev``'s device type (the first device's when it has none)."""
+    for key, value in snapshot.items():
+        if getattr(key, "type", str(key).split(":")[0]) == dev.type:
+            return value
+    return next(iter(snapshot.values()))
+
+
+def _track(model: ModelSpec, plan: TrainingPlan, mesh, device: str, *, fake: bool) -> dict[str, Any]:
+    """Build, lay out and train two steps under the tracker (see the module docstring); with
+    ``fake`` the caller's FakeTensorMode is active. On CUDA, the allocator's peak over step 2
+    (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``) and its figure at the
+    end of step 2 (``memory_allocated``)."""
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from meshplan.verify.build import build_model, parts
+    from meshplan.verify.comm import _loss, _stage_module_class, _tp_plan, dp_mesh, make_optimizer, shard_units
+    from meshplan.verify.device import here
+
+    b, s = plan.micro_batch, plan.seq_len
+    fsdp = plan.dp > 1 and plan.zero >= 2
+    dev = here(device)
+    cuda = dev.type == "cuda"
+    net = build_model(model, device=None if fake else dev)
+    mod = _stage_module_class()(parts(net), list(range(model.n_layers)), True, True, s)
+    loss_ctx = contextlib.nullcontext
+    if plan.tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+
+        layer_plan, top_plan = _tp_plan(plan.sequence_parallel)
+        for layer in mod.layers.values():
+            parallelize_module(layer, mesh["tp"], layer_plan)
+        parallelize_module(mod, mesh["tp"], top_plan)
+        loss_ctx = loss_parallel
+    if fsdp:
+        # FSDP2 over TP joins the dp and tp meshes (DeviceMesh._concatenate), which locates this rank
+        # with a data-dependent nonzero() that FakeTensorMode cannot run: the meshes are real, so the
+        # layout is applied with the mode set aside (the parameters stay fake tensors).
+        with unset_fake_temporarily():
+            shard_units(mod, plan, dp_mesh(mesh, plan))
+    opt = make_optimizer(list(mod.parameters()), plan, mesh)
+    local_opt = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer steps a local AdamW
+    ids = torch.randint(0, model.vocab_size, (b, s), device=None if fake else dev)
+    if fsdp:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        tracker = FSDPMemTracker(mod, opt)
+        tracker.track_inputs((ids,))
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(mod, local_opt)
+    allocator: dict[str, int] = {}
+    with tracker:
+        for i in range(2):
+            with loss_ctx():
+                _loss(mod(ids), ids).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            if i == 0:
+                tracker.reset_mod_stats()
+                if cuda:
+                    torch.cuda.synchronize(dev)
+                    torch.cuda.reset_peak_memory_stats(dev)
+        if cuda:
+            torch.cuda.synchronize(dev)
+            allocator = {"peak": int(torch.cuda.max_memory_allocated(dev)), "end": int(torch.cuda.memory_allocated(dev))}
+        state = _on(tracker.get_tracker_snapshot("current"), dev)
+    peak = _on(tracker.get_tracker_snapshot("peak"), dev)
+    sizes = [q.to_local().numel() if hasattr(q, "to_local") else q.numel() for q in mod.parameters()]
+    out: dict[str, Any] = {"peak": _by_name(peak), "state": _by_name(state), "param_sizes": sizes,
+                           "tensors": "fake" if fake else "real"}
+    if cuda:
+        allocator["tracked_end"] = int(out["state"].get("Total", 0))
+        out["allocator"] = allocator
+    return out
 
 
 def zero1_partition(sizes: list[int], world: int) -> list[list[int]]:
@@ -208,14 +298,17 @@ def eager_extra_bytes(model: ModelSpec, plan: TrainingPlan) -> float:
     return model.n_layers * per_layer + per_norm
 
 
-def compare(model: ModelSpec, plan: TrainingPlan, cluster) -> Comparison:
-    """Rows for pipeline rank 0 (rank 0 of the fake group with tp or dp > 1)."""
+def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
+            measured: dict[str, Any] | None = None) -> Comparison:
+    """Rows for pipeline rank 0 (rank 0 of the fake group with tp or dp > 1; on CUDA, rank 0 of the
+    NCCL group, and the allocator's peak of every rank). ``measured``: a measurement already taken
+    on ``device`` (:func:`gather` of :func:`run_rank`'s results), else :func:`measure` takes it."""
     from meshplan.cost.params import padded_vocab
     from meshplan.estimate import estimate
-    from meshplan.verify.comm import torch_plan
+    from meshplan.verify.comm import hsdp, torch_plan
 
     check_plan(model, plan)
-    got = measure(model, plan)
+    got = measured if measured is not None else measure(model, plan, device)
     peak, state = got["peak"], got["state"]
     mplan = torch_plan(plan).model_copy(update={"kernels": "eager"})  # torch's eager cross-entropy
     st = estimate(model, cluster, mplan).stages[0]
@@ -232,10 +325,13 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster) -> Comparison:
         owned = zero1_partition(owned, plan.dp)[0]
         partition = plan.precision.optimizer_bytes * sum(owned) - st.optimizer
         opt_known = (STEP_COUNTERS, WHOLE_TENSOR_PARTITION)
-    steps = 4 * len(owned)  # every tensor the rank's AdamW steps (its shard, under FSDP2)
+    # every tensor the rank's AdamW steps (its shard, under FSDP2); on CUDA the counters stay on the host
+    steps = 4 * len(owned) if device == "cpu" else 0
+    if device != "cpu":
+        opt_known = tuple(k for k in opt_known if k is not STEP_COUNTERS)
     embed_grad = 0.0
     grad_known: tuple[KnownDifference, ...] = ()
-    if plan.tp > 1:
+    if plan.tp > 1 and not fsdp:  # FSDP2 redistributes it to the weight's Shard(0) before its reduce-scatter
         embed_grad = padded_vocab(model, plan.tp) // plan.tp * (plan.tp - 1) * model.hidden * plan.precision.grad_bytes
         grad_known = (REPLICATED_EMBEDDING_GRAD,)
     eager = eager_extra_bytes(model, plan)
@@ -245,16 +341,22 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster) -> Comparison:
         eager += (1 - 1 / plan.tp) * n_h_e * (2 * model.n_layers + 1)
         act_known = (EAGER_KERNELS, SP_GATHERED_INPUTS)
     reserve = st.other_items.get("runtime_reserve", 0.0)
-    how = {True: f"FSDP2 over {plan.dp} fake ranks", False: "one device"}[fsdp]
+    ranks = {"fake": "fake ranks", "real": "GPUs (NCCL)" if device == "cuda" else "CPU processes (gloo)"}[got["tensors"]]
+    dp = f"HSDP dp {plan.dp} (shard groups of {plan.dp_shard})" if hsdp(plan) else f"FSDP2 dp {plan.dp}"
+    how = {True: f"{dp} over {plan.dp} {ranks}", False: "one device"}[fsdp]
     if plan.tp > 1:
-        how = f"TP{' + SP' if plan.sequence_parallel else ''} over {plan.tp} fake ranks"
+        tp = f"TP{' + SP' if plan.sequence_parallel else ''}"
+        how = f"{dp} x {tp} {plan.tp} over {plan.tp * plan.dp} {ranks}" if fsdp else f"{tp} over {plan.tp} {ranks}"
     elif plan.dp > 1 and plan.zero == 1:
-        how = f"ZeroRedundancyOptimizer over {plan.dp} fake ranks"
+        how = f"ZeroRedundancyOptimizer over {plan.dp} {ranks}"
+    if device != "cpu" and not fsdp and plan.tp == 1 and plan.dp == 1:
+        how = "one GPU"
     c = Comparison("memory", f"Memory per rank at the end and the peak of step 2 ({how})")
     c.setup = {
         "model": model.name, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len, "tp": plan.tp,
         "sequence_parallel": plan.sequence_parallel and plan.tp > 1, "dp": plan.dp, "dp_shard": plan.dp_shard,
         "zero": plan.zero, "meshplan_plan": {"zero": mplan.zero, "reshard_after_forward": mplan.reshard_after_forward},
+        "device": device, "tensors": got["tensors"],
         "tracker": "FSDPMemTracker" if fsdp else "MemTracker", "measured_state_by_category": state,
         "measured_peak_by_category": peak, "meshplan_other_items": dict(st.other_items),
         "meshplan_activation_items": dict(st.activation_items),
@@ -267,7 +369,23 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster) -> Comparison:
     c.add(Row("activations at the peak", peak.get("Activation", 0), st.activations, ACTIVATIONS, "B", known=eager,
               notes=tuple(k.name for k in act_known)), *act_known)
     total = peak.get("Total", sum(v for k, v in peak.items() if k != "Total"))
-    notes = (*opt_known, *grad_known, *act_known, NO_RUNTIME)
-    c.add(Row("peak", total, st.total, PEAK, "B", known=steps + partition + embed_grad + eager - reserve,
-              notes=tuple(k.name for k in notes)), *notes)
+    notes = (*opt_known, *grad_known, *act_known, NO_RUNTIME if device == "cpu" else RESERVE_OUTSIDE_ALLOCATOR)
+    known_peak = steps + partition + embed_grad + eager - reserve
+    c.add(Row("peak", total, st.total, PEAK, "B", known=known_peak, notes=tuple(k.name for k in notes)), *notes)
+    if "allocator" in got:
+        c.setup["allocator"] = got["allocator"]
+        for r, alloc in enumerate(got["allocator"]):
+            known_r = known_peak
+            if plan.dp > 1 and plan.zero == 1:  # each rank steps its own whole tensors
+                theirs = zero1_partition(got["param_sizes"], plan.dp)[r]
+                known_r += plan.precision.optimizer_bytes * (sum(theirs) - sum(owned))
+            c.add(Row(f"peak, CUDA allocator (rank {r})", allocator_peak(alloc), st.total, PEAK, "B", known=known_r,
+                      notes=tuple(k.name for k in notes)), *notes)
     return c
+
+
+def allocator_peak(alloc: dict[str, int]) -> int:
+    """The allocator's peak over step 2 less what it holds at the end beyond the tracked tensors
+    (cuBLAS workspaces, one per stream and thread, and other buffers that are no tensor of the model):
+    ``max_memory_allocated − (memory_allocated − tracked)``."""
+    return alloc["peak"] - (alloc["end"] - alloc["tracked_end"])

@@ -239,6 +239,8 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
     ``results`` are :func:`meshplan.verify.comm.launch`'s per-rank dicts for this plan. Ranks of
     one pipeline rank are shown once when their measurements agree, else each on its own."""
     asked, plan = plan, torch_plan(plan)
+    device = results[0].get("device", "cpu") if results else "cpu"
+    group = "NCCL process group (one GPU per rank)" if device == "cuda" else "gloo CPU process group"
     c = Comparison("comm", f"Collectives of one step ({plan.grad_accum} micro-batches of {plan.micro_batch} x {plan.seq_len} tokens)")
     groups: dict[int, list[dict]] = {}
     for res in results:
@@ -270,12 +272,13 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
         "meshplan_plan": {"zero": plan.zero, "reshard_after_forward": plan.reshard_after_forward},
         "sequence_parallel": plan.sequence_parallel and plan.tp > 1, "schedule": plan.schedule if plan.pp > 1 else None,
         "micro_batches": plan.grad_accum, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len,
-        "how": "gloo CPU process group, one counted step after two warm-up steps, TorchDispatchMode on c10d ops",
+        "device": device,
+        "how": f"{group}, one counted step after two warm-up steps, TorchDispatchMode on c10d ops",
     }
     if plan.cp > 1:
         c.setup["cp"] = plan.cp
-        c.setup["how"] = ("reference ring attention (meshplan.verify.ring) of the model's attention shapes on a gloo "
-                          "group of cp ranks, one step, TorchDispatchMode on c10d ops")
+        c.setup["how"] = (f"reference ring attention (meshplan.verify.ring) of the model's attention shapes on a {group} "
+                          "of cp ranks, one step, TorchDispatchMode on c10d ops")
         agree = sum(bool(res.get("matches_full_attention")) for res in results)
         c.add(Row("ranks whose ring attention equals full attention (output, dQ, dK, dV)", agree, len(results), EXACT, "ranks"))
     return c

@@ -116,12 +116,15 @@ def qkv_shapes(model: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], t
     return (plan.micro_batch, model.n_heads, n, model.head_dim), (plan.micro_batch, model.n_kv_heads, n, model.head_dim)
 
 
-def run_rank(model: ModelSpec, plan: TrainingPlan, make_counter) -> dict[str, Any]:
-    """Inside an initialised process group of cp ranks: one step of ``m`` micro-batches through
-    L ring attentions (fp32, random Q, K, V of the model's shapes), counted; and whether this rank's
-    output and gradients equal full attention over the gathered sequence (to 1e-4)."""
+def run_rank(model: ModelSpec, plan: TrainingPlan, make_counter, device: str = "cpu") -> dict[str, Any]:
+    """Inside an initialised process group of cp ranks (gloo on CPU, NCCL on CUDA): one step of
+    ``m`` micro-batches through L ring attentions (fp32, random Q, K, V of the model's shapes, on
+    ``device``), counted; and whether this rank's output and gradients equal full attention over the
+    gathered sequence (to 1e-4)."""
     import torch
     import torch.distributed as dist
+
+    from meshplan.verify.device import here
 
     group = dist.new_group(list(range(dist.get_world_size())))
     counter = make_counter({tuple(range(dist.get_world_size())): "cp"})
@@ -131,7 +134,7 @@ def run_rank(model: ModelSpec, plan: TrainingPlan, make_counter) -> dict[str, An
     agree = True
     for _ in range(plan.grad_accum):
         for _ in range(model.n_layers):
-            q, k, v = (torch.randn(shape, generator=g, requires_grad=True) for shape in (qs, kvs, kvs))
+            q, k, v = (torch.randn(shape, generator=g).to(here(device)).requires_grad_() for shape in (qs, kvs, kvs))
             with counter:
                 out = ring.apply(q, k, v, group)
                 out.backward(torch.ones_like(out))
