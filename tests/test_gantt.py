@@ -184,3 +184,23 @@ def test_round_columns_and_axis():
     axis = text_axis(33.0, 66, 7, "ms")
     assert axis.startswith("ms     0 ") and axis.split() == ["ms", "0", "10", "20", "30"]
     assert axis.index("10") - 7 == 20  # 10 ms = column 20 at 0.5 ms per column
+
+
+def test_png_that_cannot_be_written_is_one_out_error(tmp_path):
+    """The PNG Gantt saves through meshplan.pyplot.save_figure: an unwritable path is an ``out``
+    error naming the file (no traceback), and the figure is closed either way."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from meshplan.errors import InputError
+    from meshplan.pipeline.gantt_png import write_png_gantt
+
+    path = tmp_path / "missing" / "g.png"
+    before = len(plt.get_fignums())
+    with pytest.raises(InputError) as err:
+        write_png_gantt(sim("1f1b", 4, 8), "1f1b", path)
+    assert err.value.field == "out" and f"cannot write '{path}'" in str(err.value)
+    assert len(plt.get_fignums()) == before and not path.exists()
+    write_png_gantt(sim("1f1b", 4, 8), "1f1b", tmp_path / "g.png")
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(plt.get_fignums()) == before

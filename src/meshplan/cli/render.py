@@ -7,6 +7,7 @@ is converted to the display unit with its label.
 from __future__ import annotations
 
 import sys
+from itertools import groupby
 from typing import Any, Optional
 
 from rich import box
@@ -76,14 +77,8 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
 
 def _split(split: tuple[int, ...]) -> str:
     """7,8,8,8,7 -> '7, 8 x 3, 7' (runs compressed)."""
-    out, i = [], 0
-    while i < len(split):
-        j = i
-        while j < len(split) and split[j] == split[i]:
-            j += 1
-        out.append(str(split[i]) if j - i == 1 else f"{split[i]} x {j - i}")
-        i = j
-    return ", ".join(out)
+    runs = ((layers, len(list(same))) for layers, same in groupby(split))
+    return ", ".join(str(layers) if n == 1 else f"{layers} x {n}" for layers, n in runs)
 
 
 def memory_table(est: Estimate, unit: str) -> Table:

@@ -29,7 +29,7 @@ GPU's sustained peaks from its catalog entry (sustained clock ∝ P^(1/3)).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.units import GiB, US
 
@@ -90,7 +90,15 @@ HOPPER = Calibration(
     rationale="H100/H800/H200 with CUDA 12, cuBLAS, FlashAttention 2/3, NCCL 2.18+",
 )
 
-AMPERE = Calibration(
+# The other generations are Hopper's table with their own figures replaced (``replace``): what
+# they do not set is Hopper's, for the reason given at each.
+
+# A100 runs the same CUDA/NCCL stack over the same kind of fabric: Hopper's HBM efficiency,
+# scale-out efficiency, NCCL per-step latencies and runtime reserve, and Hopper's FlashAttention
+# half-efficiency lengths (the same FA2 kernel structure: 128-query blocks, the same per-block
+# prologue and epilogue; not separately fitted).
+AMPERE = replace(
+    HOPPER,
     generation="ampere",
     # cuBLAS FP16/BF16 on A100 sustains ~250-270 TFLOP/s of 312 on large training GEMMs (~0.82;
     # peak-shape microbenchmarks reach ~0.88, real layers with bias epilogues and clocks under
@@ -100,42 +108,32 @@ AMPERE = Calibration(
     # FlashAttention-2 (Dao 2023, Fig. 4): forward up to ~73% of peak on A100, backward ~60%.
     attention_fwd_efficiency=0.65,
     attention_bwd_efficiency=0.50,
-    # The same FA2 kernel structure (128-query blocks, the same per-block prologue and epilogue):
-    # Hopper's half-efficiency lengths, not separately fitted.
-    attention_fwd_l0=420.0,
-    attention_bwd_l0=275.0,
-    hbm_efficiency=0.80,
     kernel_overhead=5 * US,
-    # nccl-tests 8xA100: all-reduce busbw 200-232 GB/s of 300 line rate (~0.75); HDR 200G NIC
-    # ~24 GB/s of 25 per NIC (DGX A100 multi-node 192 GB/s per node of 8 NICs, 0.96).
+    # nccl-tests 8xA100: all-reduce busbw 200-232 GB/s of 300 line rate (~0.75). HDR 200G NIC
+    # ~24 GB/s of 25 per NIC (DGX A100 multi-node 192 GB/s per node of 8 NICs, 0.96): Hopper's
+    # 0.92 scale-out efficiency is kept.
     scale_up_efficiency=0.75,
-    scale_out_efficiency=0.92,
-    scale_up_latency=1 * US,
-    scale_out_latency=5 * US,
-    runtime_reserve=2 * GiB,
     rationale="A100 with CUDA 11/12, cuBLAS, FlashAttention 2, NCCL 2.x",
 )
 
-BLACKWELL = Calibration(
+# B200: early cuBLAS measurements only; everything but the GEMM and attention efficiencies is
+# assumed like Hopper (attention half-efficiency lengths from FlashAttention's block structure:
+# no public B200 curve).
+BLACKWELL = replace(
+    HOPPER,
     generation="blackwell",
     # Early B200 cuBLAS measurements reach ~0.7 of dense BF16 peak; assumed like Hopper.
     gemm_efficiency=0.72,
     gemm_k_half=128.0,
     attention_fwd_efficiency=0.60,
     attention_bwd_efficiency=0.45,
-    attention_fwd_l0=420.0,  # Hopper's (FlashAttention's block structure); no public B200 curve
-    attention_bwd_l0=275.0,
-    hbm_efficiency=0.80,
-    kernel_overhead=4 * US,
-    scale_up_efficiency=0.82,
-    scale_out_efficiency=0.92,
-    scale_up_latency=1 * US,
-    scale_out_latency=5 * US,
-    runtime_reserve=2 * GiB,
     rationale="B200 with CUDA 12.8+, cuBLAS, FlashAttention/cuDNN, NCCL 2.25+ (few public runs yet)",
 )
 
-CDNA3 = Calibration(
+# MI300X: its own figures but for the runtime reserve and the attention half-efficiency lengths
+# (Hopper's: CK FlashAttention has the same block structure).
+CDNA3 = replace(
+    HOPPER,
     generation="cdna3",
     # hipBLASLt on MI300X: ~0.55-0.65 of the 1307 TFLOP/s dense BF16 peak on large GEMMs
     # (public MI300X GEMM benchmarks, e.g. SemiAnalysis 2024).
@@ -143,15 +141,12 @@ CDNA3 = Calibration(
     gemm_k_half=128.0,
     attention_fwd_efficiency=0.40,
     attention_bwd_efficiency=0.30,
-    attention_fwd_l0=420.0,  # Hopper's (CK FlashAttention has the same block structure)
-    attention_bwd_l0=275.0,
     hbm_efficiency=0.75,
     kernel_overhead=6 * US,
     scale_up_efficiency=0.70,
     scale_out_efficiency=0.90,
     scale_up_latency=2 * US,
     scale_out_latency=6 * US,
-    runtime_reserve=2 * GiB,
     rationale="MI300X with ROCm 6, hipBLASLt, CK FlashAttention, RCCL",
 )
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from itertools import groupby
 from xml.sax.saxutils import escape, quoteattr
 
 from rich.text import Text
@@ -85,15 +86,9 @@ def gantt_cells(result: SimResult, width: int = 100, span: float | None = None) 
     return rows
 
 
-def _runs(cells: list[int]):
-    """(action index or −1, first column, length) for each run of equal cells."""
-    c = 0
-    while c < len(cells):
-        e = c
-        while e < len(cells) and cells[e] == cells[c]:
-            e += 1
-        yield cells[c], c, e - c
-        c = e
+def _runs(cells: list[int]) -> list[tuple[int, int]]:
+    """(action index or −1, length) for each run of equal cells."""
+    return [(cell, len(list(same))) for cell, same in groupby(cells)]
 
 
 def _block(kind: str, mb: int, n: int) -> str:
@@ -107,7 +102,7 @@ def text_gantt(result: SimResult, width: int = 100, span: float | None = None) -
     out = []
     for row, cells in zip(tl, gantt_cells(result, width, span)):
         out.append("".join(IDLE * n if i < 0 else _block(row[i][0].kind, row[i][0].microbatch, n)
-                           for i, _, n in _runs(cells)))
+                           for i, n in _runs(cells)))
     return out
 
 
@@ -118,7 +113,7 @@ def rich_gantt(result: SimResult, width: int = 100, span: float | None = None) -
     out = []
     for row, cells in zip(tl, gantt_cells(result, width, span)):
         text = Text()
-        for i, _, n in _runs(cells):
+        for i, n in _runs(cells):
             if i < 0:
                 text.append(IDLE * n, style="dim")
                 continue

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshplan.errors import InputError
 from meshplan.pipeline.gantt import KIND_NAMES, _timeline, caption, kind_color, n_chunks
 from meshplan.pipeline.simulate import SimResult
-from meshplan.pyplot import pyplot
+from meshplan.pyplot import pyplot, save_figure
 
 
 def write_png_gantt(result: SimResult, title: str, path: Path, unit: str = "ms", dpi: int = 150) -> None:
@@ -40,9 +39,4 @@ def write_png_gantt(result: SimResult, title: str, path: Path, unit: str = "ms",
     handles.append(Patch(color="#ececec", label="idle (bubble)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), frameon=False, fontsize=8)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=dpi, format="png")
-    except OSError as err:
-        raise InputError("out", f"cannot write '{path}': {err.strerror or err}") from None
-    finally:
-        plt.close(fig)
+    save_figure(plt, fig, path, dpi=dpi, format="png")
