@@ -117,7 +117,11 @@ def _fsdp_notes(pp: int) -> list[str]:
         "reshard after forward: yes" if pp == 1 else
         "reshard after forward: no (torchtitan's default with pipeline parallelism), and torch's "
         "pipeline schedules keep weights gathered and gradients unsharded until the last "
-        "micro-batch (meshplan's fsdp_accumulate_unsharded)",
+        "micro-batch (meshplan's fsdp_accumulate_unsharded); the gradient reduce-scatters are "
+        "issued only after the stage's last backward has run, not overlapped with it "
+        "(torch/distributed/pipelining/stage.py, backward_maybe_with_nosync: 'Manually call post "
+        "backward for FSDP', post_backward() of every FSDP state after perform_backward returns): "
+        "overlap_grad_reduce off",
         "SDPA flash attention, causal; rank order tp, cp, dp, pp (torchtitan's mesh, innermost first)",
     ]
 
@@ -133,8 +137,10 @@ def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: b
         notes.append("full activation checkpointing of every layer")
     if fp8:
         notes.append(
-            "Float8 linears (torchao, dynamic scaling) as meshplan fp8: GEMMs at the FP8 peak, "
-            "attention in bf16; the FP8 casts modelled as HBM traffic (amax + cast per operand); weights gathered in bf16"
+            "Float8 linears (torchao, tensorwise dynamic scaling) as meshplan fp8: GEMMs at the FP8 peak, "
+            "attention in bf16; torchao's scaling passes as HBM traffic (meshplan.cost.float8: amax, cast "
+            "and column-major copy of input, weight and output gradient; under op-level AC the casts "
+            "recomputed); weights gathered in bf16"
         )
     notes.append(
         "torch.compile'd transformer blocks: fused element-wise kernels (meshplan kernels 'compiled')"
@@ -174,8 +180,13 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         micro = lbs // m
         assumptions.append(
             f"{m} micro-batches of {micro} (torchtitan's default: as many micro-batches as pipeline "
-            f"stages, pp x stages per rank; local batch {lbs}), "
-            + ("interleaved 1F1B with 2 stages per rank (not stated)" if interleaved else "1F1B")
+            f"stages, pp x stages per rank; local batch {lbs}; pipelining_utils.py "
+            "build_pipeline_schedule: 'if n_microbatches is None: n_microbatches = num_total_stages'), "
+            + ("interleaved 1F1B with 2 stages per rank (not stated; generate_split_points' default "
+               "for multi-stage schedules)" if interleaved else "1F1B")
+            + "; layers split by generate_split_points (the remainder to the middle stages, the "
+            "embedding on the first stage and norm, output and loss on the last), which is meshplan's "
+            "default split"
         )
     else:
         micro, vpp = lbs, 1
@@ -184,6 +195,7 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         where="plan", tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
         micro_batch=micro, global_batch=global_batch, seq_len=s, recompute=recompute,
         sequence_parallel=tp > 1, zero=3, reshard_after_forward=pp == 1, fsdp_accumulate_unsharded=pp > 1,
+        overlap_grad_reduce=pp == 1,
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
         tp_comm_overlap=async_tp, tp_overlap_kind="micro-pipeline", kernels="compiled" if compiled else "eager",
     )

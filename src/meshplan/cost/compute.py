@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.float8 import torchao_float8_passes
 from meshplan.cost.params import (
     MLA_NAMES,
     kv_heads_per_rank,
@@ -268,17 +269,42 @@ def layer_op_times(
     n_mem_kernels = 7 if kernels != "eager" else EAGER_LAYER_KERNELS
     fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead
     bm = 2 * fm
+    if kernels != "fused" and g_r < a_r and not model.is_mla:  # torch's SDPA gets repeated K/V
+        rep_kv = memory_time(repeat_kv_bytes(tokens, a_r, g_r, d, e), gpu, cal) + cal.kernel_overhead
+        fm += rep_kv
+        bm += rep_kv
     # op-level selective checkpointing repeats every second matmul (separate q, k, v as torchtitan
     # writes them) and the element-wise work, not the attention kernel
     shapes = matmuls_per_rank(model, tp)
     op_rec = fm + sum(
         float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal, peak, e)) for nm, _, _ in op_sac_recomputed(model)
     )
-    if compute_dtype == "fp8":
+    if compute_dtype == "fp8" and kernels == "fused":
         cast_f, cast_b = fp8_cast_bytes(gemms, e)
         fm += memory_time(cast_f, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
         bm += memory_time(cast_b, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
+    elif compute_dtype == "fp8":  # torchao's Float8Linear (meshplan.cost.float8)
+        f8 = torchao_float8_passes(gemms, e)
+        fm += memory_time(f8.fwd_bytes, gpu, cal) + (f8.fwd_kernels - 1) * cal.kernel_overhead
+        bm += memory_time(f8.bwd_bytes, gpu, cal) + (f8.bwd_kernels - 1) * cal.kernel_overhead
+        op_rec += memory_time(f8.recompute_bytes, gpu, cal) + (f8.recompute_kernels - 1) * cal.kernel_overhead
     return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec)
+
+
+def repeat_kv_bytes(tokens: float, heads: int, kv_heads: int, d: float, e: int) -> float:
+    """HBM bytes of torchtitan's ``repeat_kv`` for grouped-query attention, forward (the backward,
+    a sum over the repeats, moves the same): torch's SDPA flash kernel of 2024 takes as many K/V
+    heads as query heads, so the model expands each of K and V from g to a heads and materializes
+    the copy (``torchtitan/models/llama/model.py``, ``repeat_kv``: ``unsqueeze(x, 3).expand(bs,
+    slen, n_kv_heads, n_rep, head_dim).reshape(bs, slen, n_kv_heads * n_rep, head_dim)``, a
+    reshape of an expanded tensor, hence a copy), reading g·d and writing a·d elements per token:
+
+        bytes = 2 · n · d · (g + a) · e
+
+    (n tokens, a and g query and K/V heads on the TP rank, d head dim; two tensors, K and V).
+    Megatron-Core and Transformer Engine pass the g K/V heads to their attention kernels: no copy
+    on the ``fused`` stack. Op-level checkpointing recomputes it (SDPA's inputs are not saved)."""
+    return 2.0 * tokens * d * (kv_heads + heads) * e
 
 
 def moe_mlp_gemms(model: ModelSpec, tokens: float, tp: int, ep: int) -> list[tuple[float, float, float, float]]:
@@ -306,8 +332,9 @@ def fp8_cast_bytes(gemms: list[tuple[float, float, float]], e: int) -> tuple[flo
     read once for its absolute maximum and once more to write one byte per element, e + e + 1
     bytes per element — the input (m·k) and weight (k·n) forward; the output gradient (m·n) and
     the transposed FP8 copies of input and weight that the two backward GEMMs read, backward
-    (Transformer Engine / torchao float8 recipes; Micikevicius et al. 2022, "FP8 Formats for Deep
-    Learning", Sec. 4)."""
+    (Transformer Engine's recipe, the ``fused`` stack; Micikevicius et al. 2022, "FP8 Formats for
+    Deep Learning", Sec. 4). torchao's Float8Linear (``compiled``/``eager``) makes one more pass,
+    the output gradient's column-major copy: :mod:`meshplan.cost.float8`."""
     per = 2 * e + 1
     fwd = sum(per * (m * k + k * n) for m, n, k in gemms)
     bwd = sum(per * m * n + 2 * (m * k + k * n) for m, n, k in gemms)  # grad cast; FP8 transposes

@@ -1,0 +1,89 @@
+"""The memory passes of torchao's Float8 training beside its GEMMs (torchtitan's FP8 linears), per
+micro-batch, for the ``compiled`` and ``eager`` stacks; the ``fused`` stack (Transformer Engine,
+cast and transpose in one kernel) keeps :func:`meshplan.cost.compute.fp8_cast_bytes`.
+
+torchao's recipe as torchtitan runs it (``torchao/float8/float8_linear.py`` of late 2024,
+tensorwise dynamic scaling, the ``Float8LinearConfig`` defaults): ``Float8Linear.forward`` casts
+the input (``cast_input_to_float8``) and the weight (``cast_weight_to_float8_t``) to Float8Tensors
+and ``manual_float8_matmul_with_args_in_float8`` saves both for the backward; the output
+gradient is cast in the backward (``NoopFwToFloat8E5M2BwDynamic``). Each of the three tensors of a
+linear's three GEMMs is cast once, by these passes (e-byte source, 1-byte FP8):
+
+* **amax** — ``tensor_to_amax``: ``torch.max(torch.abs(x))``, a two-stage reduction that reads
+  the tensor, ``e`` bytes per element, in two kernels (the scale, ``amax_to_scale``, is computed
+  in the second);
+* **cast** — ``hp_tensor_and_scale_to_float8``: ``x · scale``, clamped, converted: read ``e``,
+  write ``1``, one kernel;
+* **column-major copy** — ``torch._scaled_mm`` on Hopper takes A row-major and B column-major
+  (``torchao/float8/float8_ops.py``, ``preprocess_addmm``: ``a_data.contiguous()`` when A is not
+  row-major, ``b_data.t().contiguous().t()`` when B is row-major). The forward GEMM
+  ``input · weightᵀ`` needs none; the input-gradient GEMM ``grad · weight`` takes the weight as a
+  row-major B, the weight-gradient GEMM ``gradᵀ · input`` the gradient as a column-major A and the
+  input as a row-major B: one FP8 copy of each tensor, read ``1``, write ``1``, one kernel
+  (pytorch/pytorch#130015: ``fp8.t().contiguous().t()`` "is used in every float8 linear").
+  The copies serve only the backward GEMMs. Under activation checkpointing (every torchtitan
+  row) the first forward of a block keeps nothing, so they are made once, from the recomputed
+  forward or in the backward; meshplan charges them to the backward, and full recompute does not
+  repeat them.
+
+So each tensor costs ``2e + 3`` bytes per element and four kernels. torchao's own roofline
+(``torchao/float8/roofline_utils.py``) lists the same amax and cast kernels and, as a best case,
+lets the input's and the gradient's amax fuse into the kernels that produce them; in a Llama
+block several producers are extern kernels Inductor cannot fuse into (SDPA's output feeds wo,
+the GEMMs' input gradients feed the previous linears), and which of the others (norm, SwiGLU)
+fuse was not settled from source, so meshplan charges the amax read for every tensor.
+For a GEMM (m, n, k) — input m·k, weight k·n, output gradient m·n elements:
+
+    bytes_fwd = (2e + 1)·(m·k + k·n),   bytes_bwd = (2e + 3)·m·n + 2·(m·k + k·n)
+
+``fp8_cast_bytes``'s count plus the output gradient's column-major copy, ``2·m·n``, the pass that
+model lacks.
+A Llama layer's wq, wk, wv (and w1, w3) share one input: AOTAutograd de-duplicates identical
+nodes of the joint graph (functorch's ``cse``), so the fused shapes of
+:func:`meshplan.cost.compute.dense_gemm_shapes` count that input once and the weights and
+gradients in full.
+
+**Op-level selective checkpointing** (torchtitan's ``_save_list``: ``aten.mm`` — every second —,
+the SDPA kernels, ``reduce_scatter_tensor`` and ``aten.max``, "the absolute maximum is used to
+compute the scaling factor") keeps the amax but not the FP8 tensors, which are recomputed for the
+backward GEMMs: the cast of every input and weight again,
+
+    bytes_recompute = (e + 1)·(m·k + k·n)
+
+one kernel per tensor. Full checkpointing recomputes the whole forward, casts included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: kernels per cast: amax in two stages, the cast (the column-major copy is one more)
+CAST_KERNELS = 3
+
+
+@dataclass(frozen=True)
+class Float8Passes:
+    """Bytes and kernels of the scaling passes of one micro-batch through some GEMMs."""
+
+    fwd_bytes: float
+    bwd_bytes: float
+    recompute_bytes: float  # what op-level checkpointing repeats in the backward
+    fwd_kernels: int
+    bwd_kernels: int
+    recompute_kernels: int
+
+
+def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int) -> Float8Passes:
+    """The passes of the module docstring for GEMMs (m, n, k) with ``e``-byte operands."""
+    cast, copy = 2 * e + 1, 2  # amax read + cast read and write; FP8 read and write
+    operands = sum(m * k + k * n for m, n, k in gemms)
+    grads = sum(m * n for m, n, _ in gemms)
+    g = len(gemms)
+    return Float8Passes(
+        fwd_bytes=cast * operands,
+        bwd_bytes=(cast + copy) * grads + copy * operands,
+        recompute_bytes=(e + 1) * operands,
+        fwd_kernels=2 * g * CAST_KERNELS,  # input and weight
+        bwd_kernels=g * (CAST_KERNELS + 1) + 2 * g,  # the gradient, then three copies
+        recompute_kernels=2 * g,  # the casts (amax saved)
+    )

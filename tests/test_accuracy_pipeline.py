@@ -1,0 +1,66 @@
+"""The torchtitan 405B pipeline rows against what torchtitan 9dec370 and torch 1963fc8 ran:
+micro-batches, stage split, FSDP's gradient reduce-scatter after the last backward."""
+
+import pytest
+
+from meshplan.accuracy import map_runs
+from meshplan.estimate import estimate
+from meshplan.pipeline.stages import default_layer_split
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {r.id: r for r in map_runs() if r.supported}
+
+
+def torchtitan_split(n_layers: int, total_stages: int) -> tuple[int, ...]:
+    """torchtitan's ``generate_split_points`` (parallelisms/pipelining_utils.py, late 2024): the
+    first stage ⌊L/S⌋ layers, the middle stages one more while the remainder lasts, the last
+    stage what is left."""
+    base, extra = divmod(n_layers, total_stages)
+    splits, current = [], 0
+    for i in range(total_stages - 1):
+        if i == 0:
+            current += base
+        elif extra > 0:
+            current += base + 1
+            extra -= 1
+        else:
+            current += base
+        splits.append(current)
+    bounds = [0, *splits, n_layers]
+    return tuple(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("n_layers,stages", [(126, 8), (126, 16), (32, 8), (80, 6), (81, 8), (10, 4), (7, 7)])
+def test_meshplans_default_split_is_torchtitans(n_layers, stages):
+    assert default_layer_split(n_layers, stages) == torchtitan_split(n_layers, stages)
+
+
+def test_405b_rows_run_what_torchtitan_ran(runs):
+    one, il = runs["torchtitan_405b_512gpu_3d_1f1b"].plan, runs["torchtitan_405b_512gpu_3d_interleaved"].plan
+    # local batch 32; n_microbatches = pp x stages per rank (8, and 16 with 2 stages per rank)
+    assert (one.schedule, one.vpp, one.num_microbatches, one.micro_batch) == ("1f1b", 1, 8, 4)
+    assert (il.schedule, il.vpp, il.num_microbatches, il.micro_batch) == ("interleaved", 2, 16, 2)
+    assert default_layer_split(126, 8) == (15, 16, 16, 16, 16, 16, 16, 15)
+    assert default_layer_split(126, 16) == (7,) + (8,) * 14 + (7,)
+    for p in (one, il):
+        assert (p.zero, p.reshard_after_forward, p.fsdp_accumulate_unsharded, p.overlap_grad_reduce) == (3, False, True, False)
+
+
+def test_fsdp_without_pipeline_still_overlaps_its_reduce_scatter(runs):
+    p = runs["torchtitan_8b_8gpu_fsdp_compile_fp8"].plan
+    assert (p.pp, p.reshard_after_forward, p.fsdp_accumulate_unsharded, p.overlap_grad_reduce) == (1, True, False, True)
+    assert any("stage.py" in a for a in runs["torchtitan_405b_512gpu_3d_1f1b"].assumptions)
+
+
+def test_pipeline_reduce_scatter_is_exposed_whole(runs):
+    """Overlapped, only the last layer's bucket (1/n of the reduce-scatter) would show; issued
+    after the last backward, all of it does: n = 15 layers on the critical first rank."""
+    r = runs["torchtitan_405b_512gpu_3d_1f1b"]
+    ran = estimate(r.model, r.cluster, r.plan).time
+    hidden = estimate(r.model, r.cluster, r.plan.model_copy(update={"overlap_grad_reduce": True})).time
+    assert ran.critical_rank == hidden.critical_rank == 0
+    assert ran.dp_comm_s == pytest.approx(15 * hidden.dp_comm_s, rel=1e-12)
+    # fp32 gradients of 15 layers + embedding per TP rank over DP 8 across nodes: about 0.47 s
+    assert 0.40 < ran.dp_comm_s < 0.55
