@@ -71,11 +71,11 @@ GRID = {
     "torchtitan": [
         ("llama3-8b", plan(dp=8, zero=3, recompute="op")),
         ("llama3-8b", plan(tp=2, dp=4, zero=3, dp_shard=2, recompute="full", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline", seq_len=8192)),
-        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True)),
-        ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, micro_batch=2)),
-        ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True)),
-        ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True)),
-        ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, reshard_after_forward=True)),
+        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False)),
+        ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, micro_batch=2)),
+        ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False)),
+        ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False)),
+        ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=True)),
         ("llama3-8b", plan(cp=2, dp=4, zero=3, precision=PrecisionRecipe(precision="fp8"))),
         ("llama3-8b", plan(dp=8, zero=0)),
         ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"))),
@@ -96,7 +96,7 @@ GRID = {
     ],
 }
 GRID["torchtitan-toml"] = GRID["torchtitan"] + [
-    ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, reshard_after_forward=False)),
+    ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=False)),
 ]
 assert set(GRID) == set(ENGINES)
 
@@ -195,5 +195,5 @@ def test_llama3_405b_plan_each_engine():
         lost[engine] = sorted(w.split(":")[0] for w in result.warnings)
         assert (back.tp, back.pp, back.dp, back.global_batch, back.micro_batch) == (8, 16, 64, 2048, 1)
     assert lost["megatron"] == []  # ZeRO-2 as Megatron-FSDP optim_grads, tp,cp,pp,dp via --use-tp-pp-dp-mapping
-    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "rank_order", "zero"]
+    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "overlap_grad_reduce", "rank_order", "zero"]
     assert "schedule" in lost["deepspeed"] and "schedule" in lost["nanotron"]

@@ -182,8 +182,9 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
             led.lose("recompute", "torchtitan cannot recompute only the attention core (Megatron's selective); exported as op-level selective AC, which recomputes more")
     out["activation_checkpoint"] = ac
 
-    if p.dp * p.cp > 1 and not p.overlap_grad_reduce:
-        led.lose("overlap_grad_reduce", "torchtitan (FSDP2 / DDP) always overlaps the gradient reduction with the backward")
+    if p.dp * p.cp > 1 and p.overlap_grad_reduce != (p.pp == 1):
+        led.lose("overlap_grad_reduce", "torchtitan overlaps the gradient reduction with the backward exactly when pp = 1 "
+                                        "(under pipelining, torch's stage.py issues FSDP's reduce-scatters after the stage's last backward)")
     if p.dp * p.cp > 1 and p.zero > 0 and not p.overlap_param_gather:
         led.lose("overlap_param_gather", "torchtitan's FSDP2 always prefetches (overlaps) the weight all-gathers")
     if tuple(p.rank_order) != DEFAULT_RANK_ORDER:
@@ -303,6 +304,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     f["reshard_after_forward"] = choice("parallelism.fsdp_reshard_after_forward", reshard,
                                         {"default": pp == 1, "always": True, "never": False})
     f["fsdp_accumulate_unsharded"] = fsdp and pp > 1
+    f["overlap_grad_reduce"] = pp == 1
     f["sequence_parallel"] = as_bool("parallelism.enable_sequence_parallel", par.get("enable_sequence_parallel", True)) or tp == 1
     async_tp = par.get("enable_async_tensor_parallel", s.get("compile", {}).get("enable_async_tensor_parallel", False))
     f["tp_comm_overlap"] = as_bool("parallelism.enable_async_tensor_parallel", async_tp) and tp > 1
