@@ -16,6 +16,7 @@ from meshplan.cost.compute import dense_gemm_shapes, gemm_time, memory_time
 from meshplan.estimate import estimate
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
+from meshplan.units import fmt_seconds
 
 H100 = load_gpu("h100-sxm-80gb")
 CAL = calibration_for(H100)
@@ -91,6 +92,15 @@ def test_estimate_charges_the_micro_pipeline_between_userbuffers_and_no_overlap(
     assert tp["micro-pipeline"] == pytest.approx(80 * (2 * fwd + bwd) + 2 * one, rel=1e-9)
     est = estimate(L70, cluster, _plan(tp_overlap_kind="micro-pipeline"))
     assert est.to_dict()["plan"]["tp_overlap_kind"] == "micro-pipeline"
+    # explain's layer derivation shows the same exposed seconds, the backward with the recomputed forward
+    layer = next(d for d in est.derivations if d.key == "time.layer")
+    assert dict(layer.symbols)["TP exposed"] == (
+        f"{fmt_seconds(fwd)} / {fmt_seconds(bwd + fwd)} (micro-pipelined, torch AsyncTP: fused "
+        "all-gather/reduce-scatter matmuls in t chunks, recompute repeats the forward)")
+    shown = {kind: dict(next(d for d in estimate(L70, cluster, _plan(**kw)).derivations if d.key == "time.layer").symbols)["TP exposed"]
+             for kind, kw in (("userbuffers", {}), ("off", {"tp_comm_overlap": False}))}
+    assert shown["userbuffers"] == "0.0 µs / 0.0 µs (userbuffers: behind the layer's GEMMs, recompute repeats the forward)"
+    assert shown["off"] == f"{fmt_seconds(2 * one)} / {fmt_seconds(4 * one)} (not overlapped, recompute repeats the forward)"
 
 
 def test_screen_uses_the_plans_overlap_kind():
@@ -127,3 +137,22 @@ def test_torchtitan_asynctp_rows_run_the_micro_pipeline():
     ub = estimate(a.model, a.cluster, a.plan.model_copy(update={"tp_overlap_kind": "userbuffers"})).time.step_s
     assert tb / ub > 1.3
     assert a.plan.precision == PrecisionRecipe(precision="fp8", grad_dtype="fp32")
+
+
+@pytest.mark.parametrize(("name", "mla", "moe"), [("deepseek-v3-671b", True, True), ("mixtral-8x7b", False, True)])
+def test_blocks_other_than_llama_leave_their_halves_exposed(name, mla, moe):
+    model = load_model(name)
+    assert (model.is_mla, model.is_moe) == (mla, moe)
+    cluster = ClusterSpec.of(H100, 32)
+    pl = plan_placements(cluster, _plan()).tp
+    tokens = 4096.0
+    msg = tokens * model.hidden * 2
+    ag = coll.collective_time("all_gather", msg, pl, cluster, CAL)
+    rs = coll.collective_time("reduce_scatter", msg, pl, cluster, CAL)
+    qkv, out, mlp_in, mlp_out = dense_gemm_shapes(model, tokens, 8)
+    f = lambda c, s: fused_exposed(c, *s, 8, H100, CAL, PEAK, 2)  # noqa: E731
+    red = memory_time((1 + 1 / 8) * msg, H100, CAL)
+    fwd, bwd = micro_pipeline_tp_times(model, tokens, 8, True, pl, cluster, CAL, "bf16", 2)
+    attn_fwd = ag + rs if mla else f(ag, qkv) + f(rs, out) + red
+    attn_bwd = ag + rs if mla else f(ag, (tokens, out[2], out[1])) + rs
+    assert (fwd, bwd) == pytest.approx((attn_fwd + ag + rs, attn_bwd + ag + rs), rel=1e-12)

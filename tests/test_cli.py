@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,22 @@ def test_json_is_one_object_with_the_contract_keys():
     assert {"tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu"} <= set(tp)
     assert tp["tokens_per_s"] == pytest.approx(d["plan"]["global_batch_tokens"] / d["time"]["step_s"])
     assert 0 < tp["mfu"] <= tp["hfu"] < 1
+
+
+def _schema_keys() -> set[str]:
+    """The keys docs/schema.md lists in its first column, ``a.{b, c}`` expanded to a.b and a.c."""
+    keys: set[str] = set()
+    for cell in re.findall(r"^\|([^|]*)\|", (ROOT / "docs" / "schema.md").read_text(), re.M):
+        for key in re.findall(r"`([^`]+)`", cell):
+            group = re.fullmatch(r"(.*)\.\{(.*)\}", key)
+            keys |= {f"{group[1]}.{k.strip()}" for k in group[2].split(",")} if group else {key}
+    return keys
+
+
+def test_schema_doc_lists_every_plan_key():
+    d = run_json("--tp", "2", "--tp-comm-overlap", "--tp-overlap-kind", "micro-pipeline")
+    assert d["plan"]["tp_overlap_kind"] == "micro-pipeline"
+    assert sorted(f"plan.{k}" for k in d["plan"] if f"plan.{k}" not in _schema_keys()) == []
 
 
 def test_default_plan():
@@ -236,6 +253,19 @@ def test_flags_override_the_preset():
 
 
 # ---- human output -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "shown"), [
+    (("--tp", "8", "--tp-comm-overlap", "--tp-overlap-kind", "micro-pipeline"), "; TP overlap micro-pipeline"),
+    (("--tp", "8", "--tp-comm-overlap"), "; TP overlap userbuffers"),
+    (("--tp", "8", "--tp-overlap-kind", "micro-pipeline"), "; TP overlap off"),  # a kind without overlap does nothing
+    (("--tp", "1", "--tp-comm-overlap"), ""),  # no TP, no TP overlap to speak of
+])
+def test_plan_line_says_how_tp_communication_overlaps(flags, shown):
+    code, out, err = run_cli("estimate", "--model", "llama3-70b", "--gpus", "64", *flags)
+    assert (code, err) == (0, "")
+    plan_line = next(line for line in out.splitlines() if line.startswith("plan: "))
+    assert plan_line.endswith("1f1b pipeline schedule" + shown)
 
 
 def test_human_output_tables_and_units():

@@ -161,3 +161,21 @@ def test_export_out_must_name_a_file(tmp_path):
 
 def test_estimate_plan_missing_file_names_the_option(tmp_path):
     one_error(*run_cli("estimate", "--plan", str(tmp_path / "nope.toml")), "error: plan: no such file")
+
+
+@pytest.mark.parametrize(("engine", "kind"), [("torchtitan-toml", "micro-pipeline"), ("megatron", "userbuffers")])
+def test_import_command_keeps_the_tp_overlap_kind(engine, kind, tmp_path):
+    """The flags `import` prints estimate what `estimate --plan FILE` does, the TP overlap kind
+    included (torchtitan's async TP is the micro-pipeline kind, Megatron's userbuffers)."""
+    extra = [*EXPRESSIBLE[engine], "--tp-comm-overlap", "--tp-overlap-kind", kind]
+    path = _export(tmp_path, engine, *extra)
+    code, out, err = run_cli("import", str(path))
+    assert code == 0, err
+    command = out.split("\n", 1)[1].split("\n#", 1)[0].strip()
+    flags = [w for line in command.replace(" \\\n", "\n").splitlines()[1:] for w in line.split()]
+    code, want, err = run_cli("estimate", *flags, "--json")
+    assert code == 0, err
+    code, got, err = run_cli("estimate", "--plan", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(want)["plan"]["tp_overlap_kind"] == kind
+    assert json.loads(want)["time"] == json.loads(got)["time"]

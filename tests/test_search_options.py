@@ -74,12 +74,19 @@ def test_no_batch_range_keeps_the_plan_batch():
     (dict(batch_range="16M"), "batch_range"),
     (dict(batch_range="16M,4M"), "batch_range"),
     (dict(batch_range="1k,2k"), "batch_range"),  # under one 4,096-token sequence
-    (dict(batch_range="x,4M"), "global_batch_tokens"),
+    (dict(batch_range="x,4M"), "batch_range"),  # a bound that is no number names --batch-range
+    (dict(batch_range="4M,2.5Q"), "batch_range"),
 ])
 def test_batch_range_bad_input(args, field):
     with pytest.raises(InputError) as err:
         SearchArgs(**args).global_batches(4096)
     assert err.value.field == field
+
+
+def test_batch_range_bound_that_is_no_number_says_which_value():
+    with pytest.raises(InputError) as err:
+        SearchArgs(batch_range="x,4M").global_batches(4096)
+    assert str(err.value) == "batch_range: MIN and MAX must be a number such as 16M, 15.6T or 2e12 (got 'x')"
 
 
 def test_limits_default_and_fixed_axes():

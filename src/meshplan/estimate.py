@@ -509,7 +509,7 @@ def estimate(
         ep_comm_s=per_mb(ep_comm.fwd) + per_mb(ep_comm.bwd) if ep_comm else None,
     )
     est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
-    derivs.extend(_derivations(est, ops, la, tp_one, p2p))
+    derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt))
     return est
 
 
@@ -521,7 +521,16 @@ def _op_args(ops: OpTimes, recompute: float) -> dict[str, float]:
     )
 
 
-def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float) -> list[Derivation]:
+def _tp_overlap_words(p: TrainingPlan) -> str:
+    """How a layer's TP collectives overlap, as the ``time.layer`` derivation names it."""
+    if not p.tp_comm_overlap or p.tp == 1:
+        return "not overlapped"
+    if p.tp_overlap_kind == "micro-pipeline":
+        return "micro-pipelined, torch AsyncTP: fused all-gather/reduce-scatter matmuls in t chunks"
+    return "userbuffers: behind the layer's GEMMs"
+
+
+def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt) -> list[Derivation]:
     """Formula, symbols and values of the headline figures (what ``meshplan explain`` shows)."""
     m, p, pc, f = est.model, est.plan, est.params, est.flops
     tok = p.tokens_per_step
@@ -600,7 +609,9 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float) -> 
         (("GEMMs", f"{fmt_seconds(ops.fwd_gemm)} / {fmt_seconds(ops.bwd_gemm)}"),
          ("attention", f"{fmt_seconds(ops.fwd_attention)} / {fmt_seconds(ops.bwd_attention)}"),
          ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),
-         ("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2)")),
+         ("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2)"),
+         ("TP exposed", f"{fmt_seconds(lt.tp_fwd)} / {fmt_seconds(lt.tp_bwd)} "
+                        f"({_tp_overlap_words(p)}{', recompute repeats the forward' if p.recompute == 'full' else ''})")),
         f"{fmt_seconds(ops.fwd)} / {fmt_seconds(ops.bwd)}", "meshplan.cost.compute"))
     t = est.time
     d.append(Derivation(

@@ -143,7 +143,7 @@ def import_(
     opts = imported.options
     for name in ("gpus", "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
                  "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
-                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap"):
+                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap", "tp_overlap_kind"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
     typer.echo(f"# {parsed.format} config {file}" + (f", model {model_name}" if model_name else ""))

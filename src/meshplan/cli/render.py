@@ -61,7 +61,8 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
         f"({c.gpu.hbm_bytes / GiB:.0f} GiB HBM each)",
         f"network: {net}",
         f"plan: TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} EP{p.ep}, rank order {','.join(p.rank_order)} (innermost first); "
-        f"{p.schedule} pipeline schedule" + (f", vpp {p.vpp}" if p.vpp > 1 else ""),
+        f"{p.schedule} pipeline schedule" + (f", vpp {p.vpp}" if p.vpp > 1 else "")
+        + (f"; TP overlap {p.tp_overlap_kind if p.tp_comm_overlap else 'off'}" if p.tp > 1 else ""),
         f"layers per pipeline rank: {_split(per_rank)}" + (f" (per virtual stage: {_split(est.split)})" if p.vpp > 1 else ""),
         f"batch: {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.tokens_per_step:,} tokens per step "
         f"(micro-batch {p.micro_batch} x {p.grad_accum:,} micro-batches x DP{p.dp})",

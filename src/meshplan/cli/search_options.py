@@ -97,7 +97,10 @@ class SearchArgs:
         parts = self.batch_range.split(",")
         if len(parts) != 2:
             raise InputError("batch_range", f"expected MIN,MAX tokens such as 4M,16M (got '{self.batch_range}')")
-        lo, hi = (int(parse_batch_tokens(p.strip())) // seq_len for p in parts)
+        try:
+            lo, hi = (int(parse_batch_tokens(p.strip())) // seq_len for p in parts)
+        except InputError as err:  # the bound is --batch-range's, not --global-batch-tokens'
+            raise InputError("batch_range", f"MIN and MAX {err.rule}") from None
         if lo < 1 or hi < lo:
             raise InputError("batch_range", f"needs 1 sequence <= MIN <= MAX (got {lo:,} and {hi:,} sequences of {seq_len:,} tokens)")
         out, b = [], lo

@@ -86,7 +86,13 @@ def micro_pipeline_tp_times(
     * backward = F(AG, wo input gradient) + F(AG, MLP-out input gradient) + 2·RS (unfused).
 
     Without it the two all-reduces each way stay exposed: 2·AR forward and backward
-    (:func:`meshplan.cost.comm.tp_collective_time`)."""
+    (:func:`meshplan.cost.comm.tp_collective_time`).
+
+    The patterns are those of a Llama block; meshplan does not claim them for other blocks, whose
+    collectives it leaves exposed whole (AG + RS each way): the attention half of an MLA layer
+    (DeepSeek's low-rank Q/KV projections and their norms sit between the gather and the matmuls)
+    and the MLP half of every layer of an MoE model (routing, permutation and the expert
+    all-to-all sit between them)."""
     if pl_tp.size <= 1:
         return 0.0, 0.0
     if not sp:
@@ -103,9 +109,16 @@ def micro_pipeline_tp_times(
     def fused(comm: float, shape: tuple[float, float, float]) -> float:
         return fused_exposed(comm, *shape, tp, gpu, cal, peak, e)
 
-    fwd = fused(all_gather, qkv) + fused(reduce_scatter, out) + reduce
-    fwd += fused(all_gather, mlp_in) + fused(reduce_scatter, mlp_out) + reduce
+    unfused = all_gather + reduce_scatter
     # input-gradient GEMMs (m, k, n) of the row-parallel projections consume the gathered gradient
-    bwd = fused(all_gather, (out[0], out[2], out[1])) + fused(all_gather, (mlp_out[0], mlp_out[2], mlp_out[1]))
-    bwd += 2 * reduce_scatter
-    return fwd, bwd
+    if model.is_mla:
+        fwd_attn = bwd_attn = unfused
+    else:
+        fwd_attn = fused(all_gather, qkv) + fused(reduce_scatter, out) + reduce
+        bwd_attn = fused(all_gather, (out[0], out[2], out[1])) + reduce_scatter
+    if model.is_moe:
+        fwd_mlp = bwd_mlp = unfused
+    else:
+        fwd_mlp = fused(all_gather, mlp_in) + fused(reduce_scatter, mlp_out) + reduce
+        bwd_mlp = fused(all_gather, (mlp_out[0], mlp_out[2], mlp_out[1])) + reduce_scatter
+    return fwd_attn + fwd_mlp, bwd_attn + bwd_mlp

@@ -1,0 +1,31 @@
+"""docs/interop.md shows the Llama 3 405B exports as `meshplan export` prints them: every line of
+each `--from-search` example (the search's note, the warnings, the config) is what the command
+prints now, and nothing it prints is left out."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from meshplan.cli.app import main
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "interop.md"
+EXAMPLE = re.compile(r"```\n\$ meshplan (export [^\n]*--from-search[^\n]*)\n(.*?)```", re.S)
+
+
+def _examples() -> list[tuple[str, str]]:
+    found = [(m.group(1), m.group(2)) for m in EXAMPLE.finditer(DOC.read_text())]
+    assert len(found) == 5, [cmd for cmd, _ in found]  # torchtitan, torchtitan-toml, megatron, deepspeed, nanotron
+    return found
+
+
+@pytest.mark.parametrize(("command", "shown"), _examples(), ids=lambda v: v.split("--to ")[-1] if "--to " in v else "")
+def test_export_example_is_what_the_command_prints(command, shown, capsys):
+    capsys.readouterr()
+    assert main(shlex.split(command)) == 0
+    out = capsys.readouterr()
+    printed = out.err.splitlines() + out.out.splitlines()
+    assert printed == shown.splitlines()
