@@ -55,6 +55,20 @@ def test_estimate_with_flags_is_the_cli_json(client, capsys):
     assert got["run"]["tokens"] == 15e12 and got["run"]["dollars"] == pytest.approx(got["run"]["gpu_hours"] * 2.5)
 
 
+def test_estimate_stack_and_tp_overlap_choices_are_the_cli_json(client, capsys):
+    """The Plan view's software-stack and TP-overlap choices reach the estimate as the CLI's flags do."""
+    params = {"model": "llama3-70b", "gpus": 256, "tp": 8, "seq_len": 8192, "global_batch": 256, "zero": "3",
+              "kernels": "compiled", "tp_comm_overlap": "true", "tp_overlap_kind": "micro-pipeline"}
+    got = client.get("/api/estimate", params=params).json()
+    flags = ["--model", "llama3-70b", "--gpus", "256", "--tp", "8", "--seq-len", "8192", "--global-batch", "256", "--zero", "3",
+             "--kernels", "compiled", "--tp-comm-overlap", "--tp-overlap-kind", "micro-pipeline"]
+    assert got == cli_json(capsys, "estimate", *flags, "--json")
+    plan = got["plan"]
+    assert (plan["kernels"], plan["tp_comm_overlap"], plan["tp_overlap_kind"]) == ("compiled", True, "micro-pipeline")
+    off = client.get("/api/estimate", params={**params, "tp_comm_overlap": "false"}).json()
+    assert off["time"]["step_s"] > got["time"]["step_s"]  # the fused forward collectives hide part of the TP traffic
+
+
 def test_estimate_bad_input_names_the_field_like_the_cli(client, capsys):
     rule = bad(client.get("/api/estimate", params={"tp": 3}), "tp")
     assert cli_error(capsys, "estimate", "--tp", "3") == f"error: tp: {rule}"

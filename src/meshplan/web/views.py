@@ -56,6 +56,9 @@ CHOICES = (
     ("grad_dtype", "gradient dtype", ("fp32", "bf16", "fp16")),
     ("master_weights", "fp32 master weights", ("true", "false")),
     ("attention", "attention kernel", ("flash", "materialized")),
+    ("kernels", "software stack", ("fused", "compiled", "eager")),
+    ("tp_comm_overlap", "TP communication overlap", ("false", "true")),
+    ("tp_overlap_kind", "TP overlap kind", ("userbuffers", "micro-pipeline")),
 )
 
 
