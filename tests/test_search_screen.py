@@ -10,7 +10,7 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.estimate import estimate
-from meshplan.pipeline.inflight import live_rows, state_rows, undominated
+from meshplan.pipeline.inflight import distinct_state_rows, live_rows, state_rows, state_rows_many, undominated
 from meshplan.pipeline.schedules import SCHEDULES
 from meshplan.pipeline.simulate import padded_peak_bytes, peak_bytes
 from meshplan.search.engine import Engine
@@ -103,3 +103,61 @@ def test_state_rows_real_values():
     assert state_rows("zbv", 4, 8, 2)[0].tolist() == [[7, 1], [8, 0], [7, 1]]
     # ZBV with n = p: P alone, the other rows zero
     assert state_rows("zbv", 1, 1, 2).tolist() == [[[1, 1], [0, 0], [0, 0]]]
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_state_rows_of_many_counts_at_once_are_each_counts_padded(name):
+    """``state_rows_many`` over several micro-batch counts gives each count's ``state_rows``,
+    padded with all-zero rows to the longest, and the same peaks to the bit."""
+    rng = np.random.default_rng(5)
+    vs = {"1": [1], "2": [2]}.get(SCHEDULES[name][0], [2, 3, 4])
+    cases = 0
+    for pp in (1, 2, 3, 4, 8):
+        for v in vs:
+            ms = [m for m in range(1, 3 * pp + 2) if SCHEDULES[name][0] != ">=2" or m % max(1, m // pp) == 0]
+            many = state_rows_many(name, pp, ms, v)
+            assert many.shape[:2] == (len(ms), pp) and many.shape[3] == v
+            for i, m in enumerate(ms):
+                one = state_rows(name, pp, m, v)
+                assert one.shape[1] <= many.shape[2]
+                assert many[i, :, : one.shape[1]].tolist() == one.tolist(), (pp, m, v)
+                assert not many[i, :, one.shape[1]:].any()
+                act = rng.uniform(0, 1e9, size=(3, pp, v))
+                assert padded_peak_bytes(many[i], act).tolist() == padded_peak_bytes(one, act).tolist()
+                cases += 1
+    assert cases >= 15
+
+
+def test_distinct_state_rows_drop_repeats_and_zero_rows_only():
+    rows = np.array([[[1, 0], [2, 1], [1, 0], [0, 0]], [[0, 0], [0, 0], [3, 3], [0, 0]]])
+    # rank 0: (1, 0) twice and a zero row; rank 1: one row; codes 1·K + 0 < 2·K + 1 (K = 4)
+    assert distinct_state_rows(rows).tolist() == [[[1, 0], [2, 1]], [[3, 3], [0, 0]]]
+    assert distinct_state_rows(np.zeros((2, 3, 2), dtype=np.int64)).tolist() == [[[0, 0]], [[0, 0]]]
+    rng = np.random.default_rng(9)
+    for name, pp, ms, v in (("interleaved", 4, [4, 8], 3), ("interleaved-zb", 8, [8, 16, 24], 2), ("zbv", 4, [3, 8], 2)):
+        many = state_rows_many(name, pp, ms, v)
+        kept = distinct_state_rows(many)
+        assert kept.shape[2] <= many.shape[2]
+        for i in range(len(ms)):
+            for r in range(pp):
+                want = {tuple(x) for x in many[i, r].tolist() if any(x)}
+                got = [tuple(x) for x in kept[i, r].tolist() if any(x)]
+                assert len(got) == len(set(got)) and set(got) == want
+            act = rng.uniform(0, 1e9, size=(4, pp, v))
+            assert padded_peak_bytes(kept[i], act).tolist() == padded_peak_bytes(many[i], act).tolist()
+
+
+def test_screen_does_not_depend_on_the_order_of_the_plans():
+    """Plans are sorted by pipeline shape and evaluated as slices: a shuffled table gives every
+    plan the same memory, worst rank and bound, to the bit."""
+    model, cluster = load_model("gemma2-9b"), ClusterSpec.of(H100, 16)  # tied embedding: pp = 1 keeps it
+    base = TrainingPlan(global_batch=64, seq_len=4096)
+    table = enumerate_plans(model, 16, cluster.gpus_per_node, 4096, (64,), SearchLimits(max_micro_batch=2, hsdp=True))
+    engine = Engine(model, cluster, base)
+    a = engine.evaluate(table)
+    perm = np.random.default_rng(2).permutation(len(table))
+    b = Engine(model, cluster, base).evaluate(table.take(perm))
+    assert np.array_equal(a.peak_bytes[perm], b.peak_bytes)
+    assert np.array_equal(a.worst_rank[perm], b.worst_rank)
+    assert np.array_equal(a.step_lower_bound[perm], b.step_lower_bound)
+    assert len(set(table.pp.tolist())) > 3 and (table.pp == 1).any()

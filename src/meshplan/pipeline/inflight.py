@@ -57,6 +57,7 @@ order the walk meets them.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -88,23 +89,46 @@ def undominated(rows: np.ndarray) -> np.ndarray:
     return rows[~dominated]
 
 
-def _looped_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's state rows right after a steady-state forward (module docstring), as one array
-    (p, n, v) over ranks, steps b and chunks, and the mask (p, n) of the steps each rank runs."""
+def _looped_rows_many(name: str, pp: int, ms, vpp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's state rows right after a steady-state forward (module docstring) for each
+    micro-batch count of ``ms``, as one array (len(ms), p, n, v) over counts, ranks, steps b and
+    chunks, zero where a rank runs no step, and the mask (len(ms), p, n) of the steps each rank
+    runs (n the longest period of the counts; a shorter one's extra steps are masked off).
+
+    With one chunk (v = 1, q = m) F(n) = n for n ≤ m, so the count after step b is
+    min(w_r + b + 1, m) − ρ_b, which never grows once ρ_b grows with b: from the first step on when
+    B frees (ρ_b = b), and from b = r on when W frees (ρ_b = max(0, b − r); the first step is
+    b = min(r, n_st − 1), the last one when n_st ≤ r). The first step's row is then the largest,
+    and the only one returned. F of every count 0 … m·v is tabulated once and looked up."""
     factor, split = LOOPED[name]
     v = vpp
-    q = rounds_of(pp, m) if v > 1 else m
+    m = np.asarray(ms, dtype=np.int64).reshape(-1, 1, 1)  # (M, 1, 1)
+    q = np.array([rounds_of(pp, x) if v > 1 else x for x in m.ravel().tolist()], dtype=np.int64).reshape(m.shape)
     total = m * v
-    r = np.arange(pp, dtype=np.int64)[:, None]
-    warm = np.minimum((v - 1) * q + factor * (pp - 1 - r), total)  # (p, 1)
+    r = np.arange(pp, dtype=np.int64)[None, :, None]  # (1, p, 1)
+    warm = np.minimum((v - 1) * q + factor * (pp - 1 - r), total)  # (M, p, 1)
     n_st = np.maximum(total - warm, 1)  # a warm-up of all m·v forwards leaves the row b = 0
-    first = np.minimum(r, n_st - 1) if split else np.zeros_like(r)
-    b = first + np.arange(min(q * v, total), dtype=np.int64)[None, :]  # (p, n): step numbers
-    keep = b < n_st
+    first = np.minimum(r, n_st - 1) if split else np.zeros_like(warm)
+    period = np.minimum(q * v, total) if v > 1 else np.ones_like(total)  # (M, 1, 1): the steps of one period
+    step = np.arange(int(period.max(initial=0)), dtype=np.int64)
+    b = first + step  # (M, p, n): step numbers
+    keep = (b < n_st) & (step < period)
     n_fwd = np.minimum(warm + b + 1, total)
-    freed = np.maximum(0, b - r) if split else b
-    rows = forwards_per_chunk(n_fwd, q, v) - forwards_per_chunk(freed, q, v)[..., ::-1]  # (p, n, v)
-    return rows, keep
+    freed = np.minimum(np.maximum(0, b - r) if split else b, total)
+    n_counts = int(total.max(initial=0)) + 1  # every n_fwd and ρ_b
+    counts = np.arange(n_counts, dtype=np.int64)
+    table = forwards_per_chunk(counts[None, :], q[:, :, 0, None], v).reshape(-1, v)  # F_j(n) per (count, n)
+    base = np.arange(len(m), dtype=np.int64)[:, None, None] * n_counts
+    at = np.nonzero(keep)  # only the steps run (counts of shorter periods leave padding)
+    rows = np.zeros(keep.shape + (v,), dtype=np.int64)
+    rows[at] = table[(base + n_fwd)[at]] - table[(base + freed)[at]][:, ::-1]
+    return rows, keep  # (M, p, n, v), the steps not run zero
+
+
+def _looped_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_looped_rows_many` of the one count m: (p, n, v) and the mask (p, n)."""
+    rows, keep = _looped_rows_many(name, pp, [m], vpp)
+    return rows[0], keep[0]
 
 
 def looped_live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, ...]:
@@ -117,22 +141,30 @@ def looped_live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, 
     return tuple(undominated(rows[i][keep[i]]) for i in range(pp))
 
 
-def _zbv_rows(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows P, A₀, B₀ of ZBV (module docstring) of every rank, as one array (p, 3, 2), and
-    the mask (p, 3) of those a rank has (P alone when n = max(m, 2p − 1) equals p)."""
+def _zbv_rows_many(pp: int, ms) -> tuple[np.ndarray, np.ndarray]:
+    """The rows P, A₀, B₀ of ZBV (module docstring) of every rank for each micro-batch count of
+    ``ms``, as one array (len(ms), p, 3, 2), and the mask (len(ms), p, 3) of those a rank has (P
+    alone when n = max(m, 2p − 1) equals p)."""
     p = pp
-    r = np.arange(p, dtype=np.int64)
+    m = np.asarray(ms, dtype=np.int64).reshape(-1, 1)  # (M, 1)
+    r = np.arange(p, dtype=np.int64)[None, :]
     top0 = np.minimum(2 * p - r, m)
     low = np.minimum(p - r, m)
     rows = np.stack([
-        np.stack([np.minimum(2 * p - 1 - r, m), np.minimum(r + 1, m)], axis=1),
-        np.stack([top0, min(p, m) - low], axis=1),
-        np.stack([top0 - 1, min(p + 1, m) - low], axis=1),
-    ], axis=1)
-    keep = np.zeros((p, 3), dtype=bool)
-    keep[:, 0] = True
-    keep[:, 1:] = max(m, 2 * p - 1) > p
+        np.stack([np.minimum(2 * p - 1 - r, m), np.minimum(r + 1, m)], axis=-1),
+        np.stack([top0, np.minimum(p, m) - low], axis=-1),
+        np.stack([top0 - 1, np.minimum(p + 1, m) - low], axis=-1),
+    ], axis=-2)
+    keep = np.zeros((len(m), p, 3), dtype=bool)
+    keep[:, :, 0] = True
+    keep[:, :, 1:] = (np.maximum(m, 2 * p - 1) > p)[:, :, None]
     return rows, keep
+
+
+def _zbv_rows(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_zbv_rows_many` of the one count m: (p, 3, 2) and the mask (p, 3)."""
+    rows, keep = _zbv_rows_many(pp, [m])
+    return rows[0], keep[0]
 
 
 def zbv_live_rows(pp: int, m: int) -> tuple[np.ndarray, ...]:
@@ -152,21 +184,58 @@ def state_rows(name: str, pp: int, m: int, vpp: int) -> np.ndarray:
     row sums to 0, the floor of :func:`meshplan.pipeline.simulate.peak_bytes`. Dropping the
     dominated rows costs O(n²) per rank, more than the rows it saves (half of one period are
     repeats, none dominated), so they stay."""
+    return state_rows_many(name, pp, [m], vpp)[0]
+
+
+def state_rows_many(name: str, pp: int, ms, vpp: int) -> np.ndarray:
+    """:func:`state_rows` of every micro-batch count of ``ms`` at once, as one array
+    (len(ms), p, n, v), each count's rows padded with all-zero rows to the longest (which, as
+    :func:`state_rows` says, leaves every peak unchanged to the bit). The closed forms are
+    evaluated on all counts together; other schedules walk each count."""
+    ms = [int(x) for x in ms]
     if name == "gpipe":
-        return np.full((pp, 1, 1), m, dtype=np.int64)
+        return np.broadcast_to(np.array(ms, dtype=np.int64)[:, None, None, None], (len(ms), pp, 1, 1)).copy()
     if name in LOOPED:
-        rows, keep = _looped_rows(name, pp, m, vpp)
+        rows, keep = _looped_rows_many(name, pp, ms, vpp)
         if vpp == 1:  # one chunk: the largest count
-            return np.where(keep, rows[..., 0], -1).max(axis=1)[:, None, None]
-        return np.where(keep[..., None], rows, 0)
+            return np.where(keep, rows[..., 0], -1).max(axis=2)[:, :, None, None]
+        return rows  # the steps a rank does not run are zero
     if name == "zbv":
         check_vpp(name, vpp)
-        rows, keep = _zbv_rows(pp, m)
+        rows, keep = _zbv_rows_many(pp, ms)
         return np.where(keep[..., None], rows, 0)
-    each = live_rows(name, pp, m, vpp)
-    out = np.zeros((pp, max(len(x) for x in each), vpp), dtype=np.int64)
-    for r, x in enumerate(each):
-        out[r, : len(x)] = x
+    each = [live_rows(name, pp, m, vpp) for m in ms]
+    out = np.zeros((len(ms), pp, max(len(x) for e in each for x in e), vpp), dtype=np.int64)
+    for i, e in enumerate(each):
+        for r, x in enumerate(e):
+            out[i, r, : len(x)] = x
+    return out
+
+
+def distinct_state_rows(rows: np.ndarray) -> np.ndarray:
+    """The rows of ``rows`` (..., n, v), such as :func:`state_rows_many` gives, without repeats and
+    all-zero rows: each list's distinct non-zero rows (in increasing order of their code
+    Σ_j row_j·K^j), then all-zero rows, cut to the longest list (at least one row). A repeated row
+    sums to the same Σ_j row_j·a_j and an all-zero row to 0, the floor of the peak, so the peak
+    over the result is the one over ``rows``, to the bit; the looped schedules repeat about half of
+    a period's rows. Returned unchanged when the codes would not fit in 63 bits."""
+    v = rows.shape[-1]
+    radix = int(rows.max(initial=0)) + 1
+    if rows.shape[-2] <= 1 or rows.min(initial=0) < 0 or v * math.log2(radix) >= 62:
+        return rows
+    code = rows[..., 0].copy()
+    for j in range(1, v):
+        code = code * radix + rows[..., j]
+    order = np.argsort(code, axis=-1, kind="stable")
+    ranked = np.take_along_axis(code, order, axis=-1)
+    fresh = ranked != 0
+    fresh[..., 1:] &= ranked[..., 1:] != ranked[..., :-1]
+    slot = np.cumsum(fresh, axis=-1) - 1
+    k = max(1, int(slot[..., -1].max(initial=0)) + 1)
+    out = np.zeros(rows.shape[:-2] + (k, v), dtype=rows.dtype)
+    at = np.nonzero(fresh)
+    lead = at[:-1]
+    out[lead + (slot[at],)] = rows[lead + (order[at],)]
     return out
 
 

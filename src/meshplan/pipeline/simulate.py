@@ -170,14 +170,14 @@ def peak_bytes(rows: np.ndarray, act) -> "np.ndarray | float":
 def padded_peak_bytes(rows: np.ndarray, act: np.ndarray) -> np.ndarray:
     """:func:`peak_bytes` of every rank at once: ``rows`` (ranks, n, chunks) holds each rank's
     live-count rows, padded with all-zero rows (:func:`meshplan.pipeline.inflight.state_rows`),
-    ``act`` (plans, ranks, chunks) each rank's chunk activations in the order of its rows' columns.
-    The same left-to-right sum over the chunks and the floor at 0, so the result, of shape
-    (plans, ranks), equals ``peak_bytes`` of each rank's rows to the bit (an all-zero row sums to
-    0, the floor)."""
+    ``act`` (plans, ranks, chunks) each rank's chunk activations in the order of its rows' columns;
+    ``rows`` may also be (plans, ranks, n, chunks), rows of each plan's own. The same left-to-right
+    sum over the chunks and the floor at 0, so the result, of shape (plans, ranks), equals
+    ``peak_bytes`` of each rank's rows to the bit (an all-zero row sums to 0, the floor)."""
     act = np.asarray(act, dtype=float)
-    total = rows[None, :, :, 0] * act[:, :, None, 0]
-    for j in range(1, rows.shape[2]):
-        total = total + rows[None, :, :, j] * act[:, :, None, j]
+    total = rows[..., 0] * act[:, :, None, 0]
+    for j in range(1, rows.shape[-1]):
+        total = total + rows[..., j] * act[:, :, None, j]
     return np.maximum(total.max(axis=2), 0.0)
 
 

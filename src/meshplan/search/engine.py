@@ -1,20 +1,25 @@
 """Evaluate many plans at once: exact memory per pipeline rank, and a lower bound on the step.
 
-Plans are grouped by pipeline shape (pp, vpp, schedule), so that every plan of a group has the
-same virtual stages and layer split; inside a group all arithmetic runs on NumPy arrays over the
-plans, through the same functions :func:`meshplan.estimate.estimate` uses
-(:mod:`meshplan.cost.compose`, :mod:`meshplan.cost.comm`, :func:`meshplan.cost.memory.model_state_bytes`,
-:func:`meshplan.pipeline.simulate.peak_bytes`), with the live micro-batch counts of each rank
-from :func:`meshplan.pipeline.inflight.state_rows` (the closed forms of
-:func:`~meshplan.pipeline.inflight.live_rows`, for all ranks at once). What cannot be vectorized —
-the GEMM and attention time of a layer, the placement of a group, the time of one collective — is
-computed once per distinct argument over the whole plan table (:meth:`Engine._terms`) and
-gathered. Ranks that hold the same stages (all interior ranks; the ranks with the embedding or the
-LM head differ) share their model state, buffers and stage times, so that work is done once per
-class of ranks and spread over the (plans × ranks) arrays of memory and bound; the activation peak
-of every rank comes at once per distinct (micro-batch count, kernel terms) pair
-(:func:`meshplan.pipeline.simulate.padded_peak_bytes`). The peak memory of every plan is
-therefore ``estimate``'s to the last bit (tests assert it).
+Plans are sorted by pipeline shape (pp, vpp, stage placement: the schedules that place stages
+alike, GPipe, 1F1B and ZB-H1, or interleaved 1F1B and interleaved zero bubble, share one), so that
+every shape is a slice of the table with the same virtual stages and layer split; all arithmetic
+runs on NumPy arrays over the plans, through the same functions :func:`meshplan.estimate.estimate`
+uses (:mod:`meshplan.cost.compose`, :mod:`meshplan.cost.comm`,
+:func:`meshplan.cost.memory.model_state_bytes`, :func:`meshplan.pipeline.simulate.peak_bytes`). What
+cannot be vectorized — the GEMM and attention time of a layer, the placement of a group, the time
+of one collective — is computed once per distinct argument over the whole table
+(:meth:`Engine._terms`) and gathered per shape into one contiguous array per field. Per shape:
+the layer and stage times, each schedule's live micro-batch counts for all its micro-batch counts
+and ranks at once (:func:`meshplan.pipeline.inflight.state_rows_many`, closed forms; repeated rows
+dropped where many plans share them, :func:`~meshplan.pipeline.inflight.distinct_state_rows`) and
+the activation peak of every rank per distinct (micro-batch count, kernel terms) pair
+(:func:`meshplan.pipeline.simulate.padded_peak_bytes`).
+Ranks that hold the same stages (all interior ranks; the ranks with the embedding or the LM head
+differ) form a class with the same model state, buffers, stage times and optimizer step: a shape's
+classes are evaluated together as (plans × classes) arrays, one call for those with the LM head and
+one for the others (:meth:`Engine._rank_state`), and spread over the (plans × ranks) memory
+arrays. Every operation is elementwise and in ``estimate``'s order, so the peak memory of every
+plan is ``estimate``'s to the last bit (tests assert it).
 
 The step time needs the pipeline simulation, which is sequential per plan; instead the engine
 bounds it from below. For pipeline rank r with stages K_r, per-micro-batch stage durations f_k,
@@ -27,7 +32,9 @@ b_k, stage-to-stage transfer τ, m micro-batches and the exposed after-pipeline 
   GPipe, interleaved), that gradient still has to cross stages r − 1 .. 0:
   makespan ≥ σ_r + busy_r + Σ_{k<r} (b_k + τ).
 
-step ≥ max(max_r (σ_r + busy_r + a_r), makespan bound) + optimizer + weight all-gather. For equal
+step ≥ max(max_r (σ_r + busy_r + a_r), makespan bound) + optimizer + weight all-gather. σ_r and
+the gradient chain never decrease with r and ranks of a class share busy_r and a_r, so both maxima
+are taken over each class's last rank only (rounded sums are monotone: the same bits). For equal
 stages and free transfers the 1F1B bound is the closed form (m + p − 1)(f + b) (Narayanan et al.
 2021, Sec. 2.2), i.e. exact; uneven stages, waits and zero-bubble schedules leave a gap, and the
 search simulates every plan whose bound could still beat the ones it keeps
@@ -72,7 +79,7 @@ from meshplan.cost.moe import (
 )
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank, rank_params
 from meshplan.pipeline.schedules import stage_style
-from meshplan.pipeline.inflight import state_rows
+from meshplan.pipeline.inflight import distinct_state_rows, state_rows_many
 from meshplan.pipeline.simulate import padded_peak_bytes
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, PlanTable
@@ -81,7 +88,7 @@ from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
 #: Schedules whose backward is one action (B), for which the gradient-chain bound holds.
-_UNSPLIT = {SCHEDULE_NAMES.index(n) for n in ("gpipe", "1f1b", "interleaved")}
+_UNSPLIT_MASK = np.isin(np.arange(len(SCHEDULE_NAMES)), [SCHEDULE_NAMES.index(n) for n in ("gpipe", "1f1b", "interleaved")])
 
 _KERNEL_FIELDS = (
     "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute",
@@ -130,17 +137,24 @@ def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _distinct_rows(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_distinct` of the rows of the stacked integer columns ``keys``, through a
-    mixed-radix code over each column's distinct values."""
+    mixed-radix code: a column's digit is its value less its minimum when the values span at most
+    64, else the rank of its value among the column's distinct values (both keep the order)."""
     code = np.zeros(len(keys[0]), dtype=np.int64)
     radix = 1
     for col in keys:
         col = np.asarray(col, dtype=np.int64)
-        where, digit = _distinct(col - int(col.min(initial=0)))
-        if radix * len(where) >= 2**62:  # renumber the codes so far to stay within 63 bits
+        low = int(col.min(initial=0))
+        span = int(col.max(initial=0)) - low + 1
+        if span <= 64:
+            digit, size = col - low, span
+        else:
+            where, digit = _distinct(col - low)
+            size = len(where)
+        if radix * size >= 2**62:  # renumber the codes so far to stay within 63 bits
             seen, code = _distinct(code)
             radix = len(seen)
-        code = code * len(where) + digit
-        radix *= len(where)
+        code = code * size + digit
+        radix *= size
     return _distinct(code)
 
 
@@ -177,10 +191,20 @@ def _shared_stage_times(split: tuple[int, ...], lt) -> StageTimes:
     return StageTimes(*([part[i] for i in at] for part in vars(reduced).values()))
 
 
+#: padded live-count products (pairs × ranks × rows × chunks) small enough for one call
+_ONE_CALL = 1 << 16
+
 _MOE_FIELDS = (
     "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute", "act_stored",
     "act_working",
 )
+
+
+def _columns(pre: "_Terms", at) -> tuple[dict, dict]:
+    """The kernel and collective terms of the plans ``at``, one contiguous array per field."""
+    k = dict(zip(_KERNEL_FIELDS, pre.kernel[pre.kid[at]].T.copy()))
+    cm = dict(zip(_COMM_FIELDS, (col for x, inv in pre.comm_tables for col in x[inv[at]].T.copy())))
+    return k, cm
 
 
 def _op_fields(k: dict) -> dict:
@@ -192,17 +216,15 @@ def _op_fields(k: dict) -> dict:
 @dataclass
 class _Terms:
     """Per-argument terms of a whole plan table: distinct rows and, per plan, the index of its row
-    (``kid``, ``t_inv``, ``te_inv``, ``mesh_inv``), or gathered per plan (``comm``, MoE terms)."""
+    (``kid``, ``te_inv``, ``mesh_inv``), or gathered per plan (the per-field columns, MoE terms)."""
 
     kernel: np.ndarray
     kid: np.ndarray
-    comm: np.ndarray
-    t_vals: list
-    t_inv: np.ndarray
     te_vals: list
     te_inv: np.ndarray
     mesh_rows: np.ndarray
     mesh_inv: np.ndarray
+    comm_tables: Optional[list] = None  # the collectives' distinct rows and, per plan, the index of its row
     moe_kernel_ep1: Optional[np.ndarray] = None
     moe_kernel: Optional[np.ndarray] = None
     moe_comm: Optional[np.ndarray] = None
@@ -225,6 +247,13 @@ class Engine:
                 self.rec.compute_dtype, self.e, base.kernels,
             )
         )
+        # the embedding's and LM head's op times depend on (t, c, b) only
+        self._emb_ops = lru_cache(maxsize=None)(
+            lambda t, c, b: embedding_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.e)
+        )
+        self._head_ops = lru_cache(maxsize=None)(
+            lambda t, c, b: head_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.rec.compute_dtype, self.e)
+        )
         self._kernel = lru_cache(maxsize=None)(self._kernel_terms)
         self._moe_kernel = lru_cache(maxsize=None)(self._moe_kernel_terms)
         self._moe_comm = lru_cache(maxsize=None)(self._moe_comm_terms)
@@ -238,14 +267,17 @@ class Engine:
         self._expert_place = lru_cache(maxsize=None)(
             lambda t, c, p, d, ep: expert_group_placements(cluster, t, c, p, d, ep, base.rank_order)
         )
+        # integer parameter counts of one rank: a handful of distinct arguments over a whole table
+        self._rank_params = lru_cache(maxsize=None)(lambda *a: rank_params(model, *a))
+        self._expert_params = lru_cache(maxsize=None)(lambda *a: rank_expert_params(model, *a))
+        self._per_tp = lru_cache(maxsize=None)(self._per_tp_counts)
 
     # ---- terms computed once per distinct argument ---------------------------------------------
     def _kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int) -> tuple:
-        m, base, gpu, cal, e = self.model, self.base, self.cluster.gpu, self.cal, self.e
-        s, dtype, sp = base.seq_len, self.rec.compute_dtype, bool(sp)
+        m, base, e = self.model, self.base, self.e
+        s, sp = base.seq_len, bool(sp)
         ops = self._ops(t, c, b, sp)
-        emb = embedding_op_times(m, b, s, t, c, gpu, cal, e)
-        head = head_op_times(m, b, s, t, c, gpu, cal, dtype, e)
+        emb, head = self._emb_ops(t, c, b), self._head_ops(t, c, b)
         mode = RECOMPUTE[rec_code]
         gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
         la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi)
@@ -318,6 +350,16 @@ class Engine:
             grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
         return grad_comm, pg
 
+    def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
+        """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
+        layer's parameters, the head's and the kept tied embedding's parameters."""
+        model = self.model
+        layer = layer_params_per_rank(model, x)
+        if model.is_moe:  # ZeRO-3 buffers hold the largest layer
+            layer = max(layer, layer_params_per_rank(model, x, moe=True, ep=y))
+        kept = embedding_params_per_rank(model, x) if model.tied_embeddings and pp == 1 else 0
+        return loss_grad_bytes(model, 1, 1, x, 1, self.base.kernels), layer, head_params_per_rank(model, x, pp), kept
+
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
         """The per-argument terms of every plan of ``T``, each computed once per distinct argument
@@ -326,16 +368,18 @@ class Engine:
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
         kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS))
         per_layer = ((zero == 3) & (ds * c > 1)).astype(np.int64)
-        mb = _gather(self._comm, [t, c, p, d, ds, b, sp], len(_COMM_FIELDS) - 6)
-        comm = np.concatenate([mb[:, :2], _gather(self._units, [t, c, p, d, ds, per_layer], 6), mb[:, 2:]], axis=1)
-        t_where, t_inv = _distinct(t)
+        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, ds, b, sp], len(_COMM_FIELDS) - 6)
+        units, units_inv = _gather_distinct(self._units, [t, c, p, d, ds, per_layer], 6)
+        # per plan, each field: the distinct rows' column gathered (a contiguous array per field)
+        comm_tables = [(mb[:, :2], mb_inv), (units, units_inv), (mb[:, 2:], mb_inv)]  # in the order of _COMM_FIELDS
         te_where, te_inv = _distinct_rows([t, ep])
         mesh = np.stack([t, c, d, ds, ep, zero], axis=1)
         mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, ep, zero])
         terms = _Terms(
-            kernel=kernel, kid=kid, comm=comm, t_vals=t[t_where].tolist(), t_inv=t_inv,
+            kernel=kernel, kid=kid,
             te_vals=np.stack([t, ep], axis=1)[te_where].tolist(), te_inv=te_inv, mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
         )
+        terms.comm_tables = comm_tables
         if self.model.is_moe:
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
             terms.moe_kernel_ep1 = _gather_distinct(self._moe_kernel, [t, c, b, sp, rc, np.ones_like(t)], len(_MOE_FIELDS))[0]
@@ -346,29 +390,40 @@ class Engine:
         return terms
 
     # ---- one pipeline shape -------------------------------------------------------------------
-    def _group(self, pp: int, v: int, code: int, T: PlanTable, pre: "_Terms", idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        model, base, rec = self.model, self.base, self.rec
-        t, c, d, ds, b, ep = T.tp, T.cp, T.dp, T.dp_shard, T.micro_batch, T.ep
-        zero, rc = T.zero, T.recompute
-        m = T.num_microbatches
-        G = len(T)
-        kernel, kid = pre.kernel, pre.kid[idx]
-        k = dict(zip(_KERNEL_FIELDS, kernel[kid].T))
-        cm = dict(zip(_COMM_FIELDS, pre.comm[idx].T))
-        shard = ds * c
-        spb = T.sp
+    def _layer_times(self, T: PlanTable, pre: "_Terms", at, k: dict, cm: dict, embedding_kept: bool) -> tuple:
+        """:func:`layer_times` of the plans ``at`` (a slice of ``T``, sorted by shape), and of their
+        MoE layers (None for a dense model), from their kernel and collective columns ``k``, ``cm``."""
+        model, base = self.model, self.base
+        c, zero, rc = T.cp[at], T.zero[at], T.recompute[at]
+        shard = T.dp_shard[at] * c
         lt_args = dict(
             full_recompute=rc == RECOMPUTE.index("full"),
             emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
-            tp_one=cm["tp_one"], sp=spb, tp_comm_overlap=T.tpo, cp=c, cp_step=cm["cp_step"],
+            tp_one=cm["tp_one"], sp=T.sp[at], tp_comm_overlap=T.tpo[at], cp=c, cp_step=cm["cp_step"],
             fsdp_per_layer=(zero == 3) & (shard > 1), all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
-            embedding_kept=model.tied_embeddings and pp == 1,
+            embedding_kept=embedding_kept,
         )
         if base.tp_overlap_kind == "micro-pipeline":
             lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
         lt = layer_times(**lt_args, **_op_fields(k))
+        if not model.is_moe:
+            return lt, None
+        km = dict(zip(_MOE_FIELDS, pre.moe_kernel[at].T))
+        mc = pre.moe_comm[at]
+        return lt, layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
+
+    # ---- one pipeline shape -------------------------------------------------------------------
+    def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: "_Terms", idx: slice) -> tuple:
+        """The plans ``idx`` (a slice of ``T``, sorted by shape) of one pipeline shape."""
+        model, base = self.model, self.base
+        G = idx.stop - idx.start
+        m, rc, schedule = T.take(idx).num_microbatches, T.recompute[idx], T.schedule[idx]
+        kernel, kid = pre.kernel, pre.kid[idx]
+        k, cm = _columns(pre, idx)
+        # the LM head reuses a tied embedding's weight when both sit on the one stage
+        lt, lt_moe = self._layer_times(T, pre, idx, k, cm, model.tied_embeddings and pp == 1)
         split = layer_split(model.n_layers, pp, v)
         st = _shared_stage_times(split, lt)
         # stage activations depend on the kernel row only: once per distinct row
@@ -379,8 +434,6 @@ class Engine:
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
             kmu = dict(zip(_MOE_FIELDS, pre.moe_kernel_ep1.T))
             km = dict(zip(_MOE_FIELDS, pre.moe_kernel[idx].T))
-            mc = pre.moe_comm[idx]
-            lt_moe = layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
             moe_stage = moe_layers_per_stage(model, split)
             a2a = pre.a2a[idx]
             add_moe_layers(st, moe_stage, lt, lt_moe, (a2a[:, 0], a2a[:, 1]))
@@ -388,79 +441,71 @@ class Engine:
             working_layer = np.maximum(k["act_working"], km["act_working"])
         n_stages = pp * v
         last = n_stages - 1
-        style = stage_style(SCHEDULE_NAMES[code])
         tau = cm["p2p"]
         working = pick(rc != RECOMPUTE.index("none"), working_layer, 0.0)
-        t_inv, te_inv = pre.t_inv[idx], pre.te_inv[idx]
-        by_tp = lambda fn: np.array([fn(x) for x in pre.t_vals], dtype=np.int64)[t_inv]  # noqa: E731
+        te_inv = pre.te_inv[idx]
         te_vals = pre.te_vals
         by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv]  # noqa: E731
-        logits_grad = (b * base.seq_len / c) * by_tp(lambda x: loss_grad_bytes(model, 1, 1, x, 1, base.kernels))
-        layer_params = by_tp(lambda x: layer_params_per_rank(model, x))
-        if model.is_moe:  # ZeRO-3 buffers hold the largest layer
-            layer_params = np.maximum(layer_params, by_tp_ep(lambda x, y: layer_params_per_rank(model, x, moe=True, ep=y)))
-            expert_shard = d // ep * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
-        head_params = by_tp(lambda x: head_params_per_rank(model, x, pp))
-        kept_embedding = by_tp(lambda x: embedding_params_per_rank(model, x)) if model.tied_embeddings and pp == 1 else 0
         mesh_where, mesh_inv = _distinct(pre.mesh_inv[idx])
         mesh_rows = pre.mesh_rows[pre.mesh_inv[idx][mesh_where]].tolist()
 
-        # peak activations: the schedule's live counts, once per distinct (micro-batch count,
+        # peak activations: each schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
         act_mat = np.stack(act, axis=1)  # (distinct kernel rows, stages)
-        m_eff = _memory_microbatches(SCHEDULE_NAMES[code], pp, m)
-        first, pair_inv = _distinct_rows([m_eff, kid])
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
-        m_first = m_eff[first]
-        stored_u = np.empty((len(first), pp))
-        for mm in sorted(set(m_first.tolist())):
-            sel = np.flatnonzero(m_first == mm)
-            stored_u[sel] = padded_peak_bytes(state_rows(SCHEDULE_NAMES[code], pp, mm, v), act_mat[kid[first[sel]]][:, chunks])
-        stored = stored_u[pair_inv]
+        stored = np.empty((G, pp))
+        codes, code_inv = _distinct(schedule)
+        for ci, code in enumerate(schedule[codes].tolist()):
+            sub = np.flatnonzero(code_inv == ci) if len(codes) > 1 else slice(None)
+            m_eff = _memory_microbatches(SCHEDULE_NAMES[code], pp, m[sub])
+            first, pair_inv = _distinct(m_eff * len(kernel) + kid[sub])  # the distinct (m, kernel row) pairs
+            m_where, m_inv = _distinct(m_eff[first])  # the live counts of every micro-batch count at once
+            rows = state_rows_many(SCHEDULE_NAMES[code], pp, m_eff[first][m_where], v)
+            act_pairs = act_mat[kid[sub][first]][:, chunks]
+            if rows.shape[2] * len(first) * pp * v <= _ONE_CALL:  # small: every pair at once
+                stored_u = padded_peak_bytes(rows[m_inv], act_pairs)
+            else:  # per count, its distinct rows only (repeats and padding dropped)
+                if rows.shape[2] > 8 and len(first) > 8 * len(m_where):  # worth dropping the repeats
+                    rows = distinct_state_rows(rows)
+                held = rows.any(axis=(1, 3))  # (counts, n): the rows some rank holds
+                n_held = held.shape[1] - np.argmax(held[:, ::-1], axis=1)
+                stored_u = np.empty((len(first), pp))
+                for i in range(len(m_where)):
+                    sel = np.flatnonzero(m_inv == i) if len(m_where) > 1 else slice(None)
+                    stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
+            stored[sub] = stored_u[pair_inv]
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
         # stage for the last micro-batch (the gradient chain of the module docstring)
-        chain = code in _UNSPLIT
+        chain = _UNSPLIT_MASK[schedule]
 
         # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
         # order) have the same model state, buffers and stage times to the bit: once per class
         classes: dict[tuple, int] = {}
         cls_of = np.empty(pp, dtype=np.int64)
         cls_first: list[int] = []  # per class, its first rank
+        cls_last = np.zeros(pp, dtype=np.int64)  # per class, its last rank
         for r in range(pp):
             mine = stages_of_rank(r, pp, v, style)
             key = tuple((split[j], j == 0, j == last, moe_stage[j] if model.is_moe else 0) for j in mine)
             cls_of[r] = classes.setdefault(key, len(classes))
+            cls_last[cls_of[r]] = r
             if cls_of[r] == len(cls_first):
                 cls_first.append(r)
         n_cls = len(classes)
-        fixed, other_total = np.empty((G, n_cls)), np.empty((G, n_cls))
-        busy_c, after_c, opt_pg = np.empty((G, n_cls)), np.empty((G, n_cls)), np.full(G, -np.inf)
+        cls_last = cls_last[:n_cls]
+        busy_c, after_c = np.empty((G, n_cls)), np.empty((G, n_cls))
+        params_c, experts_c = np.empty((G, n_cls), dtype=np.int64), np.zeros((G, n_cls), dtype=np.int64)
+        pg_c, head_c = np.empty((G, n_cls)), np.zeros(n_cls, dtype=bool)
         for ci, r in enumerate(cls_first):
             mine = stages_of_rank(r, pp, v, style)
             n_layers = sum(split[j] for j in mine)
             first_, holds_head = 0 in mine, last in mine
             n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
-            params = by_tp_ep(lambda x, y: rank_params(model, x, pp, n_layers, first_, holds_head, n_moe, y))  # int64
-            if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
-                experts = by_tp_ep(lambda x, y: rank_expert_params(model, x, y, n_moe))
-                state = model_state_bytes(params - experts, rec, zero, shard)
-                ex = model_state_bytes(experts, rec, zero, expert_shard)
-                state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
-            else:
-                experts = 0
-                state = model_state_bytes(params, rec, zero, shard)
-            other = rank_other_items(
-                reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad, head_act=k["head_act"],
-                zero=zero, shard=shard, params=params, layer_params=layer_params, head_params=head_params,
-                kept_embedding_params=kept_embedding, weight_bytes=rec.weight_bytes,
-                grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
-                once_per_step=False, tp=t, act_msg=cm["act_msg"], pp=pp, p2p_bytes=cm["p2p_bytes"],
-            )
-            # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
-            fixed[:, ci] = state.weights + state.gradients + state.optimizer
-            other_total[:, ci] = total_of(other)
-            p_of = {(x, y): (rank_params(model, x, pp, n_layers, first_, holds_head, n_moe, y),
-                             rank_expert_params(model, x, y, n_moe)) for x, y in te_vals}
+            p_of = {(x, y): (self._rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
+                             self._expert_params(x, y, n_moe)) for x, y in te_vals}
+            params_c[:, ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
+            if model.is_moe:
+                experts_c[:, ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
             sync = np.array(
                 [self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows]
             ).reshape(len(mesh_rows), 2)[mesh_inv]
@@ -471,44 +516,93 @@ class Engine:
                 n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
                 overlap_param_gather=base.overlap_param_gather,
             )
-            local = params / pick(zero >= 1, shard, 1)
-            if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
-                local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
-            opt = optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
-            opt_pg = np.maximum(opt_pg, opt + pg)  # the slowest rank's optimizer + gather
             busy_c[:, ci] = m * (last_bwd + first_fwd)
-            after_c[:, ci] = after
-        working_col = np.broadcast_to(working, (G,))[:, None]
-        totals = (fixed[:, cls_of] + (stored + working_col)) + other_total[:, cls_of]
+            after_c[:, ci], pg_c[:, ci], head_c[ci] = after, pg, holds_head
+        # the classes' model state, buffers and optimizer step: the classes with the LM head and
+        # those without, each in one call over (plans × classes)
+        fixed, other_total, opt_pg = np.empty((G, n_cls)), np.empty((G, n_cls)), np.empty((G, n_cls))
+        for holds_head in (False, True):
+            cols = np.flatnonzero(head_c == holds_head)
+            if len(cols):
+                fixed[:, cols], other_total[:, cols], opt_pg[:, cols] = self._rank_state(
+                    T, pre, idx, k, cm, pp, holds_head, params_c[:, cols], experts_c[:, cols], pg_c[:, cols])
 
-        # σ_r and the gradient chain Σ_{k<r} (b_k + τ), summed rank by rank as the bound states
-        start, chain_b = np.empty((G, pp)), np.empty((G, pp))
+        # σ_r and the gradient chain Σ_{k<r} (b_k + τ), summed rank by rank as the bound states.
+        # Both never decrease with r (sums of durations ≥ 0), and ranks of one class have the same
+        # busy time and exposed communication, so (σ_r + busy) + a and (σ_r + busy) + chain_r,
+        # rounded sums monotone in σ_r and chain_r, are largest on the class's last rank: the
+        # bound's maxima over ranks are those over the classes' last ranks, to the bit.
+        start, chain_b = np.empty((G, n_cls)), np.empty((G, n_cls))
         run_f, run_b = np.zeros(G), np.zeros(G)
-        for r in range(pp):
-            start[:, r], chain_b[:, r] = run_f, run_b
+        at_rank = {r: np.flatnonzero(cls_last == r) for r in set(cls_last.tolist())}
+        for r in range(int(cls_last.max()) + 1):
+            if r in at_rank:
+                start[:, at_rank[r]], chain_b[:, at_rank[r]] = run_f[:, None], run_b[:, None]
             run_f = run_f + st.fwd[r] + tau
             run_b = run_b + st.bwd[r] + tau
-        reach = start + busy_c[:, cls_of]
-        lb_finish = reach + after_c[:, cls_of]
-        lb_span = np.max(reach + chain_b if chain else reach, axis=1, initial=0.0)
-        lb = np.maximum(lb_finish.max(axis=1), lb_span) + opt_pg
+        reach = start + busy_c
+        lb_finish = reach + after_c
+        lb_span = np.max(np.where(chain[:, None], reach + chain_b, reach), axis=1, initial=0.0)
+        lb_pipe = np.maximum(lb_finish.max(axis=1), lb_span)
+        # per rank: ((w + g + o) + (activations + working)) + other items; the slowest rank's
+        # optimizer step + weight gather
+        totals = (fixed[:, cls_of] + (stored + np.broadcast_to(working, (G,))[:, None])) + other_total[:, cls_of]
         worst = totals.argmax(axis=1)
-        return totals[np.arange(G), worst], worst, lb * (1 - 1e-12)
+        return totals[np.arange(G), worst], worst, (lb_pipe + opt_pg.max(axis=1)) * (1 - 1e-12)
+
+    def _rank_state(self, T: PlanTable, pre: "_Terms", idx: slice, k: dict, cm: dict, pp: int, holds_head: bool, params: np.ndarray,
+                    experts: np.ndarray, pg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the plans ``idx`` of one shape and classes of ranks that all hold the LM head or
+        none does, with ``params``, ``experts`` (routed-expert parameters) and ``pg`` (exposed
+        weight gather) as (plans × classes): the model state w + g + o, the other items' total and
+        the optimizer step + ``pg``, through the functions ``estimate`` uses. Per-plan terms are
+        columns broadcast over the classes: elementwise, so every entry is the one-plan value."""
+        model, base, rec = self.model, self.base, self.rec
+        col = lambda x: x[idx][:, None]  # noqa: E731
+        zero, shard, t, c = col(T.zero), col(T.dp_shard) * col(T.cp), col(T.tp), col(T.cp)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4)[pre.te_inv[idx]]
+        logits_grad = (col(T.micro_batch) * base.seq_len / c) * per_tp[:, :1]
+        if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
+            expert_shard = col(T.dp) // col(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
+            state = model_state_bytes(params - experts, rec, zero, shard)
+            ex = model_state_bytes(experts, rec, zero, expert_shard)
+            state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
+        else:
+            state = model_state_bytes(params, rec, zero, shard)
+        other = rank_other_items(
+            reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad,
+            head_act=k["head_act"][:, None], zero=zero, shard=shard, params=params,
+            layer_params=per_tp[:, 1:2], head_params=per_tp[:, 2:3],
+            kept_embedding_params=per_tp[:, 3:4] if model.tied_embeddings and pp == 1 else 0,
+            weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
+            once_per_step=False, tp=t, act_msg=cm["act_msg"][:, None], pp=pp, p2p_bytes=cm["p2p_bytes"][:, None],
+        )
+        local = params / pick(zero >= 1, shard, 1)
+        if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
+            local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
+        # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
+        fixed = state.weights + state.gradients + state.optimizer
+        return fixed, np.broadcast_to(total_of(other), fixed.shape), optimizer_step_time(local, rec, self.cluster.gpu, self.cal) + pg
 
     def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
         """Peak memory, worst rank and step lower bound of every plan of ``T``; ``progress`` is
         called with the number of plans done after each pipeline shape."""
         n = len(T)
         peak, worst, lb = np.empty(n), np.empty(n, dtype=np.int64), np.empty(n)
-        key = (T.pp * 64 + T.vpp) * 16 + T.schedule
+        # one shape per (pp, vpp, stage placement): the schedules that place stages alike share it
+        v_style = np.array([stage_style(name) == "v" for name in SCHEDULE_NAMES], dtype=np.int64)
+        key = (T.pp * 64 + T.vpp) * 2 + v_style[T.schedule]
         order = np.argsort(key, kind="stable")
         bounds = np.flatnonzero(np.diff(key[order])) + 1
-        pre = self._terms(T) if n else None
-        for idx in np.split(order, bounds) if n else []:
-            i0 = idx[0]
-            g = self._group(int(T.pp[i0]), int(T.vpp[i0]), int(T.schedule[i0]), T.take(idx), pre, idx)
-            peak[idx], worst[idx], lb[idx] = g
+        if not n:
+            return Screen(peak, worst, lb)
+        S = T.take(order)  # sorted by shape: each shape's plans are a slice
+        pre = self._terms(S)
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), n]):
+            style = stage_style(SCHEDULE_NAMES[int(S.schedule[lo])])
+            mine = order[lo:hi]
+            peak[mine], worst[mine], lb[mine] = self._group(int(S.pp[lo]), int(S.vpp[lo]), style, S, pre, slice(lo, hi))
             if progress:
-                progress(len(idx))
+                progress(hi - lo)
         return Screen(peak, worst, lb)
 
