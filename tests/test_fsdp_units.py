@@ -23,7 +23,7 @@ def _lt(units, kept=False, reshard=True, fsdp=True):
     return layer_times(
         fwd=1.0, bwd=2.0, wgt=1.0, fwd_gemm=0.75, bwd_gemm=1.5, fwd_attention=0.125, bwd_attention=0.25,
         recompute=0.0, full_recompute=False, emb=(0.125, 0.25, 0.0), head=(0.25, 0.5, 0.25), tp_one=0.0, sp=False,
-        tp_comm_overlap=True, cp=1, cp_step=0.0, fsdp_per_layer=fsdp, all_gather=0.5, reduce_scatter=0.5,
+        tp_comm_overlap=True, cp=1, cp_comm=(0.0, 0.0), fsdp_per_layer=fsdp, all_gather=0.5, reduce_scatter=0.5,
         reshard_after_forward=reshard, fsdp_units=units, embedding_kept=kept,
     )
 

@@ -20,7 +20,8 @@ from meshplan.cost.activations import (
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
+from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
+from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
     after_pipeline,
     layer_times,
@@ -359,7 +360,7 @@ def estimate(
     tokens = b * s / c
     act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
     tp_one = tp_collective_time(act_msg, sp, pl.tp, cluster, cal)
-    cp_step = coll.collective_time("send_recv", cp_kv_bytes(model, tokens, t, e), pl.cp, cluster, cal)
+    cp_comm = cp_exchange_collectives(model, tokens, t, e, plan.kernels, c, pl.cp, cluster, cal)
     shard = plan.shard_degree
     layer_params = layer_params_per_rank(model, t)
     # ZeRO-3 that keeps weights gathered and gradients unsharded through the step communicates like
@@ -372,7 +373,7 @@ def estimate(
     lt_args = dict(
         full_recompute=plan.recompute == "full",
         emb=(emb_ops.fwd, emb_ops.bwd, emb_ops.bwd_weight), head=(head_ops.fwd, head_ops.bwd, head_ops.bwd_weight),
-        tp_one=tp_one, sp=sp, tp_comm_overlap=plan.tp_comm_overlap, cp=c, cp_step=cp_step,
+        tp_one=tp_one, sp=sp, tp_comm_overlap=plan.tp_comm_overlap, cp=c, cp_comm=cp_comm, kernels=plan.kernels,
         fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
         reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:],
         embedding_kept=model.tied_embeddings and pp == 1,

@@ -208,7 +208,10 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
             "and reduce-scatters and the backward gradient all-gathers fused with their GEMMs in t chunks, "
             "the backward input-gradient reduce-scatters exposed" if async_tp else ""))
     if cp > 1:
-        assumptions.append("context parallelism modelled as ring send/recv of K/V overlapped with attention")
+        assumptions.append(
+            "context parallelism as torch runs it (meshplan.cost.cp_exchange): K/V repeated to the query heads, "
+            "all-gathered once per layer forward and again backward (rotate method allgather, hidden behind the "
+            "step-0 call only), fp32 dK/dV passed one ring step at a time, the last transfer exposed")
     assumptions += _torchtitan_common(r, recompute, fp8, compiled) + _fsdp_notes(pp) + [
         "Grand Teton H100: 96 GiB HBM2e at 2.4 TB/s, 500 W power cap: dense peaks x (500/700)^(1/3) "
         "= 0.894 (884 TFLOP/s BF16)",

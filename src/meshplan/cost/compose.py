@@ -19,6 +19,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from meshplan.cost.cp_exchange import cp_exposed_times
 from meshplan.cost.step import exposed
 
 Num = Union[float, int, np.ndarray]
@@ -80,7 +81,7 @@ def layer_times(
     sp: Any,
     tp_comm_overlap: Any,
     cp: Num,
-    cp_step: Num,
+    cp_comm: tuple[Num, Num],
     fsdp_per_layer: Any,
     all_gather: Num,
     reduce_scatter: Num,
@@ -88,6 +89,7 @@ def layer_times(
     fsdp_units: tuple[Num, Num, Num, Num],
     embedding_kept: bool,
     tp_overlapped: tuple[Num, Num] | None = None,
+    kernels: str = "fused",
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs.
 
@@ -98,8 +100,10 @@ def layer_times(
       :func:`meshplan.cost.async_tp.micro_pipeline_tp_times`). The embedding reduces its output forward (reduce-scatter with SP,
       then an all-gather of its gradient backward); the LM head gathers its input forward with SP
       and reduces its input gradient backward (Shoeybi et al. 2019; Korthikanti et al. 2022).
-    * CP ring attention: c − 1 steps of ``cp_step`` (K and V), each hidden behind 1/c of the
-      attention, backward twice the bytes (Liu et al. 2023).
+    * CP (``cp_comm``: one K|V exchange and one backward transfer,
+      :func:`meshplan.cost.cp_exchange.cp_exchange_collectives`): exposed as the software stack
+      ``kernels`` runs it (:func:`meshplan.cost.cp_exchange.cp_exposed_times`: Megatron/TE's ring
+      of c − 1 steps, or torch's all-gather and fp32 dK|dV ring).
     * ZeRO-3 per layer: all-gather before forward, again before backward unless weights stay
       gathered, reduce-scatter after, prefetched behind the layer's compute. The embedding and
       the final norm + LM head are FSDP units of their own (``fsdp_units``: embedding all-gather,
@@ -115,8 +119,7 @@ def layer_times(
     else:
         tp_fwd, tp_bwd = pick(tp_comm_overlap, tp_overlapped[0], tp_fwd), pick(tp_comm_overlap, tp_overlapped[1], tp_bwd)
     half = pick(sp, tp_one / 2, 0.0)
-    cp_fwd = (cp - 1) * exposed(cp_step, fwd_attention / cp)
-    cp_bwd = (cp - 1) * exposed(2 * cp_step, bwd_attention / cp)
+    cp_fwd, cp_bwd = cp_exposed_times(kernels, cp, cp_comm[0], cp_comm[1], fwd_attention, bwd_attention)
     ag_bwd = all_gather if reshard_after_forward else 0.0
     fsdp_fwd = pick(fsdp_per_layer, exposed(all_gather, fwd), 0.0)
     fsdp_bwd = pick(fsdp_per_layer, exposed(ag_bwd + reduce_scatter, bwd + recompute), 0.0)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.cp_exchange import sdpa_kv_heads
 from meshplan.cost.float8 import torchao_float8_passes
 from meshplan.cost.params import (
     MLA_NAMES,
@@ -240,7 +241,7 @@ def layer_op_times(
             d_v = model.value_head_dim if model.is_mla else d
             # torch's SDPA gets the repeated K/V heads (repeat_kv_bytes), so its ring rotates and
             # accumulates dK, dV over a/t heads
-            g_sdpa = a_r if kernels != "fused" and g_r < a_r and not model.is_mla else g_r
+            g_sdpa = sdpa_kv_heads(model, tp, kernels)
             merge = eager_ring_attention_times if kernels == "eager" else ring_attention_merge_times
             ring_f, ring_b = merge(tokens, a_r, g_sdpa, d, d_v, cp, e, gpu, cal)
             fa += ring_f

@@ -55,7 +55,8 @@ from meshplan.cost.activations import (
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.comm import cp_kv_bytes, dp_sync_times, fsdp_unit_times, placements, tp_collective_time
+from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
+from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
     after_pipeline,
     layer_times,
@@ -96,7 +97,7 @@ _KERNEL_FIELDS = (
     "act_stored", "act_working", "emb_act", "head_act",
 )
 _COMM_FIELDS = (
-    "tp_one", "cp_step", "all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather",
+    "tp_one", "cp_kv", "cp_dkv", "all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather",
     "head_reduce_scatter", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd",
 )
 
@@ -318,18 +319,18 @@ class Engine:
 
     def _comm_terms(self, t: int, c: int, p: int, d: int, ds: int, b: int, sp: int) -> tuple:
         """The collectives of one micro-batch, which do not depend on the ZeRO stage: TP (one),
-        CP ring step, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP."""
+        CP K|V exchange and backward transfer, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP."""
         m, cluster, cal, e, rec = self.model, self.cluster, self.cal, self.e, self.rec
         pl = self._place(t, c, p, d, ds)
         tokens = b * self.base.seq_len / c
         act_msg = tokens * m.hidden * e
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
-        cp_step = coll.collective_time("send_recv", cp_kv_bytes(m, tokens, t, e), pl.cp, cluster, cal)
+        cp_kv, cp_dkv = cp_exchange_collectives(m, tokens, t, e, self.base.kernels, c, pl.cp, cluster, cal)
         p2p_bytes = act_msg / (t if sp else 1)
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
         micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e)
                  if self.base.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
-        return (tp_one, cp_step, act_msg, p2p_bytes, p2p, *micro)
+        return (tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro)
 
     def _unit_terms(self, t: int, c: int, p: int, d: int, ds: int, per_layer: int) -> tuple:
         """ZeRO-3's per-layer and embedding/head unit collectives, which do not depend on the
@@ -371,7 +372,7 @@ class Engine:
         mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, ds, b, sp], len(_COMM_FIELDS) - 6)
         units, units_inv = _gather_distinct(self._units, [t, c, p, d, ds, per_layer], 6)
         # per plan, each field: the distinct rows' column gathered (a contiguous array per field)
-        comm_tables = [(mb[:, :2], mb_inv), (units, units_inv), (mb[:, 2:], mb_inv)]  # in the order of _COMM_FIELDS
+        comm_tables = [(mb[:, :3], mb_inv), (units, units_inv), (mb[:, 3:], mb_inv)]  # in the order of _COMM_FIELDS
         te_where, te_inv = _distinct_rows([t, ep])
         mesh = np.stack([t, c, d, ds, ep, zero], axis=1)
         mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, ep, zero])
@@ -399,7 +400,7 @@ class Engine:
         lt_args = dict(
             full_recompute=rc == RECOMPUTE.index("full"),
             emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
-            tp_one=cm["tp_one"], sp=T.sp[at], tp_comm_overlap=T.tpo[at], cp=c, cp_step=cm["cp_step"],
+            tp_one=cm["tp_one"], sp=T.sp[at], tp_comm_overlap=T.tpo[at], cp=c, cp_comm=(cm["cp_kv"], cm["cp_dkv"]), kernels=base.kernels,
             fsdp_per_layer=(zero == 3) & (shard > 1), all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),

@@ -1,0 +1,110 @@
+"""How context parallelism exchanges K and V, per software stack, and how much of it is exposed.
+
+Two exchanges are modelled, chosen by :attr:`meshplan.specs.plan.TrainingPlan.kernels`:
+
+* ``fused`` (Megatron with Transformer Engine): a ring of c − 1 point-to-point steps, each
+  passing the local K and V over the K/V heads of this TP rank (Liu et al. 2023, "Ring Attention
+  with Blockwise Transformers", Sec. 3; Transformer Engine's ``AttnFuncWithCPAndKVP2P``).
+* ``compiled`` / ``eager`` (torch's ``context_parallel``, as torchtitan runs it): K and V are
+  already repeated to the query heads (torchtitan's ``repeat_kv`` before SDPA), and
+  ``_ContextParallelOptions.rotate_method = ALL_GATHER`` (torchtitan's
+  ``--experimental.context_parallel_rotate_method`` default ``allgather``) gathers every rank's
+  K|V in one all-gather started at step 0 and waited at step 1; the backward gathers K|V again
+  the same way and passes the fp32 dK|dV one ring step at a time (``dkv_rotater``,
+  ``ft_c.permute_tensor``), each transfer waited one step later and the last after the loop
+  (``_templated_ring_attention`` and ``_templated_ring_attention_backward`` in
+  ``torch/distributed/tensor/experimental/_attention.py``).
+
+Symbols (one GPU, one layer, one micro-batch): n = b·s/c local tokens, c the CP degree, g the
+K/V heads this TP rank sends (g_r = max(1, g/t) for the fused ring, a/t after ``repeat_kv`` for
+torch, the K/V heads themselves for MLA), d and d_v the key and value head dims, e bytes per
+activation element, A_f and A_b the forward and backward attention time of the layer.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+
+from meshplan.cost import collectives as coll
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.collectives import GroupPlacement
+from meshplan.cost.comm import cp_kv_bytes
+from meshplan.cost.params import kv_heads_per_rank
+from meshplan.cost.step import exposed
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.model import ModelSpec
+
+Num = Union[float, int, np.ndarray]
+
+#: bytes per element of the dK|dV buffers torch's ring passes (``convert_to_f32 = True``)
+GRAD_ACCUM_BYTES = 4
+
+
+def sdpa_kv_heads(model: ModelSpec, tp: int, kernels: str) -> int:
+    """K/V heads one TP rank's attention kernel sees: g_r = max(1, g/t) for Transformer Engine's
+    fused kernels (grouped-query attention inside the kernel), a/t for the torch stacks, whose
+    SDPA gets K and V repeated to the query heads (torchtitan's ``repeat_kv``); MLA's K/V are
+    per query head already."""
+    a_r, g_r = model.n_heads // tp, kv_heads_per_rank(model, tp)
+    return a_r if kernels != "fused" and g_r < a_r and not model.is_mla else g_r
+
+
+def cp_exchange_bytes(model: ModelSpec, tokens: float, tp: int, act_bytes: int, kernels: str) -> tuple[float, float]:
+    """(K|V bytes one rank contributes, dK|dV bytes one backward transfer passes):
+
+        B_kv  = n·g·(d + d_v)·e
+        B_dkv = n·g·(d + d_v)·4   (torch's fp32 dK|dV; the fused ring passes K|V twice instead)
+
+    with g = :func:`sdpa_kv_heads`. For the fused ring B_kv is :func:`meshplan.cost.comm.cp_kv_bytes`
+    (2·n·g_r·d·e) and B_dkv = 2·B_kv, the backward's K|V and dK|dV per step (Liu et al. 2023)."""
+    if kernels == "fused":
+        kv = cp_kv_bytes(model, tokens, tp, act_bytes)
+        return kv, 2 * kv
+    d_v = model.value_head_dim if model.is_mla else model.head_dim
+    elems = tokens * sdpa_kv_heads(model, tp, kernels) * (model.head_dim + d_v)
+    return elems * act_bytes, elems * GRAD_ACCUM_BYTES
+
+
+def cp_exchange_collectives(
+    model: ModelSpec, tokens: float, tp: int, act_bytes: int, kernels: str, cp: int,
+    pl_cp: GroupPlacement, cluster: ClusterSpec, cal: Calibration,
+) -> tuple[float, float]:
+    """Seconds of one (K|V exchange, backward transfer) before overlap, over the CP group:
+
+    * fused: a send/recv of B_kv per ring step, and of 2·B_kv per backward step;
+    * torch: an all-gather of the c ranks' K|V (c·B_kv gathered, ``collective_time``'s size is
+      the gathered tensor), and a send/recv of the fp32 dK|dV, B_dkv."""
+    kv, dkv = cp_exchange_bytes(model, tokens, tp, act_bytes, kernels)
+    step = coll.collective_time("send_recv", kv, pl_cp, cluster, cal)
+    if kernels == "fused":
+        return step, 2 * step
+    gather = coll.collective_time("all_gather", cp * kv, pl_cp, cluster, cal)
+    return gather, coll.collective_time("send_recv", dkv, pl_cp, cluster, cal)
+
+
+def cp_exposed_times(kernels: str, cp: Num, kv: Num, dkv: Num, fwd_attention: Num, bwd_attention: Num) -> tuple[Num, Num]:
+    """Exposed (forward, backward) seconds of the CP exchange of one layer and micro-batch, from
+    :func:`cp_exchange_collectives`' (``kv``, ``dkv``) = (T_kv, T_dkv); each of the c ring steps
+    runs 1/c of the attention. With x⁺ = max(x, 0) (:func:`meshplan.cost.step.exposed`):
+
+    * fused ring (Liu et al. 2023, Sec. 3): every step's transfer hides behind one step's call,
+
+          t_fwd = (c − 1)·(T_kv − A_f/c)⁺        t_bwd = (c − 1)·(T_dkv − A_b/c)⁺
+
+    * torch (``rotate_method = ALL_GATHER``): the all-gather hides only behind the causal step-0
+      call, forward and again backward; each of the c fp32 dK|dV transfers hides behind the next
+      step's backward call, the last (waited after the loop) behind none:
+
+          t_fwd = (T_kv − A_f/c)⁺
+          t_bwd = (T_kv − A_b/c)⁺ + (c − 1)·(T_dkv − A_b/c)⁺ + T_dkv
+
+    Numbers or NumPy arrays (the same expression, bit for bit); 0 at c = 1 (both collectives
+    are 0 over one rank)."""
+    if kernels == "fused":
+        return (cp - 1) * exposed(kv, fwd_attention / cp), (cp - 1) * exposed(dkv, bwd_attention / cp)
+    return (
+        exposed(kv, fwd_attention / cp),
+        exposed(kv, bwd_attention / cp) + (cp - 1) * exposed(dkv, bwd_attention / cp) + dkv,
+    )
