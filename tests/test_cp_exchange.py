@@ -138,3 +138,51 @@ def test_search_screens_torch_cp_as_estimate_does():
             assert est.time.cp_comm_s > 0.0
         else:
             assert est.time.cp_comm_s == 0.0
+
+
+def test_explain_shows_the_cp_exchange(runs):
+    # explain's layer derivation names the CP collectives and their exposed seconds as the plan's
+    # stack runs them; torchtitan 8B at CP 8 exposes only the last fp32 dK|dV transfer backward
+    from meshplan.units import fmt_seconds
+
+    run = runs["torchtitan_8b_8gpu_cp8_seq262144"]
+    (_, _), (ag, dkv), fa, ba, _, _ = _terms(run)
+    fwd, bwd = cp_exposed_times("compiled", 8, ag, dkv, fa, ba)
+    assert (fwd, bwd) == (0.0, dkv) and run.plan.recompute == "full"
+    est = estimate(run.model, run.cluster, run.plan)
+    layer = next(d for d in est.derivations if d.key == "time.layer")
+    rows = dict(layer.symbols)
+    assert rows["CP comm"] == f"{fmt_seconds(ag)} K|V all-gather, {fmt_seconds(dkv)} fp32 dK|dV send/recv per ring step"
+    assert rows["CP exposed"] == (
+        f"0.0 µs / {fmt_seconds(dkv)} (torch's ring: the all-gather behind the step-0 call forward and backward, "
+        "c = 8 dK|dV transfers, the last one exposed, recompute repeats the forward)")
+    assert layer.source.endswith("meshplan.cost.cp_exchange")
+    # Transformer Engine's ring: the step and its doubled backward, c − 1 = 15 steps hidden
+    te = runs["llama3_405b_16384gpu_seq131072"]
+    (_, _), (step, back), _, _, _, _ = _terms(te)
+    rows = dict(next(d for d in estimate(te.model, te.cluster, te.plan).derivations if d.key == "time.layer").symbols)
+    assert rows["CP comm"] == f"{fmt_seconds(step)} K|V send/recv, {fmt_seconds(back)} backward (K|V and dK|dV) per ring step"
+    assert rows["CP exposed"].endswith("(Transformer Engine's ring: c − 1 = 15 steps, each behind 1/c of the attention)")
+    # no CP, no rows
+    plain = runs["torchtitan_8b_8gpu_cp1_seq32768"]
+    layer = next(d for d in estimate(plain.model, plain.cluster, plain.plan).derivations if d.key == "time.layer")
+    assert "CP comm" not in dict(layer.symbols) and layer.source == "meshplan.cost.compute"
+
+
+def test_mla_and_tp_beyond_kv_heads():
+    # DeepSeek-V3 (MLA: 128 heads, K d = 192, V d_v = 128), TP 8, 4,096 local tokens, bf16: every
+    # stack sends 16 heads of K and V per rank, the values d_v wide
+    from meshplan.catalog import load_model
+
+    ds = load_model("deepseek-v3-671b")
+    assert ds.is_mla and (ds.head_dim, ds.value_head_dim) == (192, 128)
+    assert sdpa_kv_heads(ds, 8, "fused") == sdpa_kv_heads(ds, 8, "compiled") == 16
+    assert cp_exchange_bytes(ds, 4096, 8, 2, "fused") == (41_943_040, 83_886_080)  # 4096·16·320·2
+    assert cp_exchange_bytes(ds, 4096, 8, 2, "compiled") == (41_943_040, 83_886_080)  # fp32 dK|dV: 4096·16·320·4
+    assert cp_kv_bytes(ds, 4096, 8, 2) == 50_331_648  # 2·n·g·d·e would count V 192 wide
+    # Llama 3 8B (32 heads, 8 K/V heads) at TP 16: one replicated K/V head per rank for the fused
+    # kernels, repeated to the rank's 2 query heads for torch's SDPA
+    m = load_model("llama3-8b")
+    assert sdpa_kv_heads(m, 16, "fused") == 1 and sdpa_kv_heads(m, 16, "eager") == 2
+    assert cp_exchange_bytes(m, 1000, 16, 2, "fused") == (cp_kv_bytes(m, 1000, 16, 2), 2 * 1000 * 256 * 2) == (512_000, 1_024_000)
+    assert cp_exchange_bytes(m, 1000, 16, 2, "eager") == (1_024_000, 2_048_000)

@@ -510,7 +510,7 @@ def estimate(
         ep_comm_s=per_mb(ep_comm.fwd) + per_mb(ep_comm.bwd) if ep_comm else None,
     )
     est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
-    derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt))
+    derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt, cp_comm))
     return est
 
 
@@ -531,7 +531,29 @@ def _tp_overlap_words(p: TrainingPlan) -> str:
     return "userbuffers: behind the layer's GEMMs"
 
 
-def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt) -> list[Derivation]:
+def _cp_rows(p: TrainingPlan, cp_comm: tuple[float, float], lt) -> tuple[tuple[str, str], ...]:
+    """The ``time.layer`` rows of context parallelism's K/V exchange
+    (:mod:`meshplan.cost.cp_exchange`): its two collectives before overlap and what stays exposed,
+    as the plan's software stack runs it; none at c = 1."""
+    if p.cp == 1:
+        return ()
+    kv, dkv = cp_comm
+    recompute = ", recompute repeats the forward" if p.recompute == "full" else ""
+    if p.kernels == "fused":
+        return (
+            ("CP comm", f"{fmt_seconds(kv)} K|V send/recv, {fmt_seconds(dkv)} backward (K|V and dK|dV) per ring step"),
+            ("CP exposed", f"{fmt_seconds(lt.cp_fwd)} / {fmt_seconds(lt.cp_bwd)} (Transformer Engine's ring: "
+                           f"c − 1 = {p.cp - 1} step{'s' if p.cp > 2 else ''}, each behind 1/c of the attention{recompute})"),
+        )
+    return (
+        ("CP comm", f"{fmt_seconds(kv)} K|V all-gather, {fmt_seconds(dkv)} fp32 dK|dV send/recv per ring step"),
+        ("CP exposed", f"{fmt_seconds(lt.cp_fwd)} / {fmt_seconds(lt.cp_bwd)} (torch's ring: the all-gather behind "
+                       f"the step-0 call forward and backward, c = {p.cp} dK|dV transfers, the last one exposed{recompute})"),
+    )
+
+
+def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
+                 cp_comm: tuple[float, float]) -> list[Derivation]:
     """Formula, symbols and values of the headline figures (what ``meshplan explain`` shows)."""
     m, p, pc, f = est.model, est.plan, est.params, est.flops
     tok = p.tokens_per_step
@@ -612,8 +634,10 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt)
          ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),
          ("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2)"),
          ("TP exposed", f"{fmt_seconds(lt.tp_fwd)} / {fmt_seconds(lt.tp_bwd)} "
-                        f"({_tp_overlap_words(p)}{', recompute repeats the forward' if p.recompute == 'full' else ''})")),
-        f"{fmt_seconds(ops.fwd)} / {fmt_seconds(ops.bwd)}", "meshplan.cost.compute"))
+                        f"({_tp_overlap_words(p)}{', recompute repeats the forward' if p.recompute == 'full' else ''})"))
+        + _cp_rows(p, cp_comm, lt),
+        f"{fmt_seconds(ops.fwd)} / {fmt_seconds(ops.bwd)}",
+        "meshplan.cost.compute" + ("; meshplan.cost.cp_exchange" if p.cp > 1 else "")))
     t = est.time
     d.append(Derivation(
         "time.step_s", "Step time", "pipeline makespan (critical rank) + exposed DP comm + optimizer + exposed weight all-gather",

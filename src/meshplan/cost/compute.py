@@ -396,11 +396,11 @@ def torch_ring_keys(seq_len: float, cp: int) -> float:
 
 
 #: Element-wise kernels torch's eager ring launches per later step, forward (casts of O and the
-#: LSE, the sigmoid merge of O in four ops and of the LSE in three, the K/V concatenation) and
-#: backward (dK and dV: chunk add and concatenation each; dQ add; dK|dV and K|V
-#: concatenations), and once per call (forward: K, V ``.contiguous()``, the first step's two casts,
-#: the two casts back; backward: K, V ``.contiguous()``, three zero buffers, step 0's three adds and
-#: concatenation, two casts back).
+#: LSE, the sigmoid merge of O in five ops, its LSE difference included, and of the LSE in three,
+#: the K/V concatenation: 2 + 5 + 3 + 1) and backward (dK and dV: chunk add and concatenation
+#: each; dQ add; dK|dV and K|V concatenations), and once per call (forward: K, V
+#: ``.contiguous()``, the first step's two casts, the two casts back; backward: K, V
+#: ``.contiguous()``, three zero buffers, step 0's three adds and concatenation, two casts back).
 EAGER_RING_KERNELS = {"fwd_step": 11, "bwd_step": 7, "fwd_call": 6, "bwd_call": 11}
 
 

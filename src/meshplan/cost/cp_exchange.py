@@ -30,7 +30,6 @@ import numpy as np
 from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
-from meshplan.cost.comm import cp_kv_bytes
 from meshplan.cost.params import kv_heads_per_rank
 from meshplan.cost.step import exposed
 from meshplan.specs.hardware import ClusterSpec
@@ -57,13 +56,14 @@ def cp_exchange_bytes(model: ModelSpec, tokens: float, tp: int, act_bytes: int, 
         B_kv  = n·g·(d + d_v)·e
         B_dkv = n·g·(d + d_v)·4   (torch's fp32 dK|dV; the fused ring passes K|V twice instead)
 
-    with g = :func:`sdpa_kv_heads`. For the fused ring B_kv is :func:`meshplan.cost.comm.cp_kv_bytes`
-    (2·n·g_r·d·e) and B_dkv = 2·B_kv, the backward's K|V and dK|dV per step (Liu et al. 2023)."""
-    if kernels == "fused":
-        kv = cp_kv_bytes(model, tokens, tp, act_bytes)
-        return kv, 2 * kv
+    with g = :func:`sdpa_kv_heads`. For the fused ring g = g_r and B_dkv = 2·B_kv, the backward's
+    K|V and dK|dV per step (Liu et al. 2023); without MLA (d_v = d) B_kv is
+    :func:`meshplan.cost.comm.cp_kv_bytes`, 2·n·g_r·d·e, bit for bit, while MLA's values are d_v
+    wide, not d (DeepSeek-V3: d = 192, d_v = 128)."""
     d_v = model.value_head_dim if model.is_mla else model.head_dim
     elems = tokens * sdpa_kv_heads(model, tp, kernels) * (model.head_dim + d_v)
+    if kernels == "fused":
+        return elems * act_bytes, 2 * elems * act_bytes
     return elems * act_bytes, elems * GRAD_ACCUM_BYTES
 
 
