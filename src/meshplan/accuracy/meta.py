@@ -203,7 +203,8 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
     if interleaved:
         assumptions.append("compile + Float8 + AsyncTP as in the 1F1B row (the interleaved row's note omits them)")
     if tp > 1:
-        assumptions.append("TP with sequence parallelism" + (
+        assumptions.append("TP with sequence parallelism, the loss under torch's loss_parallel on the "
+                           "vocabulary-sharded logits (torchtitan's default with TP)" + (
             " and AsyncTP as torch's micro-pipelined TP of 2024 (meshplan.cost.async_tp): forward all-gathers "
             "and reduce-scatters and the backward gradient all-gathers fused with their GEMMs in t chunks, "
             "the backward input-gradient reduce-scatters exposed" if async_tp else ""))

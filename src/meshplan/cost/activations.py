@@ -237,7 +237,14 @@ def loss_grad_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, c
       through the LM head (Korthikanti et al. 2022, Sec. 4.3; ``fused_vocab_parallel_cross_entropy``);
     * compiled, eager — torch's ``cross_entropy`` on fp32 logits saves the log-softmax output;
       its backward holds the incoming gradient (from ``nll_loss``) and the outgoing one at once:
-      ``8·n·V/t`` (torchtitan computes the loss outside the compiled blocks)."""
+      ``8·n·V/t`` (torchtitan computes the loss outside the compiled blocks);
+    * compiled, eager with t > 1 — torchtitan runs the loss under torch's ``loss_parallel`` on
+      the vocabulary-sharded logits, whose fused nll-loss + log-softmax backward
+      (``torch/distributed/tensor/parallel/loss.py``, ``_nll_loss_and_log_softmax_backward``:
+      ``grad_input = torch.zeros_like(x)`` … ``return (grad_input + torch.exp(x)) * grad_output``)
+      holds beside the saved log-softmax ``x`` the zeroed ``grad_input``, ``exp(x)`` or the
+      product, and the sum: ``12·n·V/t`` (torch's MemTracker on this backward: 4 fp32 logits-sized
+      tensors at its peak with ``loss_parallel``, 3 without)."""
     n = micro_batch * seq_len / cp
     per = 4 * n * (padded_vocab(model, tp) // tp)
-    return per if kernels == "fused" else 2 * per
+    return per if kernels == "fused" else (3 * per if tp > 1 else 2 * per)
