@@ -142,7 +142,7 @@ def test_export_from_search_chooses_ep_within_max_ep():
 
 def test_search_options_need_from_search():
     code, out, err = run_cli("export", "--to", "megatron", "--model", "llama3-8b", "--max-tp", "4")
-    assert code == 2 and out == "" and err.strip() == "error: max-tp: --max-tp is a search option: it needs --from-search"
+    assert code == 2 and out == "" and err.strip() == "error: max_tp: --max-tp is a search option: it needs --from-search"
 
 
 def test_export_from_search_when_nothing_fits():

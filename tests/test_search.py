@@ -185,7 +185,7 @@ def test_cli_no_layout_says_so():
         (["--headroom", "1.5"], "headroom"),
         (["--baseline", "tp=eight"], "baseline"),
         (["--baseline", "tq=8"], "baseline"),
-        (["--max-tp", "0"], "max-tp"),
+        (["--max-tp", "0"], "max_tp"),
         (["--schedules", "1f1b,zigzag"], "schedules"),
         (["--out", "front.gif"], "out"),
         (["--batch-range", "16M"], "batch_range"),

@@ -103,8 +103,8 @@ def test_limits_default_and_fixed_axes():
 
 
 @pytest.mark.parametrize("args,field,rule", [
-    (dict(max_micro_batch=0), "max-micro-batch", "must be at least 1 (got 0)"),
-    (dict(max_ep=-2), "max-ep", "must be at least 1 (got -2)"),
+    (dict(max_micro_batch=0), "max_micro_batch", "must be at least 1 (got 0)"),
+    (dict(max_ep=-2), "max_ep", "must be at least 1 (got -2)"),
     (dict(schedules="1f1b,zigzag"), "schedules", "unknown schedule 'zigzag'"),
 ])
 def test_limits_bad_input(args, field, rule):
@@ -135,7 +135,7 @@ def test_check_accepts_the_bounds():
 
 def test_export_refuses_search_options_without_from_search():
     base = ["export", "--to", "megatron", "--model", "llama3-8b", "--gpus", "8"]
-    assert_one_error_line(*run_cli(*base, "--batch-range", "4M,8M"), "error: batch-range: --batch-range is a search option")
+    assert_one_error_line(*run_cli(*base, "--batch-range", "4M,8M"), "error: batch_range: --batch-range is a search option")
     assert_one_error_line(*run_cli(*base, "--hsdp"), "error: hsdp: --hsdp is a search option: it needs --from-search")
     code, out, err = run_cli(*base, "--top", "3")  # not an export option
     assert code == 2 and out == "" and "--top" in err

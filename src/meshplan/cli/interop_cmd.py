@@ -58,7 +58,7 @@ def export(
     else:
         given = search.given()
         if given:
-            raise InputError(given[0][2:], f"{given[0]} is a search option: it needs --from-search")
+            raise InputError(given[0][2:].replace("-", "_"), f"{given[0]} is a search option: it needs --from-search")
         setup = resolve(plan)
         model, best, gpus_per_node = setup.model, setup.plan, setup.cluster.gpus_per_node
     result = interop.export(to, model, best, gpus_per_node=gpus_per_node)

@@ -72,7 +72,7 @@ class SearchArgs:
         for name in ("max_tp", "max_cp", "max_pp", "max_vpp", "max_micro_batch", "max_ep"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise InputError(_flag(name)[2:], f"must be at least 1 (got {value})")
+                raise InputError(name, f"must be at least 1 (got {value})")
         return SearchLimits(
             max_tp=self.max_tp,
             max_cp=self.max_cp if self.max_cp is not None else 16,
