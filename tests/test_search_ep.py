@@ -176,4 +176,4 @@ def test_cli_ep_flags():
     code, out, err = run_cli(*MIXTRAL, "--ep", "16")
     assert code == 2 and out == "" and err.strip() == "error: ep: ep (16) must divide the number of experts (8)"
     code, out, err = run_cli(*MIXTRAL, "--max-ep", "0")
-    assert code == 2 and err.strip() == "error: max-ep: must be at least 1 (got 0)"
+    assert code == 2 and err.strip() == "error: max_ep: must be at least 1 (got 0)"
