@@ -45,9 +45,8 @@ def sdpa_kv_heads(model: ModelSpec, tp: int, kernels: str) -> int:
     """K/V heads one TP rank's attention kernel sees: g_r = max(1, g/t) for Transformer Engine's
     fused kernels (grouped-query attention inside the kernel), a/t for the torch stacks, whose
     SDPA gets K and V repeated to the query heads (torchtitan's ``repeat_kv``); MLA's K/V are
-    per query head already."""
-    a_r, g_r = model.n_heads // tp, kv_heads_per_rank(model, tp)
-    return a_r if kernels != "fused" and g_r < a_r and not model.is_mla else g_r
+    per query head already (g = a, so both give a/t)."""
+    return kv_heads_per_rank(model, tp) if kernels == "fused" else model.n_heads // tp
 
 
 def cp_exchange_bytes(model: ModelSpec, tokens: float, tp: int, act_bytes: int, kernels: str) -> tuple[float, float]:
