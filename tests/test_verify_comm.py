@@ -59,6 +59,13 @@ WORLD4 = {
     "cp4": P(cp=4),
 }
 ALL = list({**WORLD2, **WORLD4})
+#: MLA (keys d = 48 wide, values d_v = 32): the ring passes K|V of n·g·(d + d_v), not 2·n·g·d
+MLA_MODEL = model_from_hf_config({
+    "model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+    "intermediate_size": 512, "vocab_size": 1024, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+    "kv_lora_rank": 64, "moe_intermediate_size": 128, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "first_k_dense_replace": 2, "max_position_embeddings": 512}, "tiny-mla")
+MLA_PLAN = P(cp=2)
 #: verify memory's FSDP2 (dp 2) over TP + SP (tp 2) on real tensors, in the world-4 launch
 MEM_MODEL = model_from_hf_config({**CONFIG, "num_hidden_layers": 2, "max_position_embeddings": 1024}, "tiny-llama-2")
 MEM_PLAN = TrainingPlan(tp=2, dp=2, zero=3, sequence_parallel=True, micro_batch=2, seq_len=256, global_batch=4, precision=FP32)
@@ -69,10 +76,13 @@ def runs(request):
     device = request.param
     out = {}
     for jobs in (WORLD2, WORLD4):
+        mla = [(MLA_MODEL, MLA_PLAN)] if jobs is WORLD2 else []
         extra = [(MEM_MODEL, MEM_PLAN)] if jobs is WORLD4 else []
-        tasks = ["comm"] * len(jobs) + ["memory"] * len(extra)
-        results = comm.launch([(MODEL, p) for p in jobs.values()] + extra, timeout=240, device=device, task=tasks)
+        tasks = ["comm"] * (len(jobs) + len(mla)) + ["memory"] * len(extra)
+        results = comm.launch([(MODEL, p) for p in jobs.values()] + mla + extra, timeout=240, device=device, task=tasks)
         out.update({name: predict.compare(MODEL, p, r) for (name, p), r in zip(jobs.items(), results)})
+        if mla:
+            out["cp-mla"] = predict.compare(MLA_MODEL, MLA_PLAN, results[len(jobs)])
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 4)
     out["device"], out["memory-ranks"] = device, results[-1]
     out["memory"] = memory.compare(MEM_MODEL, MEM_PLAN, cluster, device=device, measured=memory.gather(results[-1]))
@@ -177,7 +187,7 @@ def test_hsdp_reduces_within_shards_and_all_reduces_across_replicas(runs):
 def test_ring_attention_kv_exchange(runs, name, c):
     """Context parallelism (a reference ring attention, torch's context_parallel having no CPU
     kernel rule): per layer and micro-batch c − 1 K/V messages forward, 2·(c − 1) backward (K/V and
-    their gradients), each 2·n·g·d·e with n = s/c; and the ring equals full attention."""
+    their gradients), each 2·n·g·d·e with n = s/c (d_v = d); and the ring equals full attention."""
     run = runs[name]
     m, L = 2, MODEL.n_layers
     where = "ranks " + ",".join(str(r) for r in range(c))
@@ -187,6 +197,23 @@ def test_ring_attention_kv_exchange(runs, name, c):
         assert run.row(f"{where}: cp {kind} forward: bytes").measured == m * L * (c - 1) * kv
         assert run.row(f"{where}: cp {kind} backward: bytes").measured == 2 * m * L * (c - 1) * kv
     assert run.row("ranks whose ring attention equals full attention (output, dQ, dK, dV)").measured == c
+
+
+def test_ring_attention_mla_values_narrower_than_keys(runs):
+    """MLA's values are d_v = 32 wide against keys of d = 48: each K|V message is
+    n·g·(d + d_v)·e = 32·4·80·4 = 40,960 bytes (2·n·g·d·e would be 49,152), measured and predicted
+    alike, and the ring still equals full attention."""
+    run, L, m = runs["cp-mla"], MLA_MODEL.n_layers, 2
+    assert (MLA_MODEL.head_dim, MLA_MODEL.value_head_dim, MLA_MODEL.n_kv_heads) == (48, 32, 4)
+    kv = 32 * 4 * (48 + 32) * 4
+    assert kv == 40_960
+    for kind in ("send", "recv"):
+        fwd = run.row(f"ranks 0,1: cp {kind} forward: bytes")
+        assert fwd.measured == fwd.predicted == m * L * kv
+        bwd = run.row(f"ranks 0,1: cp {kind} backward: bytes")
+        assert bwd.measured == bwd.predicted == 2 * m * L * kv
+    assert run.ok, [r.to_dict() for r in run.failures]
+    assert run.row("ranks whose ring attention equals full attention (output, dQ, dK, dV)").measured == 2
 
 
 def test_memory_rank_function_on_real_processes(runs):

@@ -29,8 +29,8 @@ dp, ZeRO-3      all-gather (P_layer·w) forward, again in        every micro-bat
 pp              send + recv of the activation (n·h·e, ÷t with   every micro-batch, both ways,
                 SP) at every stage boundary between ranks       at each stage boundary
 cp              ring attention: c − 1 sends + recvs of K and    every micro-batch, per layer
-                V (2·n·g·d·e) forward; 2·(c − 1) backward (K
-                and V, and their gradients)
+                V (n·g·(d + d_v)·e) forward; 2·(c − 1)
+                backward (K and V, and their gradients)
 ==============  ==============================================  ================================
 
 ``tests/test_verify_comm.py`` checks that timing this list with
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.comm import cp_kv_bytes
+from meshplan.cost.cp_exchange import cp_exchange_bytes
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from meshplan.pipeline.schedules import stage_style
 from meshplan.pipeline.stages import layer_split, stages_of_rank
@@ -132,7 +132,7 @@ def predicted(model: ModelSpec, plan: TrainingPlan, rank: int) -> list[Collectiv
     if hsdp(plan) and plan.zero >= 1:
         out.append(Collective("dp_rep", "all_reduce", "backward", params * rec.grad_bytes / plan.shard_degree, 1))
     if plan.cp > 1:  # ring attention per layer: c − 1 K/V steps forward, K/V and dK/dV backward
-        kv = cp_kv_bytes(model, plan.micro_batch * plan.seq_len / plan.cp, t, plan.precision.activation_bytes)
+        kv, _ = cp_exchange_bytes(model, plan.micro_batch * plan.seq_len / plan.cp, t, plan.precision.activation_bytes, "fused")
         for kind in ("send", "recv"):
             out.append(Collective("cp", kind, "forward", kv, m * layers * (plan.cp - 1)))
             out.append(Collective("cp", kind, "backward", kv, m * layers * 2 * (plan.cp - 1)))

@@ -6,16 +6,18 @@ has no DTensor sharding rule (``NotImplementedError`` on a gloo mesh). ``verify 
 therefore runs this reference ring attention (Liu et al. 2023, "Ring Attention with Blockwise
 Transformers", Sec. 3), with the model's attention shapes, on the cp group, and counts its sends:
 
-* forward: each rank holds its n = b·s/c tokens of Q, K, V (g K/V heads of d); in each of c − 1
-  steps it passes the K/V block it holds (K and V in one message, 2·n·g·d·e bytes) to the next rank
-  and merges the block it receives into its output by log-sum-exp (online softmax);
+* forward: each rank holds its n = b·s/c tokens of Q, K, V (g K/V heads; keys of width d, values
+  of width d_v, which is d except under MLA); in each of c − 1 steps it passes the K/V block it
+  holds (K and V in one message, n·g·(d + d_v)·e bytes) to the next rank and merges the block it
+  receives into its output by log-sum-exp (online softmax);
 * backward: the K/V blocks travel the ring again (c − 1 messages), each with the running gradient
   of that block (dK, dV: the same bytes) collected from the ranks it visits; the owner's own share
   stays home, so the running gradient leaves its first visitor and arrives back at its owner after
   c − 1 messages.
 
-Per layer and micro-batch, then: c − 1 sends of 2·n·g·d·e forward and 2·(c − 1) backward, the bytes
-meshplan's model charges (:func:`meshplan.cost.comm.cp_kv_bytes`, :func:`meshplan.cost.compose.layer_times`).
+Per layer and micro-batch, then: c − 1 sends of n·g·(d + d_v)·e forward and 2·(c − 1) backward, the
+bytes meshplan's model charges for the fused ring (:func:`meshplan.cost.cp_exchange.cp_exchange_bytes`,
+:func:`meshplan.cost.compose.layer_times`).
 Attention here is non-causal: a causal mask changes which blocks compute, not what travels.
 """
 
@@ -40,6 +42,11 @@ def _exchange(send: Any, group) -> Any:
     for r in reqs:
         r.wait()
     return recv
+
+
+def _split(kv, d_k: int):
+    """A joined K|V block back into K (the first ``d_k`` of the last axis) and V (the rest)."""
+    return kv.split([d_k, kv.shape[-1] - d_k], dim=-1)
 
 
 def _block(q, k, v, heads: int):
@@ -67,7 +74,7 @@ def ring_attention_function():
             lse, out = _block(q, k, v, heads)
             for _ in range(c - 1):
                 kv = _exchange(kv, group)
-                lse_b, out_b = _block(q, *kv.chunk(2, dim=-1), heads)
+                lse_b, out_b = _block(q, *_split(kv, k.shape[-1]), heads)
                 new = torch.logaddexp(lse, lse_b)
                 out = out * torch.exp(lse - new) + out_b * torch.exp(lse_b - new)
                 lse = new
@@ -99,21 +106,23 @@ def ring_attention_function():
                 kv = _exchange(kv, group)
                 if acc is not None:  # the running gradient of the block just received
                     acc = _exchange(acc, group)
-                dq_b, dkv_b = grads(*kv.chunk(2, dim=-1))
+                dq_b, dkv_b = grads(*_split(kv, k.shape[-1]))
                 dq = dq + dq_b
                 acc = dkv_b if acc is None else acc + dkv_b
             if acc is not None:  # back to the block's owner, the next rank
                 own = own + _exchange(acc, group)
-            dk, dv = own.chunk(2, dim=-1)
+            dk, dv = _split(own, k.shape[-1])
             return dq, dk, dv, None
 
     return RingAttention
 
 
-def qkv_shapes(model: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(Q shape, K/V shape) of one rank's sequence chunk: (b, a, s/c, d) and (b, g, s/c, d)."""
-    n = plan.seq_len // plan.cp
-    return (plan.micro_batch, model.n_heads, n, model.head_dim), (plan.micro_batch, model.n_kv_heads, n, model.head_dim)
+def qkv_shapes(model: ModelSpec, plan: TrainingPlan) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(Q, K, V shapes) of one rank's sequence chunk: (b, a, s/c, d), (b, g, s/c, d) and
+    (b, g, s/c, d_v), d_v = :attr:`ModelSpec.value_head_dim` (MLA's values are narrower than its
+    keys: DeepSeek-V3 d = 192, d_v = 128)."""
+    b, n = plan.micro_batch, plan.seq_len // plan.cp
+    return (b, model.n_heads, n, model.head_dim), (b, model.n_kv_heads, n, model.head_dim), (b, model.n_kv_heads, n, model.value_head_dim)
 
 
 def run_rank(model: ModelSpec, plan: TrainingPlan, make_counter, device: str = "cpu") -> dict[str, Any]:
@@ -129,12 +138,12 @@ def run_rank(model: ModelSpec, plan: TrainingPlan, make_counter, device: str = "
     group = dist.new_group(list(range(dist.get_world_size())))
     counter = make_counter({tuple(range(dist.get_world_size())): "cp"})
     ring = ring_attention_function()
-    qs, kvs = qkv_shapes(model, plan)
+    shapes = qkv_shapes(model, plan)
     g = torch.Generator().manual_seed(dist.get_rank())
     agree = True
     for _ in range(plan.grad_accum):
         for _ in range(model.n_layers):
-            q, k, v = (torch.randn(shape, generator=g).to(here(device)).requires_grad_() for shape in (qs, kvs, kvs))
+            q, k, v = (torch.randn(shape, generator=g).to(here(device)).requires_grad_() for shape in shapes)
             with counter:
                 out = ring.apply(q, k, v, group)
                 out.backward(torch.ones_like(out))
