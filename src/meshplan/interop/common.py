@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from meshplan.errors import InputError
+from meshplan.pipeline.lockstep import runs_lockstep
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
@@ -59,6 +60,14 @@ class Ledger:
         return ExportResult(text, tuple(self.warnings), tuple(self.notes))
 
 
+def dependency_pipeline(plan: TrainingPlan, led: Ledger, engine: str) -> None:
+    """Warn when ``plan`` asks for the lockstep pipeline runtime (meshplan.pipeline.lockstep) and
+    the engine runs its pipeline dependency-driven, each transfer waited for by the action that
+    needs it."""
+    if runs_lockstep(plan.schedule, plan.pp, plan.pipeline_runtime):
+        led.lose("pipeline_runtime", f"{engine} runs its pipeline dependency-driven, not slot by slot in lockstep; exported so")
+
+
 # ---- plans ----------------------------------------------------------------------------------------
 
 
@@ -74,7 +83,8 @@ def effective_split(model: Optional[ModelSpec], plan: TrainingPlan) -> Optional[
 def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> TrainingPlan:
     """The plan with settings that change nothing put back to meshplan's defaults, so that two
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
-    overlap kind without overlap, the
+    overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
+    GPipe and 1F1B), the
     ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
@@ -83,6 +93,8 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
         up.update(sequence_parallel=True, tp_comm_overlap=False)
     if plan.tp == 1 or not plan.tp_comm_overlap:
         up.update(tp_overlap_kind="userbuffers")
+    if not runs_lockstep(plan.schedule, plan.pp, plan.pipeline_runtime):
+        up.update(pipeline_runtime="dependency")
     if plan.zero != 3 and plan.dp * plan.cp > 1:
         up.update(reshard_after_forward=True)
     if plan.zero == 0:

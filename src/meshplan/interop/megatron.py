@@ -11,7 +11,8 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
   ``--context-parallel-size``, ``--expert-model-parallel-size``; dp → the launcher's world size.
 * vpp → ``--num-layers-per-virtual-pipeline-stage`` (layers divide evenly) or the layout below;
   schedules: 1F1B and interleaved 1F1B only (GPipe, ZB-H1, interleaved zero bubble and ZBV warn
-  and export as the 1F1B of the same number of chunks).
+  and export as the 1F1B of the same number of chunks). The pipeline runs dependency-driven: a
+  lockstep plan (pipeline_runtime, torch's multi-stage runtime of 2024) warns.
 * layer_split → ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
   when only the end stages differ, else ``--pipeline-model-parallel-layout`` (``E`` embedding,
   ``t`` layer, ``L`` loss, ``|`` between virtual stages in pipeline order).
@@ -53,7 +54,7 @@ from typing import Any, Optional
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_int, choice,
-    effective_split, single_values,
+    dependency_pipeline, effective_split, single_values,
 )
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
@@ -176,6 +177,7 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
     schedule, vpp = p.schedule, p.vpp
     if schedule in NEAREST:
         led.lose("schedule", f"Megatron-LM has no {schedule} schedule; exported as {NEAREST[schedule]} with {vpp} chunk(s) per rank")
+    dependency_pipeline(p, led, "Megatron-LM")
     split = effective_split(model, p)
     n_stages = p.pp * vpp
     even = model.n_layers % n_stages == 0 and split == (model.n_layers // n_stages,) * n_stages

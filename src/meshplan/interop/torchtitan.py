@@ -28,6 +28,9 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
   (``tp_overlap_kind = "micro-pipeline"``; Megatron's userbuffers kind has no torchtitan
   equivalent and is exported as AsyncTP); sequence parallelism is always on
   with TP (turning it off cannot be expressed before torchtitan 0.3).
+* pipeline_runtime: torchtitan 0.1 on runs torch's multi-stage schedules on torch's
+  ``_PipelineScheduleRuntime``, dependency-driven (read so, with a note); a lockstep plan (torch's
+  ``PipelineScheduleMulti`` of 2024, meshplan.pipeline.lockstep) is exported with a warning.
 * Model: ``model.name = "llama3"`` with ``model.flavor`` 8B / 70B / 405B (Llama 3.1); other shapes
   cannot be named.
 """
@@ -41,7 +44,7 @@ from typing import Any, Optional
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_bool, as_int, catalog_match,
-    choice, effective_split,
+    choice, dependency_pipeline, effective_split,
 )
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
@@ -148,6 +151,7 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
     par["pipeline_parallel_degree"] = p.pp
     if p.pp > 1:
         _pipeline(model, p, led, par)
+        dependency_pipeline(p, led, "torchtitan (0.1 on, torch's _PipelineScheduleRuntime; lockstep was its PipelineScheduleMulti of 2024)")
     par["context_parallel_degree"] = p.cp
     if p.ep > 1:
         par["expert_parallel_degree"] = p.ep
@@ -327,6 +331,10 @@ def parse(text: str, toml: bool = False) -> ParseResult:
         first = get(par, "parallelism", "pipeline_parallel_first_stage_less_layers", 1, lo=0)
         last = get(par, "parallelism", "pipeline_parallel_last_stage_less_layers", 1, lo=0)
         single = SCHEDULES[f["schedule"]] in SINGLE_STAGE
+        if not single:
+            notes.append(f"pipeline_runtime: {sched} read as dependency-driven, as torch runs it under torchtitan 0.1 on "
+                         "(_PipelineScheduleRuntime); on the torch builds of 2024 (PipelineScheduleMulti) it ran in "
+                         "lockstep: give --pipeline-runtime lockstep for those")
         if lps is None:
             f["vpp"] = 1 if single else 2
         elif model is None:

@@ -221,12 +221,22 @@ def simulate(
     act_bytes: list[float] | None = None,
     keep_timeline: bool = False,
     wgt: list[float] | None = None,
+    runtime: str = "dependency",
 ) -> SimResult:
     """Run the schedule (a :class:`Schedule` or action lists per rank); ``fwd[k]``/``bwd[k]`` are
     stage k's durations per micro-batch and ``wgt[k]`` the weight-gradient part of ``bwd[k]``
     (used by split backwards; default half). A run of a compiled schedule without the timeline is
     remembered (up to 100,000 actions): plans that differ only in what does not change the
-    durations (their memory settings, say) get the same, immutable, result without a second run."""
+    durations (their memory settings, say) get the same, immutable, result without a second run.
+    ``runtime = "lockstep"`` runs a compiled multi-stage schedule slot by slot over torch's grid
+    (:mod:`meshplan.pipeline.lockstep`); other schedules run dependency-driven either way."""
+    if runtime not in ("dependency", "lockstep"):
+        raise ValueError(f"runtime must be 'dependency' or 'lockstep' (got {runtime!r})")
+    if runtime == "lockstep" and isinstance(ranks, Schedule):
+        from meshplan.pipeline.lockstep import runs_lockstep, simulate_lockstep
+
+        if runs_lockstep(ranks.name, ranks.pp, runtime):
+            return simulate_lockstep(ranks, fwd, bwd, transfer, act_bytes, keep_timeline, wgt)
     if isinstance(ranks, Schedule) and not keep_timeline and sum(k.size for k in ranks.kind) <= _REMEMBER_ACTIONS:
         key = lambda xs: None if xs is None else tuple(float(x) for x in xs)  # noqa: E731
         return _simulate_once(ranks, n_stages, key(fwd), key(bwd), float(transfer), key(act_bytes), key(wgt))
