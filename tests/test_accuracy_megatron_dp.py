@@ -33,7 +33,9 @@ def test_the_pair_holds_the_same_gradients_per_gpu(pair):
     assert e32.stages[0].params == 3_848_556_544
     # fp32 gradients: Megatron forces accumulate_allreduce_grads_in_fp32 under --bf16
     assert r16.plan.precision.grad_bytes == r32.plan.precision.grad_bytes == 4
-    assert e32.time.compute_s == pytest.approx(e16.time.compute_s, rel=0.005)
+    # the same compute, less what the hidden TP collectives' SMs add (meshplan.cost.contention)
+    kernels = lambda e: e.time.compute_s - e.time.contention["tp"]  # noqa: E731
+    assert kernels(e32) == pytest.approx(kernels(e16), rel=0.005)
 
 
 def test_tp8_puts_one_dp_member_per_node_tp4_two(pair):
@@ -67,7 +69,9 @@ def test_exposed_dp_time_follows_the_last_microbatch_and_first_forward_windows(p
     run, est = pair["32B"]
     pl = plan_placements(run.cluster, run.plan)
     c, a = dp_sync_times(est.stages[0].params, 1, False, 48, run.plan.precision, pl, run.cluster, est.calibration)
-    exposed_rs, exposed_ag = est.time.dp_comm_s, est.time.param_gather_s
+    # less what the hidden parts' SMs add to the compute they overlap (meshplan.cost.contention)
+    exposed_rs = est.time.dp_comm_s - est.time.contention["dp_grad"]
+    exposed_ag = est.time.param_gather_s - est.time.contention["param_gather"]
     window_b, window_f = c - exposed_rs, a - exposed_ag
     # the windows are one micro-batch's backward and forward: together one micro-batch's work
     assert window_b + window_f == pytest.approx(est.sim.busy[0] / run.plan.grad_accum, rel=1e-9)
@@ -75,8 +79,8 @@ def test_exposed_dp_time_follows_the_last_microbatch_and_first_forward_windows(p
     again = after_pipeline(grad_comm=c, param_gather=a, last_bwd=window_b, first_fwd=window_f, n_layers=48,
                            overlap_grad_reduce=True, overlap_param_gather=True)
     assert again == pytest.approx((exposed_rs, exposed_ag), rel=1e-12)
-    # the line-rate floor of the step: compute + (C_min − B) + (A_min − F) ≈ 0.999 s
+    # the line-rate floor of the step: compute (with its TP contention) + (C_min − B) + (A_min − F) ≈ 1.010 s
     line_c = 47 / 48 * est.stages[0].params * 4 / 50e9
     floor = est.time.compute_s + (line_c - window_b) + (line_c / 2 - window_f)
-    assert floor == pytest.approx(0.999, abs=0.002)
+    assert floor == pytest.approx(1.010, abs=0.002)
     assert floor > run.published_step_s * 1.11

@@ -20,10 +20,12 @@ from meshplan.cost.activations import (
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_overlap_ctas
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
     after_pipeline,
+    hidden_comm,
     layer_times,
     rank_other_items,
     stage_activations,
@@ -59,6 +61,7 @@ from meshplan.cost.params import (
     rank_params,
 )
 from meshplan.explain import Derivation
+from meshplan.pipeline.lockstep import runs_lockstep, runtime_words
 from meshplan.pipeline.schedules import compile_schedule, stage_style
 from meshplan.pipeline.simulate import SimResult, simulate
 from meshplan.pipeline.stages import layer_split, stages_of_rank
@@ -116,6 +119,17 @@ class StepTime:
     bubble_overhead: float
     per_rank_finish_s: tuple[float, ...]
     ep_comm_s: Optional[float] = None  # MoE models: exposed expert-parallel all-to-all
+    # communication that runs concurrently with compute on the critical rank, seconds per step by
+    # kind (tp, cp, fsdp, dp_grad, param_gather): not part of the step, which it overlaps
+    hidden_comm: dict[str, float] = field(default_factory=dict)
+    # compute slowed by those collectives' SMs (meshplan.cost.contention), seconds per step on the
+    # critical rank by the same kinds: tp, cp and fsdp inside compute_s; dp_grad inside dp_comm_s
+    # and param_gather inside param_gather_s (the pipeline's clock ends before them)
+    contention: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def contention_s(self) -> float:
+        return sum(self.contention.values())
 
     def breakdown(self) -> dict[str, float]:
         out = {
@@ -281,6 +295,7 @@ class Estimate:
                 "kernels": p.kernels,
                 "tp_comm_overlap": p.tp_comm_overlap,
                 "tp_overlap_kind": p.tp_overlap_kind,
+                "pipeline_runtime": p.pipeline_runtime,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -308,6 +323,8 @@ class Estimate:
                 "bubble_fraction": t.bubble_fraction,
                 "bubble_overhead": t.bubble_overhead,
                 "breakdown": t.breakdown(),
+                "hidden_comm": dict(t.hidden_comm),
+                "contention": dict(t.contention),
             },
             "throughput": {
                 "tokens_per_s": self.tokens_per_s,
@@ -377,6 +394,7 @@ def estimate(
         fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
         reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:],
         embedding_kept=model.tied_embeddings and pp == 1,
+        nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(plan.tp_overlap_kind), gpu.sm_count),
     )
     if plan.tp_overlap_kind == "micro-pipeline":
         lt_args["tp_overlapped"] = micro_pipeline_tp_times(model, tokens, t, sp, pl.tp, cluster, cal, rec.compute_dtype, e)
@@ -413,7 +431,8 @@ def estimate(
     p2p_bytes = act_msg / (t if sp else 1)
     p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
     ranks = compile_schedule(plan.schedule, pp, m, v)
-    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt)
+    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt,
+                   runtime=plan.pipeline_runtime)
     style = stage_style(plan.schedule)
 
     # ---- memory and after-pipeline communication per rank ------------------------------------
@@ -421,6 +440,7 @@ def estimate(
     after = []
     opt_times = []
     pg_times = []
+    dp_hidden = []
     logits_grad = loss_grad_bytes(model, b, s, t, c, plan.kernels)
     head_params = head_params_per_rank(model, t, pp)
     if model.is_moe:  # ZeRO-3 buffers hold the largest layer
@@ -469,13 +489,16 @@ def estimate(
         if experts:
             ex_comm, ex_pg = dp_sync_times(experts, plan.zero, once_per_step, expert_shard, rec, pl_experts, cluster, cal)
             grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
-        a, g = after_pipeline(
+        dp_args = dict(
             grad_comm=grad_comm, param_gather=pg, last_bwd=sum(bwd[k] for k in mine),
             first_fwd=sum(fwd[k] for k in mine), n_layers=n_layers,
             overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
         )
+        a, g = after_pipeline(**dp_args, nccl_share=lt_args["nccl_share"])
         after.append(a)
         pg_times.append(g)
+        a0, g0 = after_pipeline(**dp_args)  # without contention: what stays hidden
+        dp_hidden.append((hidden_comm(grad_comm, a0), hidden_comm(pg, g0)))
         local = params / (shard if plan.zero >= 1 else 1)
         if experts and plan.zero >= 1:
             local = (params - experts) / shard + experts / expert_shard
@@ -491,6 +514,8 @@ def estimate(
     slowest = max(range(pp), key=lambda r: opt_times[r] + pg_times[r])
     opt_s, pg_s = opt_times[slowest], pg_times[slowest]
     step_s = ends[crit] + opt_s + pg_s
+    hidden = _hidden_per_step(split, mine, m, lt, lt_moe if model.is_moe else lt,
+                              moe_stage if model.is_moe else None, dp_hidden[crit], dp_hidden[slowest][1])
     time = StepTime(
         step_s=step_s,
         critical_rank=crit,
@@ -508,10 +533,42 @@ def estimate(
         bubble_overhead=sim.bubble_overhead,
         per_rank_finish_s=sim.finish,
         ep_comm_s=per_mb(ep_comm.fwd) + per_mb(ep_comm.bwd) if ep_comm else None,
+        hidden_comm=hidden,
+        contention=_contention_per_step(hidden, lt_args["nccl_share"], lt_args["tp_share"]),
     )
     est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
     derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt, cp_comm))
     return est
+
+
+def _hidden_per_step(split, mine, m: int, lt, lt_moe, moe_stage, dp: tuple[float, float], pg: float) -> dict[str, float]:
+    """Seconds per step of communication hidden behind compute on the critical rank, by kind:
+    m micro-batches × Σ over its stages of n_k × the layer's hidden TP, CP and FSDP time (MoE
+    layers their own), the FSDP embedding and head units on the first and last stage, plus the
+    hidden part of the DP gradient synchronization (``dp``) and of the weight all-gather (``pg``,
+    from the rank that sets the step's all-gather)."""
+    last = len(split) - 1
+    out = {"tp": 0.0, "cp": 0.0, "fsdp": 0.0}
+    for k in mine:
+        n_moe = moe_stage[k] if moe_stage is not None else 0
+        for x, n in ((lt, split[k] - n_moe), (lt_moe, n_moe)):
+            out["tp"] += m * n * (x.hidden_tp_fwd + x.hidden_tp_bwd)
+            out["cp"] += m * n * (x.hidden_cp_fwd + x.hidden_cp_bwd)
+            out["fsdp"] += m * n * (x.hidden_fsdp_fwd + x.hidden_fsdp_bwd)
+        if k == 0:
+            out["fsdp"] += m * (lt.hidden_fsdp_emb_fwd + lt.hidden_fsdp_emb_bwd)
+        if k == last:
+            out["fsdp"] += m * (lt.hidden_fsdp_head_fwd + lt.hidden_fsdp_head_bwd)
+    out["dp_grad"] = dp[0]
+    out["param_gather"] = pg
+    return out
+
+
+def _contention_per_step(hidden: dict[str, float], nccl_share: float, tp_share: float) -> dict[str, float]:
+    """Δ = T_h · n_c/n_SM (:mod:`meshplan.cost.contention`) per kind of ``hidden``: what the hidden
+    collectives add to the critical rank's step (TP at ``tp_share``, the NCCL collectives at
+    ``nccl_share``)."""
+    return {k: contention_time(v, tp_share if k == "tp" else nccl_share) for k, v in hidden.items()}
 
 
 def _op_args(ops: OpTimes, recompute: float) -> dict[str, float]:
@@ -639,14 +696,30 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         f"{fmt_seconds(ops.fwd)} / {fmt_seconds(ops.bwd)}",
         "meshplan.cost.compute" + ("; meshplan.cost.cp_exchange" if p.cp > 1 else "")))
     t = est.time
+    gpu = est.cluster.gpu
+    ctas = tp_overlap_ctas(p.tp_overlap_kind)
+    kinds = {"tp": "TP", "cp": "CP", "fsdp": "FSDP", "dp_grad": "DP grad", "param_gather": "weight AG"}
+    d.append(Derivation(
+        "time.contention", "Compute slowed by the communication it hides",
+        "Σ over hidden collectives of T_h · n_c / n_SM",
+        (("n_SM", f"{gpu.sm_count} SMs ({gpu.name})"),
+         ("n_c", f"{NCCL_CTAS} NCCL CTAs (FSDP, CP, DP)" + (
+             f"; TP {ctas:g} ({'copy engines' if p.tp_overlap_kind == 'micro-pipeline' else 'userbuffers: all-gather 1, reduce-scatter 16'})"
+             if p.tp_comm_overlap and p.tp > 1 else "")),)
+        + tuple((f"T_h {kinds[k]}", f"{fmt_seconds(v)} hidden → +{fmt_seconds(t.contention[k])}")
+                for k, v in t.hidden_comm.items() if v > 0),
+        f"{fmt_seconds(t.contention_s)} per step (the layers' in compute, the DP synchronization's in DP comm and weight all-gather)",
+        "meshplan.cost.contention; NCCL channels (one CTA each), Transformer Engine userbuffers' num_sm"))
     d.append(Derivation(
         "time.step_s", "Step time", "pipeline makespan (critical rank) + exposed DP comm + optimizer + exposed weight all-gather",
-        (("makespan", f"{fmt_seconds(est.sim.finish[t.critical_rank])} on rank {t.critical_rank} ({p.schedule}, p={p.pp}, m={p.grad_accum}, v={p.vpp})"),
+        (("makespan", f"{fmt_seconds(est.sim.finish[t.critical_rank])} on rank {t.critical_rank} ({p.schedule}, p={p.pp}, m={p.grad_accum}, v={p.vpp}, "
+                      f"{runtime_words(p.schedule, p.pp, p.grad_accum, p.vpp, p.pipeline_runtime)})"),
          ("p2p", f"{fmt_seconds(p2p)} per stage boundary"),
          ("bubble", f"{fmt_seconds(t.pipeline_bubble_s)} idle; fraction {t.bubble_fraction:.3f}, overhead {t.bubble_overhead:.3f}"),
          ("dp comm", fmt_seconds(t.dp_comm_s)), ("optimizer", fmt_seconds(t.optimizer_s)),
          ("param gather", fmt_seconds(t.param_gather_s))),
-        fmt_seconds(t.step_s), "event simulation of the schedule (meshplan.pipeline.simulate)"))
+        fmt_seconds(t.step_s), "event simulation of the schedule (meshplan.pipeline.simulate"
+        + ("; lockstep over torch's grid: meshplan.pipeline.lockstep)" if runs_lockstep(p.schedule, p.pp, p.pipeline_runtime) else ")")))
     d.append(Derivation(
         "throughput.mfu", "Model FLOPs utilization", "model FLOPs per step / (GPUs × dense peak × step time)",
         (("model FLOPs", f"{f.model:.4e}"), ("GPUs", str(p.num_gpus)), ("peak", f"{est.mfu_peak / TFLOPS:.1f} TFLOP/s"),

@@ -198,10 +198,19 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         overlap_grad_reduce=pp == 1,
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
         tp_comm_overlap=async_tp, tp_overlap_kind="micro-pipeline", kernels="compiled" if compiled else "eager",
+        pipeline_runtime="lockstep" if vpp > 1 else "dependency",
     )
     cluster = ClusterSpec.of(h100_96gb(), n)
     if interleaved:
         assumptions.append("compile + Float8 + AsyncTP as in the 1F1B row (the interleaved row's note omits them)")
+        assumptions.append(
+            "pipeline run in lockstep (meshplan.pipeline.lockstep): torch 1963fc8's ScheduleInterleaved1F1B is a "
+            "PipelineScheduleMulti, whose _step_microbatches walks the precomputed pipeline_order slot by slot and "
+            "waits at every slot for the rank's sends and the receives its neighbours' actions imply "
+            "(_batch_p2p(ops).wait())")
+    elif pp > 1:
+        assumptions.append("pipeline dependency-driven: torch's Schedule1F1B (a PipelineScheduleSingle) posts each "
+                           "receive when its data is due")
     if tp > 1:
         assumptions.append("TP with sequence parallelism, the loss under torch's loss_parallel on the "
                            "vocabulary-sharded logits (torchtitan's default with TP)" + (

@@ -24,7 +24,10 @@ runtime_reserve          HBM taken by the CUDA/ROCm context, library workspaces 
 =======================  ==========================================================================
 
 Beside the table, :data:`POWER_CAP_EXPONENT` and :func:`power_capped` derive a power-limited
-GPU's sustained peaks from its catalog entry (sustained clock ∝ P^(1/3)).
+GPU's sustained peaks from its catalog entry (sustained clock ∝ P^(1/3)), and
+:mod:`meshplan.cost.contention` holds the SMs an overlapped collective takes from compute (NCCL's
+and Transformer Engine's defaults over the catalog's SM count: library settings, not per
+generation).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from meshplan.cost.cp_exchange import cp_exposed_times
+from meshplan.cost.contention import contention_time
+from meshplan.cost.cp_exchange import cp_exposed_times, cp_raw_times
 from meshplan.cost.step import exposed
 
 Num = Union[float, int, np.ndarray]
@@ -62,6 +63,22 @@ class LayerTimes:
     fsdp_emb_bwd: Num = 0.0
     fsdp_head_fwd: Num = 0.0
     fsdp_head_bwd: Num = 0.0
+    # communication hidden behind compute (before overlap minus exposed), per kind and direction:
+    # what runs concurrently with the layer's kernels (:func:`hidden_comm`)
+    hidden_tp_fwd: Num = 0.0
+    hidden_tp_bwd: Num = 0.0
+    hidden_cp_fwd: Num = 0.0
+    hidden_cp_bwd: Num = 0.0
+    hidden_fsdp_fwd: Num = 0.0
+    hidden_fsdp_bwd: Num = 0.0
+    hidden_fsdp_emb_fwd: Num = 0.0  # embedding unit
+    hidden_fsdp_emb_bwd: Num = 0.0
+    hidden_fsdp_head_fwd: Num = 0.0  # final norm + LM head unit
+    hidden_fsdp_head_bwd: Num = 0.0
+    # compute slowed by the hidden collectives' SMs (:mod:`meshplan.cost.contention`), included
+    # in fwd/bwd and in emb_*/head_*
+    contention_fwd: Num = 0.0
+    contention_bwd: Num = 0.0
 
 
 def layer_times(
@@ -90,6 +107,8 @@ def layer_times(
     embedding_kept: bool,
     tp_overlapped: tuple[Num, Num] | None = None,
     kernels: str = "fused",
+    nccl_share: Num = 0.0,
+    tp_share: Num = 0.0,
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs.
 
@@ -112,6 +131,9 @@ def layer_times(
       after forward, unless ``embedding_kept`` (a tied embedding whose weight the LM head uses at
       the end of the forward); the head unit, first in backward, stays gathered after forward.
     * Full recompute repeats the forward's TP and CP collectives in the backward.
+    * Contention (:mod:`meshplan.cost.contention`): the compute beside each hidden collective
+      takes Δ = T_h · n_c/n_SM longer, with ``tp_share`` = n_c/n_SM for the overlapped TP
+      collectives and ``nccl_share`` for the CP and FSDP ones (both 0: no contention).
     """
     tp_fwd = tp_bwd = 2 * tp_one
     if tp_overlapped is None:
@@ -129,16 +151,28 @@ def layer_times(
     fsdp_emb_bwd = pick(fsdp_per_layer, exposed(emb_ag_bwd + emb_rs, emb[1]), 0.0)
     fsdp_head_fwd = pick(fsdp_per_layer, exposed(head_ag, head[0]), 0.0)
     fsdp_head_bwd = pick(fsdp_per_layer, exposed(head_rs, head[1]), 0.0)
+    raw_cp_fwd, raw_cp_bwd = cp_raw_times(kernels, cp, cp_comm[0], cp_comm[1])
+    on = lambda x: pick(fsdp_per_layer, x, 0.0)  # noqa: E731
+    h_tp_fwd = hidden_comm(2 * tp_one, tp_fwd)
+    h_tp_bwd = hidden_comm(2 * tp_one, tp_bwd) + pick(full_recompute, h_tp_fwd, 0.0)
+    h_cp_fwd = hidden_comm(raw_cp_fwd, cp_fwd)
+    h_cp_bwd = hidden_comm(raw_cp_bwd, cp_bwd) + pick(full_recompute, h_cp_fwd, 0.0)
+    h_fsdp_fwd = on(hidden_comm(all_gather, fsdp_fwd))
+    h_fsdp_bwd = on(hidden_comm(ag_bwd + reduce_scatter, fsdp_bwd))
+    h_emb = (on(hidden_comm(emb_ag, fsdp_emb_fwd)), on(hidden_comm(emb_ag_bwd + emb_rs, fsdp_emb_bwd)))
+    h_head = (on(hidden_comm(head_ag, fsdp_head_fwd)), on(hidden_comm(head_rs, fsdp_head_bwd)))
+    c_fwd = contention_time(h_tp_fwd, tp_share) + contention_time(h_cp_fwd + h_fsdp_fwd, nccl_share)
+    c_bwd = contention_time(h_tp_bwd, tp_share) + contention_time(h_cp_bwd + h_fsdp_bwd, nccl_share)
     return LayerTimes(
-        fwd=fwd,
-        bwd=bwd,
+        fwd=fwd + c_fwd,
+        bwd=bwd + c_bwd,
         wgt=wgt,
         recompute=recompute,
-        emb_fwd=emb[0],
-        emb_bwd=emb[1],
+        emb_fwd=emb[0] + contention_time(h_emb[0], nccl_share),
+        emb_bwd=emb[1] + contention_time(h_emb[1], nccl_share),
         emb_wgt=emb[2],
-        head_fwd=head[0],
-        head_bwd=head[1],
+        head_fwd=head[0] + contention_time(h_head[0], nccl_share),
+        head_bwd=head[1] + contention_time(h_head[1], nccl_share),
         head_wgt=head[2],
         tp_fwd=tp_fwd,
         tp_bwd=tp_bwd + pick(full_recompute, tp_fwd, 0.0),
@@ -154,7 +188,27 @@ def layer_times(
         fsdp_emb_bwd=fsdp_emb_bwd,
         fsdp_head_fwd=fsdp_head_fwd,
         fsdp_head_bwd=fsdp_head_bwd,
+        hidden_tp_fwd=h_tp_fwd,
+        hidden_tp_bwd=h_tp_bwd,
+        hidden_cp_fwd=h_cp_fwd,
+        hidden_cp_bwd=h_cp_bwd,
+        hidden_fsdp_fwd=h_fsdp_fwd,
+        hidden_fsdp_bwd=h_fsdp_bwd,
+        hidden_fsdp_emb_fwd=h_emb[0],
+        hidden_fsdp_emb_bwd=h_emb[1],
+        hidden_fsdp_head_fwd=h_head[0],
+        hidden_fsdp_head_bwd=h_head[1],
+        contention_fwd=c_fwd,
+        contention_bwd=c_bwd,
     )
+
+
+def hidden_comm(comm: Num, exposed_part: Num) -> Num:
+    """Seconds of a collective that run concurrently with compute: its time before overlap less
+    the part left exposed, max(comm − exposed, 0) (0 when nothing overlaps). Numbers or arrays."""
+    if isinstance(comm, np.ndarray) or isinstance(exposed_part, np.ndarray):
+        return np.maximum(comm - exposed_part, 0.0)
+    return max(comm - exposed_part, 0.0)
 
 
 @dataclass
@@ -315,10 +369,15 @@ def after_pipeline(
     n_layers: int,
     overlap_grad_reduce: bool,
     overlap_param_gather: bool,
+    nccl_share: Num = 0.0,
 ) -> tuple[Num, Num]:
     """Exposed DP gradient synchronization after a rank's last backward, and exposed weight
     all-gather before its first forward: hidden behind that compute when overlapped, except the
-    last layer's bucket (``comm / layers``), which can only start when the compute ends."""
+    last layer's bucket (``comm / layers``), which can only start when the compute ends. Each adds
+    the contention its hidden part causes in the compute it overlaps, Δ = T_h · ``nccl_share``
+    (:mod:`meshplan.cost.contention`; 0: none)."""
     after = exposed(grad_comm, last_bwd, grad_comm / max(1, n_layers)) if overlap_grad_reduce else grad_comm
     pg = exposed(param_gather, first_fwd, param_gather / max(1, n_layers)) if overlap_param_gather else param_gather
+    after = after + contention_time(hidden_comm(grad_comm, after), nccl_share)
+    pg = pg + contention_time(hidden_comm(param_gather, pg), nccl_share)
     return after, pg

@@ -107,3 +107,12 @@ def cp_exposed_times(kernels: str, cp: Num, kv: Num, dkv: Num, fwd_attention: Nu
         exposed(kv, fwd_attention / cp),
         exposed(kv, bwd_attention / cp) + (cp - 1) * exposed(dkv, bwd_attention / cp) + dkv,
     )
+
+
+def cp_raw_times(kernels: str, cp: Num, kv: Num, dkv: Num) -> tuple[Num, Num]:
+    """(forward, backward) seconds of one layer's CP exchange before overlap, the collectives
+    :func:`cp_exposed_times` overlaps: fused, (c − 1)·T_kv and (c − 1)·T_dkv; torch, T_kv and
+    T_kv + c·T_dkv. 0 at c = 1."""
+    if kernels == "fused":
+        return (cp - 1) * kv, (cp - 1) * dkv
+    return kv, kv + cp * dkv

@@ -131,6 +131,13 @@ class TrainingPlan(Spec):
     # --tp-comm-overlap, Transformer Engine: every TP collective behind the GEMMs) or
     # micro-pipeline (torch's AsyncTP: the fused all-gather/reduce-scatter matmuls only)
     tp_overlap_kind: Literal["userbuffers", "micro-pipeline"] = "userbuffers"
+    # how the pipeline ranks advance (meshplan.pipeline.lockstep): dependency (Megatron-LM, torch's
+    # single-stage schedules and its 2025+ runtime: an action waits for its rank and its input) or
+    # lockstep (torch's PipelineScheduleMulti runtime of 2024: slot by slot over the schedule's
+    # precomputed grid, every rank waiting for its neighbours' sends and receives of the slot);
+    # lockstep changes only the multi-stage schedules (interleaved, interleaved-zb, zbh1, zbv) on
+    # pp > 1 — torch runs GPipe and 1F1B with its single-stage classes, dependency-driven
+    pipeline_runtime: Literal["dependency", "lockstep"] = "dependency"
     reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered weights after forward
     # ZeRO-3/FSDP: keep weights gathered and gradients unsharded across the step's micro-batches,
     # one all-gather and one reduce-scatter per step (torch.distributed.pipelining with FSDP2)

@@ -49,6 +49,7 @@ NUMBERS = (
 #: Choice inputs: (option name, label, choices).
 CHOICES = (
     ("schedule", "pipeline schedule", tuple(schedule_names())),
+    ("pipeline_runtime", "pipeline runtime", ("dependency", "lockstep")),
     ("recompute", "recompute", ("none", "selective", "op", "full")),
     ("zero", "ZeRO stage", ("0", "1", "2", "3")),
     ("precision", "precision", ("bf16", "fp16", "fp8", "fp32")),

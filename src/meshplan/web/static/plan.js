@@ -33,6 +33,7 @@
     return {
       preset: state.preset || "", model: e.model.name, gpu: c.gpu, gpus: c.num_gpus, tp: p.tp, cp: p.cp, pp: p.pp, vpp: p.vpp,
       micro_batch: p.micro_batch, global_batch: p.global_batch, seq_len: p.seq_len, schedule: p.schedule,
+      pipeline_runtime: p.pipeline_runtime,
       recompute: p.recompute, zero: String(p.zero), precision: p.precision, grad_dtype: p.grad_dtype,
       master_weights: String(p.master_weights), attention: p.attention, sequence_parallel: String(p.sequence_parallel),
       kernels: p.kernels, tp_comm_overlap: String(p.tp_comm_overlap), tp_overlap_kind: p.tp_overlap_kind,
