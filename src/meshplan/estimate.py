@@ -293,6 +293,7 @@ class Estimate:
                 "attention": p.attention,
                 "attention_flops": p.attention_flops,
                 "kernels": p.kernels,
+                "compile_loss": p.compile_loss,
                 "tp_comm_overlap": p.tp_comm_overlap,
                 "tp_overlap_kind": p.tp_overlap_kind,
                 "pipeline_runtime": p.pipeline_runtime,
@@ -371,7 +372,7 @@ def estimate(
     # ---- per-layer compute and communication (one micro-batch, one GPU) ----------------------
     ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels)
     emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
-    head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e)
+    head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e, plan.loss_kernels)
     recompute_layer = recompute_time(ops, plan.recompute)
     pl = plan_placements(cluster, plan)
     tokens = b * s / c
@@ -421,7 +422,7 @@ def estimate(
     gi = saved_gemm_input_bytes(rec.compute_dtype, plan.kernels, e)
     la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
-    head_act = head_activation_bytes(model, b, s, t, c, sp, e)
+    head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels)
     stage_act = stage_activations(split, la.stored, emb_act, head_act)
     working = la.working
     if model.is_moe:
@@ -441,7 +442,7 @@ def estimate(
     opt_times = []
     pg_times = []
     dp_hidden = []
-    logits_grad = loss_grad_bytes(model, b, s, t, c, plan.kernels)
+    logits_grad = loss_grad_bytes(model, b, s, t, c, plan.loss_kernels, e)
     head_params = head_params_per_rank(model, t, pp)
     if model.is_moe:  # ZeRO-3 buffers hold the largest layer
         layer_params = max(layer_params, layer_params_per_rank(model, t, moe=True, ep=plan.ep))

@@ -91,6 +91,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "attention": (Optional[Literal["flash", "materialized"]], _opt("--attention", "Attention kernel: flash (no s² scores stored) or materialized. (default: flash)", P_MEMORY)),
     "attention_flops": (Optional[Literal["causal", "full"]], _opt("--attention-flops", "Count causal (half) or full s² attention FLOPs. (default: causal)", P_MEMORY)),
     "kernels": (Optional[Literal["fused", "compiled", "eager"]], _opt("--kernels", "Software stack of the element-wise kernels and the loss: fused (Megatron-Core/Transformer Engine), compiled (torch.compile), eager (PyTorch eager: one kernel per op, torch's cross-entropy). (default: fused)", P_MEMORY)),
+    "compile_loss": (Optional[bool], _opt("--compile-loss/--no-compile-loss", "With --kernels compiled: torch.compile compiles the loss too (torchtitan since 2025; it keeps e-byte logits, no fp32 copy), or the cross-entropy runs eager beside the compiled blocks (torchtitan of 2024). (default: on)", P_MEMORY)),
     "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with GEMMs. (default: off)", P_NET)),
     "tp_overlap_kind": (Optional[Literal["userbuffers", "micro-pipeline"]], _opt("--tp-overlap-kind", "How TP overlap works: userbuffers (Megatron/Transformer Engine: all TP collectives behind the GEMMs) or micro-pipeline (torch's AsyncTP: fused all-gather/reduce-scatter matmuls in TP chunks; backward input-gradient reduce-scatters exposed). (default: userbuffers)", P_NET)),
     "gpus_per_node": (Optional[int], _opt("--gpus-per-node", "GPUs per scale-up (NVLink) domain. (default: the GPU's, e.g. 8)", P_NET)),
@@ -135,6 +136,7 @@ class PlanArgs:
     attention: Optional[str] = None
     attention_flops: Optional[str] = None
     kernels: Optional[str] = None
+    compile_loss: Optional[bool] = None
     tp_comm_overlap: Optional[bool] = None
     tp_overlap_kind: Optional[str] = None
     gpus_per_node: Optional[int] = None
@@ -401,8 +403,8 @@ def resolve(args: PlanArgs) -> Setup:
         tp=tp, cp=cp, pp=pp, dp=dp, ep=v["ep"], vpp=vpp, schedule=schedule, micro_batch=b,
         global_batch=global_batch, seq_len=s, precision=_spec(PrecisionRecipe, "precision", **recipe),
     )
-    for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "tp_comm_overlap", "tp_overlap_kind",
-              "pipeline_runtime"):
+    for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "compile_loss", "tp_comm_overlap",
+              "tp_overlap_kind", "pipeline_runtime"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
     if v.get("zero") is not None:

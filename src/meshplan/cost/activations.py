@@ -216,18 +216,38 @@ def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int,
     return micro_batch * seq_len / cp * model.hidden / rep if model.dropout else 0.0
 
 
+def compiled_loss(loss_kernels: str, tp: int) -> bool:
+    """Whether the cross-entropy runs as one compiled graph: ``loss_kernels`` (the plan's
+    :attr:`~meshplan.specs.plan.TrainingPlan.loss_kernels`) is "compiled" and there is no TP.
+    Under TP torchtitan runs the loss in ``loss_parallel``'s DTensor handlers, whose eager
+    figures meshplan keeps (their compiled buffers were not measured)."""
+    return loss_kernels == "compiled" and tp == 1
+
+
 def head_activation_bytes(
-    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, sp: bool, act_bytes: int
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, sp: bool, act_bytes: int,
+    loss_kernels: str = "fused",
 ) -> float:
     """Last stage, outside the layers: final-norm input and LM-head input (n·h·e each, ÷t with SP)
-    and the fp32 logits kept for the loss, 4·n·V/t with V padded to a multiple of t
-    (Korthikanti et al. 2022, Sec. 4.3)."""
+    and what the loss keeps for its backward, with n = b·s/c tokens and V/t vocabulary entries
+    per GPU (V padded to a multiple of t):
+
+    * the fp32 logits (or softmax), 4·n·V/t (Korthikanti et al. 2022, Sec. 4.3; torch's eager
+      ``cross_entropy`` saves its fp32 log-softmax output, the same bytes);
+    * a compiled loss (:func:`compiled_loss`) saves only its e-byte input logits, e·n·V (and two
+      fp32 numbers per token): AOTAutograd's partitioner recomputes the upcast and the softmax
+      in the backward rather than keep fp32 tensors (torch 2.13 on CPU: the saved tensors of
+      ``torch.compile(cross_entropy)`` are the bf16 logits, the labels and two (n, 1) fp32
+      statistics; tests/test_compiled_loss.py)."""
     n = micro_batch * seq_len / cp
     rep = tp if sp else 1
-    return 2 * n * model.hidden * act_bytes / rep + 4 * n * (padded_vocab(model, tp) // tp)
+    per_entry = act_bytes if compiled_loss(loss_kernels, tp) else 4
+    return 2 * n * model.hidden * act_bytes / rep + per_entry * n * (padded_vocab(model, tp) // tp)
 
 
-def loss_grad_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, kernels: str = "fused") -> float:
+def loss_grad_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, kernels: str = "fused", act_bytes: int = 2,
+) -> float:
     """Transient fp32 buffers of the loss's backward on the last stage, besides the fp32 logits
     (or softmax) the loss keeps (:func:`head_activation_bytes`), with n = b·s/c tokens and V/t
     vocabulary entries per GPU:
@@ -244,7 +264,15 @@ def loss_grad_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, c
       ``grad_input = torch.zeros_like(x)`` … ``return (grad_input + torch.exp(x)) * grad_output``)
       holds beside the saved log-softmax ``x`` the zeroed ``grad_input``, ``exp(x)`` or the
       product, and the sum: ``12·n·V/t`` (torch's MemTracker on this backward: 4 fp32 logits-sized
-      tensors at its peak with ``loss_parallel``, 3 without)."""
+      tensors at its peak with ``loss_parallel``, 3 without);
+    * a compiled loss (:func:`compiled_loss`: ``kernels`` is the plan's ``loss_kernels``) fuses
+      its backward into one kernel that reads the saved e-byte logits and writes their e-byte
+      gradient: ``e·n·V/t``, no fp32 buffer (torch 2.13 on CPU, peak resident memory of the
+      backward: +2·n·V bytes compiled against +12·n·V eager, of which 4·n·V is the kept
+      log-softmax; tests/test_compiled_loss.py)."""
     n = micro_batch * seq_len / cp
-    per = 4 * n * (padded_vocab(model, tp) // tp)
+    entries = n * (padded_vocab(model, tp) // tp)
+    if compiled_loss(kernels, tp):
+        return act_bytes * entries
+    per = 4 * entries
     return per if kernels == "fused" else (3 * per if tp > 1 else 2 * per)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.cost.activations import compiled_loss
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.cp_exchange import sdpa_kv_heads
 from meshplan.cost.float8 import torchao_float8_passes
@@ -459,18 +460,27 @@ def embedding_op_times(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
 
 def head_op_times(
     model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, gpu: GPUSpec, cal: Calibration,
-    compute_dtype: str, act_bytes: int,
+    compute_dtype: str, act_bytes: int, loss_kernels: str = "fused",
 ) -> OpTimes:
-    """Final norm, LM head GEMM (n × V/t × h) and cross-entropy over fp32 logits (read bf16,
-    write fp32, softmax read/write, loss: ~4 passes of 4 bytes forward, 3 backward)."""
+    """Final norm, LM head GEMM (n × V/t × h) and the cross-entropy over the n·V/t logits:
+
+    * over fp32 logits (read e bytes, write fp32, softmax read/write, loss: ~4 passes of 4 bytes
+      forward, 3 backward): (e + 16) bytes per logit forward, (12 + e) backward;
+    * compiled (:func:`meshplan.cost.activations.compiled_loss`): the forward's two reductions
+      (max, then the sum of exponentials) each read the e-byte logits; the backward reads them
+      once and writes the e-byte gradient: 2e bytes per logit each way."""
     peak = gpu.peak(compute_dtype)
     tokens = micro_batch * seq_len / cp
     v_r = padded_vocab(model, tp) // tp
     fg, bi, bw = _gemm_fwd_bwd(tokens, v_r, model.hidden, gpu, cal, peak, act_bytes)
     logits = tokens * v_r
     nh = tokens * model.hidden * act_bytes
-    fm = memory_time(2 * nh + logits * (act_bytes + 4 * 4), gpu, cal)
-    bm = memory_time(4 * nh + logits * (3 * 4 + act_bytes), gpu, cal)
+    if compiled_loss(loss_kernels, tp):
+        fwd_per, bwd_per = 2 * act_bytes, 2 * act_bytes
+    else:
+        fwd_per, bwd_per = act_bytes + 4 * 4, 3 * 4 + act_bytes
+    fm = memory_time(2 * nh + logits * fwd_per, gpu, cal)
+    bm = memory_time(4 * nh + logits * bwd_per, gpu, cal)
     return OpTimes(fg, 0.0, fm, bi + bw, 0.0, bm, bw)
 
 

@@ -122,6 +122,10 @@ class TrainingPlan(Spec):
     # fused (Megatron-Core/Transformer Engine, fused vocab-parallel cross-entropy), compiled
     # (torch.compile'd blocks, torch's cross-entropy), eager (PyTorch eager, torch's cross-entropy)
     kernels: Literal["fused", "compiled", "eager"] = "fused"
+    # with compiled kernels, whether torch.compile also compiles the loss (torchtitan's
+    # build_cross_entropy_loss under --training.compile, 2025 on); off: the cross-entropy runs
+    # eager beside compiled blocks (torchtitan's December 2024 train.py). See loss_kernels.
+    compile_loss: bool = True
     layer_split: Optional[tuple[int, ...]] = None  # layers per virtual stage, pipeline order
     rank_order: tuple[str, ...] = ("tp", "cp", "dp", "pp")  # innermost first (Megatron)
     overlap_grad_reduce: bool = True
@@ -192,6 +196,12 @@ class TrainingPlan(Spec):
         the same weights, so Megatron's distributed optimizer and torchtitan's FSDP shard over
         both)."""
         return (self.dp_shard or self.dp) * self.cp
+
+    @property
+    def loss_kernels(self) -> str:
+        """The stack the cross-entropy runs on: the blocks' ``kernels``, except an eager loss
+        beside compiled blocks when ``compile_loss`` is off."""
+        return "eager" if self.kernels == "compiled" and not self.compile_loss else self.kernels
 
     @property
     def virtual_stages(self) -> int:

@@ -58,6 +58,7 @@ CHOICES = (
     ("master_weights", "fp32 master weights", ("true", "false")),
     ("attention", "attention kernel", ("flash", "materialized")),
     ("kernels", "software stack", ("fused", "compiled", "eager")),
+    ("compile_loss", "loss compiled (with compiled kernels)", ("true", "false")),
     ("tp_comm_overlap", "TP communication overlap", ("false", "true")),
     ("tp_overlap_kind", "TP overlap kind", ("userbuffers", "micro-pipeline")),
 )
