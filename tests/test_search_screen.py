@@ -161,3 +161,24 @@ def test_screen_does_not_depend_on_the_order_of_the_plans():
     assert np.array_equal(a.worst_rank[perm], b.worst_rank)
     assert np.array_equal(a.step_lower_bound[perm], b.step_lower_bound)
     assert len(set(table.pp.tolist())) > 3 and (table.pp == 1).any()
+
+
+@pytest.mark.parametrize("name,gpus", [("gemma2-9b", 16), ("mixtral-8x7b", 16)])
+def test_screen_does_not_depend_on_how_plans_are_batched(name, gpus, monkeypatch):
+    """The per-plan columns and layer times are computed over runs of shapes, and the rank
+    classes' state in one call or split by LM head, by size: every way gives the same bits
+    (a tied embedding, kept at pp = 1, ends a run; MoE layers add their own columns)."""
+    import meshplan.search.engine as engine_module
+
+    model, cluster = load_model(name), ClusterSpec.of(H100, gpus)
+    base = TrainingPlan(global_batch=32, seq_len=4096)
+    table = enumerate_plans(model, gpus, cluster.gpus_per_node, 4096, (32,), SearchLimits(max_micro_batch=2, max_vpp=3, hsdp=True))
+    screens = []
+    for run in (1, engine_module._RUN, 10**9):  # one shape a run, split classes / the default / one run, one call
+        monkeypatch.setattr(engine_module, "_RUN", run)
+        screens.append(Engine(model, cluster, base).evaluate(table))
+    for other in screens[1:]:
+        assert np.array_equal(screens[0].peak_bytes, other.peak_bytes)
+        assert np.array_equal(screens[0].worst_rank, other.worst_rank)
+        assert np.array_equal(screens[0].step_lower_bound, other.step_lower_bound)
+    assert (table.pp == 1).any() and (table.pp > 1).any() and len(table) > 1000

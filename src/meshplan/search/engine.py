@@ -8,16 +8,17 @@ uses (:mod:`meshplan.cost.compose`, :mod:`meshplan.cost.comm`,
 :func:`meshplan.cost.memory.model_state_bytes`, :func:`meshplan.pipeline.simulate.peak_bytes`). What
 cannot be vectorized — the GEMM and attention time of a layer, the placement of a group, the time
 of one collective — is computed once per distinct argument over the whole table
-(:meth:`Engine._terms`) and gathered per shape into one contiguous array per field. Per shape:
-the layer and stage times, each schedule's live micro-batch counts for all its micro-batch counts
+(:meth:`Engine._terms`) and gathered, with the layer times, over runs of consecutive shapes
+(:meth:`Engine._plan_columns`) into one contiguous array per field. Per shape (its plans sorted
+by schedule): the stage times, each schedule's live micro-batch counts for all its micro-batch counts
 and ranks at once (:func:`meshplan.pipeline.inflight.state_rows_many`, closed forms; repeated rows
 dropped where many plans share them, :func:`~meshplan.pipeline.inflight.distinct_state_rows`) and
 the activation peak of every rank per distinct (micro-batch count, kernel terms) pair
 (:func:`meshplan.pipeline.simulate.padded_peak_bytes`).
 Ranks that hold the same stages (all interior ranks; the ranks with the embedding or the LM head
 differ) form a class with the same model state, buffers, stage times and optimizer step: a shape's
-classes are evaluated together as (plans × classes) arrays, one call for those with the LM head and
-one for the others (:meth:`Engine._rank_state`), and spread over the (plans × ranks) memory
+classes are evaluated together as (plans × classes) arrays, in one call (for many plans one for
+the classes with the LM head and one for the others; :meth:`Engine._rank_state`), and spread over the (plans × ranks) memory
 arrays. Every operation is elementwise and in ``estimate``'s order, so the peak memory of every
 plan is ``estimate``'s to the last bit (tests assert it).
 
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -59,6 +60,7 @@ from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_co
 from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
     after_pipeline,
+    LayerTimes,
     layer_times,
     pick,
     rank_other_items,
@@ -206,6 +208,22 @@ def _columns(pre: "_Terms", at) -> tuple[dict, dict]:
     k = dict(zip(_KERNEL_FIELDS, pre.kernel[pre.kid[at]].T.copy()))
     cm = dict(zip(_COMM_FIELDS, (col for x, inv in pre.comm_tables for col in x[inv[at]].T.copy())))
     return k, cm
+
+
+#: plans whose per-plan columns are computed in one call (:meth:`Engine._plan_columns`)
+_RUN = 8192
+
+
+def _cut_columns(cols: tuple, lo: int, hi: int) -> tuple:
+    """Entries ``lo:hi`` (views) of per-plan kernel and collective columns and layer times
+    (dicts and :class:`LayerTimes` of arrays; scalars and None kept as they are)."""
+    cut = lambda x: x[lo:hi] if isinstance(x, np.ndarray) and x.ndim else x  # noqa: E731
+    return tuple(
+        None if part is None
+        else {f: cut(x) for f, x in part.items()} if isinstance(part, dict)
+        else LayerTimes(**{f: cut(x) for f, x in vars(part).items()})
+        for part in cols
+    )
 
 
 def _op_fields(k: dict) -> dict:
@@ -416,15 +434,14 @@ class Engine:
         return lt, layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
 
     # ---- one pipeline shape -------------------------------------------------------------------
-    def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: "_Terms", idx: slice) -> tuple:
-        """The plans ``idx`` (a slice of ``T``, sorted by shape) of one pipeline shape."""
+    def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: "_Terms", idx: slice, cols: tuple) -> tuple:
+        """The plans ``idx`` (a slice of ``T``, sorted by shape) of one pipeline shape, with their
+        kernel and collective columns and layer times ``cols`` (:meth:`_plan_columns`)."""
         model, base = self.model, self.base
         G = idx.stop - idx.start
-        m, rc, schedule = T.take(idx).num_microbatches, T.recompute[idx], T.schedule[idx]
+        m, rc, schedule = T.global_batch[idx] // (T.micro_batch[idx] * T.dp[idx]), T.recompute[idx], T.schedule[idx]
         kernel, kid = pre.kernel, pre.kid[idx]
-        k, cm = _columns(pre, idx)
-        # the LM head reuses a tied embedding's weight when both sit on the one stage
-        lt, lt_moe = self._layer_times(T, pre, idx, k, cm, model.tied_embeddings and pp == 1)
+        k, cm, lt, lt_moe = cols
         split = layer_split(model.n_layers, pp, v)
         st = _shared_stage_times(split, lt)
         # stage activations depend on the kernel row only: once per distinct row
@@ -455,21 +472,24 @@ class Engine:
         act_mat = np.stack(act, axis=1)  # (distinct kernel rows, stages)
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
         stored = np.empty((G, pp))
-        codes, code_inv = _distinct(schedule)
-        for ci, code in enumerate(schedule[codes].tolist()):
-            sub = np.flatnonzero(code_inv == ci) if len(codes) > 1 else slice(None)
+        cuts = (np.flatnonzero(schedule[1:] != schedule[:-1]) + 1).tolist()  # the plans are sorted by schedule
+        for lo, hi in zip([0, *cuts], [*cuts, G]):
+            code, sub = int(schedule[lo]), slice(lo, hi)
             m_eff = _memory_microbatches(SCHEDULE_NAMES[code], pp, m[sub])
             first, pair_inv = _distinct(m_eff * len(kernel) + kid[sub])  # the distinct (m, kernel row) pairs
             m_where, m_inv = _distinct(m_eff[first])  # the live counts of every micro-batch count at once
             rows = state_rows_many(SCHEDULE_NAMES[code], pp, m_eff[first][m_where], v)
             act_pairs = act_mat[kid[sub][first]][:, chunks]
+            # the counts as doubles (exact: small integers) before they are gathered per pair, so that
+            # the products do not convert them again
             if rows.shape[2] * len(first) * pp * v <= _ONE_CALL:  # small: every pair at once
-                stored_u = padded_peak_bytes(rows[m_inv], act_pairs)
+                stored_u = padded_peak_bytes(rows.astype(float)[m_inv], act_pairs)
             else:  # per count, its distinct rows only (repeats and padding dropped)
                 if rows.shape[2] > 8 and len(first) > 8 * len(m_where):  # worth dropping the repeats
                     rows = distinct_state_rows(rows)
                 held = rows.any(axis=(1, 3))  # (counts, n): the rows some rank holds
                 n_held = held.shape[1] - np.argmax(held[:, ::-1], axis=1)
+                rows = rows.astype(float)
                 stored_u = np.empty((len(first), pp))
                 for i in range(len(m_where)):
                     sel = np.flatnonzero(m_inv == i) if len(m_where) > 1 else slice(None)
@@ -519,14 +539,13 @@ class Engine:
             )
             busy_c[:, ci] = m * (last_bwd + first_fwd)
             after_c[:, ci], pg_c[:, ci], head_c[ci] = after, pg, holds_head
-        # the classes' model state, buffers and optimizer step: the classes with the LM head and
-        # those without, each in one call over (plans × classes)
+        # the classes' model state, buffers and optimizer step, in one call over (plans × classes),
+        # or for many plans one for the classes without the LM head and one for those with it
         fixed, other_total, opt_pg = np.empty((G, n_cls)), np.empty((G, n_cls)), np.empty((G, n_cls))
-        for holds_head in (False, True):
-            cols = np.flatnonzero(head_c == holds_head)
+        for cols in [np.arange(n_cls)] if G * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(cols):
                 fixed[:, cols], other_total[:, cols], opt_pg[:, cols] = self._rank_state(
-                    T, pre, idx, k, cm, pp, holds_head, params_c[:, cols], experts_c[:, cols], pg_c[:, cols])
+                    T, pre, idx, k, cm, pp, head_c[cols], params_c[:, cols], experts_c[:, cols], pg_c[:, cols])
 
         # σ_r and the gradient chain Σ_{k<r} (b_k + τ), summed rank by rank as the bound states.
         # Both never decrease with r (sums of durations ≥ 0), and ranks of one class have the same
@@ -551,13 +570,17 @@ class Engine:
         worst = totals.argmax(axis=1)
         return totals[np.arange(G), worst], worst, (lb_pipe + opt_pg.max(axis=1)) * (1 - 1e-12)
 
-    def _rank_state(self, T: PlanTable, pre: "_Terms", idx: slice, k: dict, cm: dict, pp: int, holds_head: bool, params: np.ndarray,
+    def _rank_state(self, T: PlanTable, pre: "_Terms", idx: slice, k: dict, cm: dict, pp: int, head: np.ndarray, params: np.ndarray,
                     experts: np.ndarray, pg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For the plans ``idx`` of one shape and classes of ranks that all hold the LM head or
-        none does, with ``params``, ``experts`` (routed-expert parameters) and ``pg`` (exposed
-        weight gather) as (plans × classes): the model state w + g + o, the other items' total and
-        the optimizer step + ``pg``, through the functions ``estimate`` uses. Per-plan terms are
-        columns broadcast over the classes: elementwise, so every entry is the one-plan value."""
+        """For the plans ``idx`` of one shape and its classes of ranks, ``head`` (classes) saying
+        which hold the LM head, with ``params``, ``experts`` (routed-expert parameters) and ``pg``
+        (exposed weight gather) as (plans × classes): the model state w + g + o, the other items'
+        total and the optimizer step + ``pg``, through the functions ``estimate`` uses. Per-plan
+        terms are columns broadcast over the classes: elementwise, so every entry is the one-plan
+        value. With classes of both kinds the buffers are those of a rank with the LM head, whose
+        head terms (loss gradient, head activations and parameters) are 0 on the classes without
+        it: each such item is then ±0, as the rank without the head lists, and adds nothing to the
+        positive total."""
         model, base, rec = self.model, self.base, self.rec
         col = lambda x: x[idx][:, None]  # noqa: E731
         zero, shard, t, c = col(T.zero), col(T.dp_shard) * col(T.cp), col(T.tp), col(T.cp)
@@ -570,10 +593,15 @@ class Engine:
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         else:
             state = model_state_bytes(params, rec, zero, shard)
+        head_act, head_params = k["head_act"][:, None], per_tp[:, 2:3]
+        holds_head = bool(head.all())
+        if head.any() and not holds_head:
+            holds_head, logits_grad = True, np.where(head, logits_grad, 0.0)
+            head_act, head_params = np.where(head, head_act, 0.0), np.where(head, head_params, 0)
         other = rank_other_items(
             reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad,
-            head_act=k["head_act"][:, None], zero=zero, shard=shard, params=params,
-            layer_params=per_tp[:, 1:2], head_params=per_tp[:, 2:3],
+            head_act=head_act, zero=zero, shard=shard, params=params,
+            layer_params=per_tp[:, 1:2], head_params=head_params,
             kept_embedding_params=per_tp[:, 3:4] if model.tied_embeddings and pp == 1 else 0,
             weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
             once_per_step=False, tp=t, act_msg=cm["act_msg"][:, None], pp=pp, p2p_bytes=cm["p2p_bytes"][:, None],
@@ -585,6 +613,28 @@ class Engine:
         fixed = state.weights + state.gradients + state.optimizer
         return fixed, np.broadcast_to(total_of(other), fixed.shape), optimizer_step_time(local, rec, self.cluster.gpu, self.cal) + pg
 
+    def _plan_columns(self, T: PlanTable, pre: "_Terms", shapes: list[tuple[int, int]]) -> Iterator[tuple]:
+        """Per shape (``shapes``: its slice bounds in ``T``, sorted by shape), its plans' kernel
+        and collective columns and layer times (:meth:`_layer_times`), computed for runs of
+        consecutive shapes of up to :data:`_RUN` plans at once (fewer calls on small shapes, arrays
+        that stay in cache on large ones; a tied embedding, kept by the plans with pp = 1, ends a
+        run) and sliced per shape (views), one run at a time (a run's arrays are freed before the
+        next is computed)."""
+        parts: list[list] = []
+        for lo, hi in shapes:
+            kept = self.model.tied_embeddings and int(T.pp[lo]) == 1
+            if parts and parts[-1][2] == kept and hi - parts[-1][0] <= _RUN:
+                parts[-1][1] = hi
+            else:
+                parts.append([lo, hi, kept])
+        for plo, phi, kept in parts:
+            k, cm = _columns(pre, slice(plo, phi))
+            # the LM head reuses a tied embedding's weight when both sit on the one stage
+            lt, lt_moe = self._layer_times(T, pre, slice(plo, phi), k, cm, kept)
+            for lo, hi in shapes:
+                if plo <= lo < phi:
+                    yield _cut_columns((k, cm, lt, lt_moe), lo - plo, hi - plo)
+
     def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
         """Peak memory, worst rank and step lower bound of every plan of ``T``; ``progress`` is
         called with the number of plans done after each pipeline shape."""
@@ -593,16 +643,18 @@ class Engine:
         # one shape per (pp, vpp, stage placement): the schedules that place stages alike share it
         v_style = np.array([stage_style(name) == "v" for name in SCHEDULE_NAMES], dtype=np.int64)
         key = (T.pp * 64 + T.vpp) * 2 + v_style[T.schedule]
-        order = np.argsort(key, kind="stable")
+        # within a shape by schedule: each schedule's plans are a slice of the shape's
+        order = np.argsort(key * len(SCHEDULE_NAMES) + T.schedule, kind="stable")
         bounds = np.flatnonzero(np.diff(key[order])) + 1
         if not n:
             return Screen(peak, worst, lb)
         S = T.take(order)  # sorted by shape: each shape's plans are a slice
         pre = self._terms(S)
-        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), n]):
+        shapes = list(zip([0, *bounds.tolist()], [*bounds.tolist(), n]))
+        for (lo, hi), cols in zip(shapes, self._plan_columns(S, pre, shapes)):
             style = stage_style(SCHEDULE_NAMES[int(S.schedule[lo])])
             mine = order[lo:hi]
-            peak[mine], worst[mine], lb[mine] = self._group(int(S.pp[lo]), int(S.vpp[lo]), style, S, pre, slice(lo, hi))
+            peak[mine], worst[mine], lb[mine] = self._group(int(S.pp[lo]), int(S.vpp[lo]), style, S, pre, slice(lo, hi), cols)
             if progress:
                 progress(hi - lo)
         return Screen(peak, worst, lb)
