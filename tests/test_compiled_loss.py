@@ -134,3 +134,26 @@ def test_torch_cross_entropy_compiled_and_eager_measured():
     assert comp["saved"] == 2 * nv
     assert 11 * nv <= eager["peak"] <= 13 * nv
     assert 1.5 * nv <= comp["peak"] <= 3 * nv
+
+
+def test_search_screen_counts_the_loss_as_estimate_does():
+    """The search's screen (numpy over plans) and estimate agree to the byte on every plan's peak,
+    with the loss compiled or eager beside compiled blocks; the compiled loss lowers the peak of
+    the plans whose peak is at the start of the backward on the last stage."""
+    from meshplan.search.engine import Engine
+    from meshplan.search.space import SearchLimits, enumerate_plans
+
+    cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
+    lim = SearchLimits(pp=1, cp=1, recompute=("op", "full"), zero=(1, 3), sequence_parallel=(True,), tp_comm_overlap=(False,))
+    table = enumerate_plans(LLAMA8B, 8, 8, 8192, (32,), lim)
+    assert len(table) >= 8
+    peaks = {}
+    for flag in (True, False):
+        base = TrainingPlan(global_batch=32, seq_len=8192, kernels="compiled", compile_loss=flag)
+        screen = Engine(LLAMA8B, cluster, base).evaluate(table)
+        for i in range(len(table)):
+            est = estimate(LLAMA8B, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+            assert screen.peak_bytes[i] == est.peak_bytes
+            assert screen.step_lower_bound[i] <= est.time.step_s
+        peaks[flag] = screen.peak_bytes
+    assert (peaks[True] <= peaks[False]).all() and (peaks[True] < peaks[False]).any()

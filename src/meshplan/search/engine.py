@@ -56,6 +56,7 @@ from meshplan.cost.activations import (
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
+from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
@@ -260,6 +261,9 @@ class Engine:
         self.cal = calibration_for(cluster.gpu)
         self.rec = base.precision
         self.e = self.rec.activation_bytes
+        # the SM shares of hidden collectives (meshplan.cost.contention), as estimate takes them
+        self.nccl_share = sm_share(NCCL_CTAS, cluster.gpu.sm_count)
+        self.tp_share = sm_share(tp_overlap_ctas(base.tp_overlap_kind), cluster.gpu.sm_count)
         self._ops = lru_cache(maxsize=None)(
             lambda t, c, b, sp: layer_op_times(
                 model, b, base.seq_len, t, c, sp, base.attention, base.attention_flops, cluster.gpu, self.cal,
@@ -271,7 +275,7 @@ class Engine:
             lambda t, c, b: embedding_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.e)
         )
         self._head_ops = lru_cache(maxsize=None)(
-            lambda t, c, b: head_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.rec.compute_dtype, self.e)
+            lambda t, c, b: head_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.rec.compute_dtype, self.e, base.loss_kernels)
         )
         self._kernel = lru_cache(maxsize=None)(self._kernel_terms)
         self._moe_kernel = lru_cache(maxsize=None)(self._moe_kernel_terms)
@@ -303,7 +307,7 @@ class Engine:
         return (
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
             recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
-            la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp), head_activation_bytes(m, b, s, t, c, sp, e),
+            la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp), head_activation_bytes(m, b, s, t, c, sp, e, base.loss_kernels),
         )
 
     def _moe_kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int, ep: int) -> tuple:
@@ -377,7 +381,7 @@ class Engine:
         if model.is_moe:  # ZeRO-3 buffers hold the largest layer
             layer = max(layer, layer_params_per_rank(model, x, moe=True, ep=y))
         kept = embedding_params_per_rank(model, x) if model.tied_embeddings and pp == 1 else 0
-        return loss_grad_bytes(model, 1, 1, x, 1, self.base.kernels), layer, head_params_per_rank(model, x, pp), kept
+        return loss_grad_bytes(model, 1, 1, x, 1, self.base.loss_kernels, self.e), layer, head_params_per_rank(model, x, pp), kept
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -422,7 +426,7 @@ class Engine:
             fsdp_per_layer=(zero == 3) & (shard > 1), all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
-            embedding_kept=embedding_kept,
+            embedding_kept=embedding_kept, nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
         if base.tp_overlap_kind == "micro-pipeline":
             lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
@@ -535,7 +539,7 @@ class Engine:
             after, pg = after_pipeline(
                 grad_comm=sync[:, 0], param_gather=sync[:, 1], last_bwd=last_bwd, first_fwd=first_fwd,
                 n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
-                overlap_param_gather=base.overlap_param_gather,
+                overlap_param_gather=base.overlap_param_gather, nccl_share=self.nccl_share,
             )
             busy_c[:, ci] = m * (last_bwd + first_fwd)
             after_c[:, ci], pg_c[:, ci], head_c[ci] = after, pg, holds_head
