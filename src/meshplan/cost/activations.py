@@ -234,11 +234,11 @@ def head_activation_bytes(
 
     * the fp32 logits (or softmax), 4·n·V/t (Korthikanti et al. 2022, Sec. 4.3; torch's eager
       ``cross_entropy`` saves its fp32 log-softmax output, the same bytes);
-    * a compiled loss (:func:`compiled_loss`) saves only its e-byte input logits, e·n·V (and two
-      fp32 numbers per token): AOTAutograd's partitioner recomputes the upcast and the softmax
-      in the backward rather than keep fp32 tensors (torch 2.13 on CPU: the saved tensors of
-      ``torch.compile(cross_entropy)`` are the bf16 logits, the labels and two (n, 1) fp32
-      statistics; tests/test_compiled_loss.py)."""
+    * a compiled loss (:func:`compiled_loss`) saves only its e-byte input logits, e·n·V (its two
+      fp32 numbers per token, 8·n bytes, 8/(e·V) of that, are left out): AOTAutograd's
+      partitioner recomputes the upcast and the softmax in the backward rather than keep fp32
+      tensors (torch 2.13 on CPU: the saved tensors of ``torch.compile(cross_entropy)`` are the
+      bf16 logits, the labels and two (n, 1) fp32 statistics; tests/test_compiled_loss.py)."""
     n = micro_batch * seq_len / cp
     rep = tp if sp else 1
     per_entry = act_bytes if compiled_loss(loss_kernels, tp) else 4
