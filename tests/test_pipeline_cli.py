@@ -46,7 +46,9 @@ def assert_one_error(code: int, out: str, err: str, needle: str) -> None:
 
 def test_default_is_1f1b_p4_m8():
     d = run_json("--pp", "4", "-m", "8")
-    assert set(d) == {"schedule", "pp", "microbatches", "vpp", "makespan", "bubble_fraction", "bubble_overhead", "ranks"}
+    assert set(d) == {"schedule", "pp", "microbatches", "vpp", "pipeline_runtime", "pipeline_runtime_requested", "runtime_note",
+                      "dependency_makespan", "makespan", "bubble_fraction", "bubble_overhead", "ranks"}
+    assert (d["pipeline_runtime"], d["pipeline_runtime_requested"], d["dependency_makespan"]) == ("dependency", "dependency", 33.0)
     assert (d["schedule"], d["pp"], d["microbatches"], d["vpp"]) == ("1f1b", 4, 8, 1)
     assert d["makespan"] == 33.0 == (8 + 4 - 1) * (1 + 2)
     assert d["bubble_fraction"] == pytest.approx(3 / 11, rel=1e-12)

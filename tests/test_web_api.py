@@ -168,7 +168,7 @@ def test_pipeline_bad_input(client):
     # a misspelt parameter is refused, not answered for the defaults
     for path in ("/api/pipeline", "/api/view/pipeline"):
         rule = bad(client.get(path, params={"p": 2}), "p")
-        assert rule == "unknown parameter (this endpoint takes: schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times)"
+        assert rule == "unknown parameter (this endpoint takes: schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime)"
 
 
 # ---- /api/calc -----------------------------------------------------------------------------------

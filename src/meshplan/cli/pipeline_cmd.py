@@ -21,6 +21,12 @@ When the stages are equal and transfers free, the closed form is shown next to t
 (:func:`~meshplan.pipeline.simulate.uniform_makespan`): (m + p − 1)·(f + b) for GPipe and 1F1B, and
 (m·v + p − 1)·(f + b)/v for interleaved, with bubble fraction (p − 1)/(m·v + p − 1) and bubble
 overhead (p − 1)/(m·v) (v = 1 for GPipe and 1F1B).
+
+Runtime. ``--pipeline-runtime lockstep`` runs torch's multi-stage schedules slot by slot over
+torch's grid (:mod:`meshplan.pipeline.lockstep`; which schedules, and ``--actions-file``:
+:mod:`meshplan.cli.pipeline_runtime`); the same actions are also run dependency-driven, and the
+output gives the lockstep makespan, what it adds to the dependency-driven one, and the closed form
+checked against the dependency-driven run (the closed forms assume it).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich import box
@@ -38,6 +44,7 @@ from rich.text import Text
 
 from meshplan.cli import render
 from meshplan.cli.outfile import write_text
+from meshplan.cli.pipeline_runtime import RUNTIME_HELP, check_runtime, lockstep_cost, resolve_runtime
 from meshplan.errors import InputError
 from meshplan.pipeline import schedules as sched
 from meshplan.pipeline.gantt import KIND_NAMES, fmt_time, rich_gantt, round_columns, svg_gantt, text_axis
@@ -123,9 +130,13 @@ def read_actions_file(path: str) -> tuple[tuple, ...]:
 
 def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], fwd: Optional[float],
                  bwd: Optional[float], wgrad: Optional[float], transfer: float, stage_times: Optional[str],
-                 actions_file: Optional[str] = None) -> dict:
+                 actions_file: Optional[str] = None, runtime: Optional[str] = None) -> dict:
     """Check the inputs, build and simulate the schedule; everything the outputs need, in one dict.
-    With ``actions_file`` the schedule is read from it (torch's notation) instead of built."""
+    With ``actions_file`` the schedule is read from it (torch's notation) instead of built.
+    ``runtime`` (dependency, the default, or lockstep) is how the ranks advance
+    (:mod:`meshplan.cli.pipeline_runtime`); a lockstep run is also simulated dependency-driven,
+    to show what lockstep costs."""
+    asked = check_runtime(runtime)
     if actions_file is not None:
         given = read_actions_file(actions_file)
         pp = len(given)
@@ -161,10 +172,15 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
         f_st, b_st = [f_rank / v] * n_stages, [b_rank / v] * n_stages
         w_st = None if w_rank is None else [w_rank / v] * n_stages
     kinds = {a.kind for acts in ranks for a in acts}
+    ran, grid, words = resolve_runtime(asked, name, pp, m, v, ranks, actions_file is not None)
     try:
-        result = simulate(ranks, n_stages, f_st, b_st, transfer=transfer, keep_timeline=True, wgt=w_st)
+        dependency = simulate(ranks, n_stages, f_st, b_st, transfer=transfer, keep_timeline=True, wgt=w_st)
     except RuntimeError as err:  # a deadlocked schedule: say which, on one line
         raise InputError("schedule", f"{name} with p = {pp}, m = {m}, v = {v}: {err}") from None
+    result = dependency
+    if grid is not None:
+        result = simulate(sched.compile_schedule(grid, pp, m, v), n_stages, f_st, b_st, transfer=transfer,
+                          keep_timeline=True, wgt=w_st, runtime="lockstep")
     closed = None
     uniform = transfer == 0.0 and len(set(f_st)) == 1 and len(set(b_st)) == 1
     if name in CLOSED_FORMS and kinds <= {"F", "B"} and uniform:
@@ -174,11 +190,14 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
         if w_one is not None:
             closed = zbh1_makespan(pp, m, f_st[0], b_st[0], w_one)
     return {"schedule": name, "pp": pp, "m": m, "v": v, "n_stages": n_stages, "ranks": ranks, "result": result,
-            "fwd": f_st, "bwd": b_st, "wgt": w_st,
+            "dependency": dependency, "runtime": ran, "runtime_asked": asked, "runtime_words": words, "fwd": f_st, "bwd": b_st, "wgt": w_st,
             "split": bool(kinds & {"I", "W"}), "transfer": transfer, "per_stage_given": stage_times is not None, "closed": closed}
 
 
 def to_json(run: dict) -> dict:
+    """The run as ``meshplan pipeline --json`` gives it. The runtime fields (``pipeline_runtime``
+    that ran, ``pipeline_runtime_requested``, ``runtime_note``, ``dependency_makespan``) come with
+    a run of :func:`run_pipeline`; a run dict without them (a plan's timeline) leaves them out."""
     res: SimResult = run["result"]
     ranks = []
     for r, acts in enumerate(run["ranks"]):
@@ -187,7 +206,10 @@ def to_json(run: dict) -> dict:
             "actions": [str(a) for a in acts],
             "timeline": [[str(a), s, e] for a, s, e in res.timeline[r]],
         })
-    return {"schedule": run["schedule"], "pp": run["pp"], "microbatches": run["m"], "vpp": run["v"],
+    runtime = {} if "runtime" not in run else {
+        "pipeline_runtime": run["runtime"], "pipeline_runtime_requested": run["runtime_asked"],
+        "runtime_note": run["runtime_words"], "dependency_makespan": run["dependency"].makespan}
+    return {"schedule": run["schedule"], "pp": run["pp"], "microbatches": run["m"], "vpp": run["v"], **runtime,
             "makespan": res.makespan, "bubble_fraction": res.bubble_fraction,
             "bubble_overhead": res.bubble_overhead, "ranks": ranks}
 
@@ -227,11 +249,14 @@ def rank_table(run: dict, unit: str) -> Table:
 
 
 def closed_form_lines(run: dict, unit: str) -> list[str]:
+    """The closed form next to the simulation it must equal: the dependency-driven run (the closed
+    forms assume an action waits only for its rank and its input; a lockstep run is longer)."""
     closed = run["closed"]
     if closed is None:
         return ["closed form: not shown (it needs gpipe, 1f1b, interleaved, or zbh1 with m ≥ p and W ≤ I; "
                 "equal stages and zero transfer)"]
-    res: SimResult = run["result"]
+    res: SimResult = run["dependency"]
+    sim = "the dependency-driven simulation" if run["runtime"] == "lockstep" else "the simulation"
     p, m, v, f, b = run["pp"], run["m"], run["v"], run["fwd"][0], run["bwd"][0]
     if run["schedule"] == "zbh1":
         w = run["wgt"][0] if run["wgt"] is not None else b / 2
@@ -241,8 +266,8 @@ def closed_form_lines(run: dict, unit: str) -> list[str]:
             f"closed form (ZB-H1, equal stages, free transfers): makespan m·(f + b) + (p − 1)·(f + i − w) = "
             f"{m}·({fmt_time(f)} + {fmt_time(b)}) + ({p} − 1)·({fmt_time(f)} + {fmt_time(b - w)} − {fmt_time(w)}) = {fmt_time(closed)} {unit}",
             f"  bubble fraction {idle / closed:.3f}; bubble overhead {idle / (m * (f + b)):.3f}",
-            "  the simulation agrees with the closed form" if agree else
-            f"  the simulation does NOT agree with the closed form ({fmt_time(res.makespan)} vs {fmt_time(closed)} {unit})",
+            f"  {sim} agrees with the closed form" if agree else
+            f"  {sim} does NOT agree with the closed form ({fmt_time(res.makespan)} vs {fmt_time(closed)} {unit})",
         ]
     if v == 1:
         expr = f"(m + p − 1)·(f + b) = ({m} + {p} − 1)·({fmt_time(f)} + {fmt_time(b)})"
@@ -254,8 +279,8 @@ def closed_form_lines(run: dict, unit: str) -> list[str]:
     return [
         f"closed form (equal stages, free transfers): makespan {expr} = {fmt_time(closed)} {unit}",
         f"  bubble fraction (p − 1)/({mv} + p − 1) = {frac:.3f}; bubble overhead (p − 1)/{mv if v == 1 else '(m·v)'} = {over:.3f}",
-        "  the simulation agrees with the closed form" if agree else
-        f"  the simulation does NOT agree with the closed form ({fmt_time(res.makespan)} vs {fmt_time(closed)} {unit})",
+        f"  {sim} agrees with the closed form" if agree else
+        f"  {sim} does NOT agree with the closed form ({fmt_time(res.makespan)} vs {fmt_time(closed)} {unit})",
     ]
 
 
@@ -267,12 +292,13 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
               f"v = {v} virtual stage{'s' if v > 1 else ''} per rank ({run['n_stages']} stages)")
     for line in _times_lines(run, unit):
         out.print(line, markup=False)
+    out.print(f"pipeline runtime: {run['runtime_words']}", markup=False)
     out.print()
     pad = len(f"rank {p - 1} ")
     cols, span = (width, res.makespan) if width else round_columns(res.makespan, max(20, min(120, out.width - pad - 4)))
     kinds = sorted({a.kind for acts in run["ranks"] for a in acts}, key=lambda k: ("FBIW".find(k) % 5, k))
     legend = ", ".join(f"{k} {KIND_NAMES.get(k, k).split(' (')[0]}" for k in kinds)
-    out.print(Text(f"Gantt: one column = {fmt_time(span / cols)} {unit}; {legend}, number = micro-batch, "
+    out.print(Text(f"Gantt{' (lockstep runtime)' if run['runtime'] == 'lockstep' else ''}: one column = {fmt_time(span / cols)} {unit}; {legend}, number = micro-batch, "
                    f"· idle" + ("; lighter = later chunk" if v > 1 else "")))
     for r, row in enumerate(rich_gantt(res, cols, span)):
         out.print(Text(f"rank {r}".ljust(pad)) + row, no_wrap=True, crop=False)
@@ -284,7 +310,16 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
             out.print(f"rank {r}: {line}", markup=False, soft_wrap=True)
     out.print()
     out.print(rank_table(run, unit))
-    out.print(f"makespan {fmt_time(res.makespan)} {unit}", markup=False)
+    out.print(f"makespan {fmt_time(res.makespan)} {unit}" + (" (lockstep)" if run["runtime"] == "lockstep" else ""), markup=False)
+    if run["runtime"] == "lockstep":
+        dep: SimResult = run["dependency"]
+        extra, share = lockstep_cost(res.makespan, dep.makespan)
+        if share > 1e-12:
+            out.print(f"lockstep costs +{fmt_time(extra)} {unit} (+{100 * share:.1f}%) over the dependency-driven makespan "
+                      f"{fmt_time(dep.makespan)} {unit} (bubble fraction {dep.bubble_fraction:.3f} dependency-driven)", markup=False)
+        else:
+            out.print(f"lockstep costs nothing here: the dependency-driven makespan is the same, {fmt_time(dep.makespan)} {unit} "
+                      "(no rank waits in a slot for a transfer it does not need yet)", markup=False)
     out.print(f"bubble fraction {res.bubble_fraction:.3f} (idle share of the step: Σ idle / (p·makespan))", markup=False)
     out.print(f"bubble overhead {res.bubble_overhead:.3f} (idle relative to busy time: Σ idle / Σ busy)", markup=False)
     for line in closed_form_lines(run, unit):
@@ -320,6 +355,7 @@ def pipeline(
     wgrad: Annotated[Optional[float], typer.Option("--wgrad", "--w", help="Weight-gradient part of --bwd, run as W by schedules that split the backward (the rest is I). (default: half of --bwd)", show_default=False)] = None,
     transfer: Annotated[float, typer.Option("--transfer", "--p2p", help="Point-to-point time between consecutive stages.")] = 0.0,
     actions_file: Annotated[Optional[str], typer.Option("--actions-file", help="Simulate the schedule in this file instead: one rank per line in torch's action notation (0F0,0F1,0B0,...; comm actions skipped).", show_default=False)] = None,
+    pipeline_runtime: Annotated[Optional[Literal["dependency", "lockstep"]], typer.Option("--pipeline-runtime", help=RUNTIME_HELP, show_default=False)] = None,
     stage_times: Annotated[Optional[str], typer.Option("--stage-times", help="Per virtual stage 'f0:b0,f1:b1,...' in pipeline order (p·v pairs), instead of --fwd/--bwd.", show_default=False)] = None,
     unit: Annotated[str, typer.Option("--unit", help="Label of the time unit the numbers are in.")] = "ms",
     out: Annotated[Optional[str], typer.Option("--out", help="Write the Gantt picture to this path: .svg, or .png (needs matplotlib, the 'plot' extra).", show_default=False)] = None,
@@ -336,9 +372,13 @@ def pipeline(
     if width is not None:
         _count("width", width, 1000)
     path = _out_path(out)
-    run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, actions_file)
+    run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, actions_file, pipeline_runtime)
     if path is not None:
         title = f"{run['schedule']} pipeline: p = {run['pp']}, m = {run['m']}, v = {run['v']}"
+        if run["runtime"] == "lockstep":
+            extra, share = lockstep_cost(run["result"].makespan, run["dependency"].makespan)
+            title += (f", lockstep runtime (+{fmt_time(extra)} {unit}, +{100 * share:.1f}% over dependency-driven)"
+                      if share > 1e-12 else ", lockstep runtime (as long as dependency-driven)")
         if path.suffix.lower() == ".png":
             from meshplan.pipeline.gantt_png import write_png_gantt
 

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from meshplan.estimate import Estimate
+from meshplan.pipeline.lockstep import runs_lockstep
 from meshplan.presets import Preset
 from meshplan.units import GB, GBPS, GiB, PFLOPS, TB, TFLOPS
 
@@ -62,6 +63,7 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
         f"network: {net}",
         f"plan: TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} EP{p.ep}, rank order {','.join(p.rank_order)} (innermost first); "
         f"{p.schedule} pipeline schedule" + (f", vpp {p.vpp}" if p.vpp > 1 else "")
+        + (", lockstep runtime" if runs_lockstep(p.schedule, p.pp, p.pipeline_runtime) else "")
         + (f"; TP overlap {p.tp_overlap_kind if p.tp_comm_overlap else 'off'}" if p.tp > 1 else ""),
         f"layers per pipeline rank: {_split(per_rank)}" + (f" (per virtual stage: {_split(est.split)})" if p.vpp > 1 else ""),
         f"batch: {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.tokens_per_step:,} tokens per step "

@@ -1,6 +1,7 @@
 """``/api/pipeline``: a pipeline schedule simulated as ``meshplan pipeline --json`` gives it (the
 CLI's :func:`~meshplan.cli.pipeline_cmd.run_pipeline` and :func:`~meshplan.cli.pipeline_cmd.to_json`),
-and ``/api/view/pipeline``: the same with the closed-form check the CLI prints under it."""
+and ``/api/view/pipeline``: the same with the closed-form check the CLI prints under it. Both take
+``pipeline_runtime`` (dependency or lockstep) as ``meshplan pipeline --pipeline-runtime`` does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Optional
 from fastapi import APIRouter, Depends, Query
 
 from meshplan.cli.pipeline_cmd import closed_form_lines, run_pipeline, schedule_names, to_json
+from meshplan.cli.pipeline_runtime import RUNTIME_HELP
 from meshplan.errors import InputError
 from meshplan.web.errors import known_query
 
@@ -20,13 +22,14 @@ router = APIRouter(prefix="/api", dependencies=[Depends(known_query)])
 
 
 def _run(schedule: Optional[str], pp: int, microbatches: int, vpp: Optional[int], fwd: Optional[float],
-         bwd: Optional[float], wgrad: Optional[float], transfer: float, stage_times: Optional[str]) -> dict:
+         bwd: Optional[float], wgrad: Optional[float], transfer: float, stage_times: Optional[str],
+         pipeline_runtime: Optional[str]) -> dict:
     if schedule is not None and schedule not in schedule_names():
         raise InputError("schedule", f"unknown schedule '{schedule}' ({', '.join(schedule_names())})")
     stages = pp * (vpp if vpp is not None and vpp > 0 else 2) * microbatches
     if pp > 0 and microbatches > 0 and stages > MAX_WEB_STAGES:
         raise InputError("microbatches", f"p·v·m = {stages:,} is more than the {MAX_WEB_STAGES:,} micro-batch stages the web explorer draws")
-    return run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times)
+    return run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, runtime=pipeline_runtime)
 
 
 Schedule = Query(None, description=f"Pipeline schedule: {', '.join(schedule_names())} (default: 1f1b, or interleaved when vpp > 1).")
@@ -38,19 +41,22 @@ Bwd = Query(None, description="Backward time per micro-batch of one rank's whole
 Wgrad = Query(None, description="Weight-gradient part of bwd, for schedules that split the backward (default: half).")
 Transfer = Query(0.0, description="Point-to-point time between consecutive stages.")
 StageTimes = Query(None, description="Per virtual stage 'f0:b0,f1:b1,...' (or f:b:w) in pipeline order, instead of fwd/bwd.")
+Runtime = Query(None, description=RUNTIME_HELP)
 
 
 @router.get("/pipeline", tags=["pipeline"], summary="Simulate a pipeline schedule (the schema of `meshplan pipeline --json`)")
 def api_pipeline(schedule: Optional[str] = Schedule, pp: int = Pp, microbatches: int = M, vpp: Optional[int] = Vpp,
                  fwd: Optional[float] = Fwd, bwd: Optional[float] = Bwd, wgrad: Optional[float] = Wgrad,
-                 transfer: float = Transfer, stage_times: Optional[str] = StageTimes) -> dict[str, Any]:
-    return to_json(_run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times))
+                 transfer: float = Transfer, stage_times: Optional[str] = StageTimes,
+                 pipeline_runtime: Optional[str] = Runtime) -> dict[str, Any]:
+    return to_json(_run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime))
 
 
 @router.get("/view/pipeline", tags=["views"], summary="What the Pipeline view draws: the simulation and the closed-form check")
 def api_view_pipeline(schedule: Optional[str] = Schedule, pp: int = Pp, microbatches: int = M, vpp: Optional[int] = Vpp,
                       fwd: Optional[float] = Fwd, bwd: Optional[float] = Bwd, wgrad: Optional[float] = Wgrad,
-                      transfer: float = Transfer, stage_times: Optional[str] = StageTimes) -> dict[str, Any]:
-    run = _run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times)
+                      transfer: float = Transfer, stage_times: Optional[str] = StageTimes,
+                      pipeline_runtime: Optional[str] = Runtime) -> dict[str, Any]:
+    run = _run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime)
     return {"pipeline": to_json(run), "closed_form": closed_form_lines(run, "units"),
             "per_stage": {"fwd": run["fwd"], "bwd": run["bwd"], "wgt": run["wgt"]}}

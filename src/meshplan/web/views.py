@@ -104,7 +104,7 @@ def install(app: FastAPI) -> None:
 
     @app.get("/pipeline", response_class=HTMLResponse, include_in_schema=False)
     def pipeline_page(request: Request):
-        return templates.TemplateResponse(request, "pipeline.html", _context(request, "pipeline"))
+        return templates.TemplateResponse(request, "pipeline.html", _context(request, "pipeline", runtime_help=_help("pipeline_runtime")))
 
     @app.get("/calc", response_class=HTMLResponse, include_in_schema=False)
     def calc_page(request: Request):

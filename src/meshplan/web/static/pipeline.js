@@ -1,5 +1,5 @@
-// The Pipeline view: schedule, p, m, v and times -> /api/view/pipeline -> Gantt, per-rank table,
-// makespan, bubble fraction and overhead, and the closed-form check.
+// The Pipeline view: schedule, runtime, p, m, v and times -> /api/view/pipeline -> Gantt, per-rank
+// table, makespan, bubble fraction and overhead, the runtime and its cost, and the closed-form check.
 "use strict";
 (() => {
   const form = document.getElementById("pipeline-form");
@@ -30,7 +30,19 @@
     document.getElementById("pl-makespan").textContent = MP.fmt.num(p.makespan, 4);
     document.getElementById("pl-fraction").textContent = MP.fmt.pct(p.bubble_fraction);
     document.getElementById("pl-overhead").textContent = MP.fmt.pct(p.bubble_overhead);
-    document.getElementById("pl-title").textContent = `${p.schedule}: p = ${p.pp} ranks, m = ${p.microbatches} micro-batches, v = ${p.vpp}`;
+    const lockstep = p.pipeline_runtime === "lockstep";
+    document.getElementById("pl-title").textContent = `${p.schedule}: p = ${p.pp} ranks, m = ${p.microbatches} micro-batches, v = ${p.vpp}` +
+      (lockstep ? ", lockstep runtime" : "");
+    // what lockstep adds to the dependency-driven makespan, or why the run is dependency-driven
+    const extra = p.makespan - p.dependency_makespan;
+    document.getElementById("pl-runtime").textContent = lockstep ? "lockstep" : "dependency";
+    const cost = document.getElementById("pl-runtime-cost");
+    cost.textContent = lockstep && !(extra > 1e-12 * p.dependency_makespan)
+      ? `no longer than dependency-driven (${MP.fmt.num(p.dependency_makespan, 4)})`
+      : lockstep
+      ? `+${MP.fmt.num(extra, 4)} (+${MP.fmt.pct(extra / p.dependency_makespan)}) over dependency-driven ${MP.fmt.num(p.dependency_makespan, 4)}`
+      : p.runtime_note;
+    cost.title = p.runtime_note;
     // an empty field runs with its default: its slider shows that value, not the middle of its range
     const defaults = { vpp: p.vpp, wgrad: (Number(state.bwd) || 2) / 2 };
     for (const [name, value] of Object.entries(defaults)) {

@@ -1,0 +1,95 @@
+"""The pipeline runtime of ``meshplan pipeline``: which runtime runs a schedule, and in what words.
+
+Two runtimes (:mod:`meshplan.pipeline.lockstep`, module docstring):
+
+* dependency-driven (Megatron-LM, torch's single-stage ``Schedule1F1B`` and ``ScheduleGPipe``,
+  torch's later ``_PipelineScheduleRuntime``): an action waits only for its rank and its input;
+* lockstep (torch's 2024 ``PipelineScheduleMulti``): slot by slot over torch's ``pipeline_order``
+  grid, each rank leaving slot t only after its neighbours' sends and receives of slot t,
+  e_r(t) = max(c_r(t), max over q in L_r(t) of max(c_r(t), c_q(t)) + τ).
+
+Lockstep applies to torch's multi-stage schedules (interleaved, interleaved-zb, zbh1, zbv) on
+p > 1 ranks (:func:`~meshplan.pipeline.lockstep.runs_lockstep`); GPipe, 1F1B and p = 1 run
+dependency-driven whatever is asked, and the output says so. Lockstep needs the grid of slots,
+which an action list alone does not give (the same order fits many grids): a schedule read from
+``--actions-file`` runs in lockstep only when its actions are, rank by rank, those of one of
+meshplan's built schedules — torch's order, whose grid is torch's — and is refused otherwise.
+
+The cost of lockstep is reported against the dependency-driven run of the same actions and times:
+extra = T_lockstep − T_dependency ≥ 0, and extra / T_dependency.
+"""
+
+from __future__ import annotations
+
+from meshplan.cli.options import PLAN_OPTIONS
+from meshplan.errors import InputError
+from meshplan.pipeline import schedules as sched
+from meshplan.pipeline.lockstep import LOCKSTEP_SCHEDULES, runs_lockstep, runtime_words
+
+RUNTIMES = ("dependency", "lockstep")
+
+#: the help of ``--pipeline-runtime``, word for word that of the plan option of estimate and explain
+RUNTIME_HELP: str = PLAN_OPTIONS["pipeline_runtime"][1].help
+
+#: the torch class that runs each single-stage schedule (dependency-driven)
+SINGLE_STAGE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+
+def check_runtime(runtime: str | None) -> str:
+    """The runtime asked for: ``None`` is the default, dependency; anything else but the two
+    names is refused naming the field."""
+    if runtime is None:
+        return "dependency"
+    value = str(runtime).strip()
+    if value not in RUNTIMES:
+        raise InputError("pipeline_runtime", f"must be dependency or lockstep (got '{runtime}')")
+    return value
+
+
+def matching_schedule(ranks, pp: int, m: int, v: int) -> str | None:
+    """The built schedule whose action lists equal ``ranks`` rank for rank (p ranks, m
+    micro-batches, v virtual stages per rank), or ``None`` when none does."""
+    for name in sched.SCHEDULES:
+        try:
+            built = sched.build_schedule(name, pp, m, v)
+        except (InputError, ValueError):
+            continue  # this schedule does not take p, m, v
+        if built == tuple(tuple(acts) for acts in ranks):
+            return name
+    return None
+
+
+def resolve_runtime(asked: str, name: str, pp: int, m: int, v: int, ranks, from_file: bool) -> tuple[str, str | None, str]:
+    """(runtime that runs, schedule whose torch grid lockstep replays or ``None``, words for the
+    output). ``name`` is the schedule's name (``from-file`` for ``--actions-file``)."""
+    if asked == "dependency":
+        return "dependency", None, "dependency-driven (an action waits only for its rank and its input)"
+    if pp == 1:
+        return "dependency", None, ("dependency-driven: one pipeline rank sends and receives nothing, "
+                                    "so --pipeline-runtime lockstep changes nothing")
+    grid = name
+    if from_file:
+        grid = matching_schedule(ranks, pp, m, v)
+        if grid is None:
+            raise InputError("pipeline_runtime", (
+                f"lockstep replays torch's slot grid of a built schedule ({', '.join(LOCKSTEP_SCHEDULES)}), and the "
+                f"actions of --actions-file are none of them for p = {pp}, m = {m}, v = {v}: an action order alone "
+                f"does not fix the slots; drop --pipeline-runtime lockstep (dependency-driven) or give --schedule"))
+    if not runs_lockstep(grid, pp, asked):
+        source = f"the file's actions are the {grid} schedule, which " if from_file else ""
+        return "dependency", None, (f"dependency-driven: {source}torch runs {grid} with a single-stage class "
+                                    f"({SINGLE_STAGE_CLASS.get(grid, grid)}), so --pipeline-runtime lockstep changes nothing")
+    words = runtime_words(grid, pp, m, v, asked) + \
+        " (PipelineScheduleMulti: a rank leaves each slot after its neighbours' sends and receives of it)"
+    if from_file:
+        words += f"; the file's actions are those of the {grid} schedule, whose grid this is"
+    return "lockstep", grid, words
+
+
+def lockstep_cost(makespan: float, dependency: float) -> tuple[float, float]:
+    """(extra, extra / T_dependency): what lockstep adds to the dependency-driven makespan."""
+    extra = makespan - dependency
+    return extra, (extra / dependency if dependency > 0 else 0.0)
+
+
+__all__ = ["RUNTIMES", "RUNTIME_HELP", "check_runtime", "matching_schedule", "resolve_runtime", "lockstep_cost"]
