@@ -62,8 +62,10 @@ def _export(tmp_path, engine: str, *extra: str):
 
 
 #: flags that make PLAN expressible in each engine: FSDP without PP for torchtitan (its FSDP under PP
-#: keeps weights gathered across micro-batches, a setting no flag has), 1F1B and ZeRO-0 for nanotron
-EXPRESSIBLE = {"torchtitan": ["--zero", "3", "--pp", "1", "--vpp", "1"], "torchtitan-toml": ["--zero", "3", "--pp", "1", "--vpp", "1"],
+#: keeps weights gathered across micro-batches, a setting no flag has) and a stack it runs (compiled
+#: blocks with the loss compiled or eager: it has no fused one), 1F1B and ZeRO-0 for nanotron
+EXPRESSIBLE = {"torchtitan": ["--zero", "3", "--pp", "1", "--vpp", "1", "--kernels", "compiled"],
+               "torchtitan-toml": ["--zero", "3", "--pp", "1", "--vpp", "1", "--kernels", "compiled", "--no-compile-loss"],
                "megatron": [], "nanotron": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0"]}
 
 

@@ -79,6 +79,11 @@ def test_torchtitan_config_manager_reads_flags_and_toml(model_name, p, tmp_path)
         assert (tr.global_batch_size, tr.seq_len) == (p.global_batch, p.seq_len)
         assert c.model.flavor in ("8B", "70B") and c.activation_checkpoint.mode == {"op": "selective", "selective": "selective"}.get(p.recompute, p.recompute)
         assert par.enable_async_tensor_parallel == p.tp_comm_overlap
+        # torchtitan compiles the blocks when "model" is among the components, the loss when "loss" is
+        # (build_cross_entropy_loss): compiled with or without the loss, or compile off (eager)
+        assert c.compile.enable == (p.kernels == "compiled")
+        if c.compile.enable:
+            assert c.compile.components == (["model", "loss"] if p.compile_loss else ["model"])
         if p.pp > 1:
             assert par.pipeline_parallel_microbatch_size == p.micro_batch
             generate_llm_fqn_per_model_part = _torchtitan_function("distributed/pipeline_parallel.py", "generate_llm_fqn_per_model_part")

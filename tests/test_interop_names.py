@@ -41,8 +41,9 @@ MEGATRON = {
     "--nnodes", "--nproc-per-node",
 }
 # torchtitan, torchtitan/config/job_config.py (pytorch/torchtitan, JobConfig of v0.2.2): sections
-# Model, Training, Parallelism, ActivationCheckpoint.
+# Model, Training, Parallelism, ActivationCheckpoint, Compile.
 TORCHTITAN = {
+    "compile.enable", "compile.components",
     "model.name", "model.flavor", "model.converters",
     "training.local_batch_size", "training.global_batch_size", "training.seq_len",
     "training.mixed_precision_param", "training.mixed_precision_reduce",

@@ -29,6 +29,7 @@ FOLLOWS = {
     "schedule": {"vpp", "layer_split"},
     "fsdp_accumulate_unsharded": {"zero"},
     "model": {"vpp", "layer_split"},  # torchtitan: without a known flavor the stage count is unknown
+    "kernels": {"compile_loss"},  # fused exported as compiled blocks and loss (torchtitan), or as eager (DeepSpeed)
 }
 
 
@@ -68,25 +69,28 @@ GRID = {
         ("llama3-8b", plan(dp=4, zero=2, precision=PrecisionRecipe(precision="fp32", grad_dtype="fp32", optimizer="sgd"))),
         ("llama3-8b", plan(tp=2, dp=2, ep=2, zero=1, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp32"))),
     ],
+    # torchtitan has no fused (Megatron/Transformer Engine) stack: meshplan's default kernels warn
+    # there, so its plans name the stacks it runs, compiled (blocks and loss, or blocks alone) or eager.
     "torchtitan": [
-        ("llama3-8b", plan(dp=8, zero=3, recompute="op")),
-        ("llama3-8b", plan(tp=2, dp=4, zero=3, dp_shard=2, recompute="full", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline", seq_len=8192)),
-        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False)),
-        ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, micro_batch=2)),
-        ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False)),
-        ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False)),
-        ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=True)),
-        ("llama3-8b", plan(cp=2, dp=4, zero=3, precision=PrecisionRecipe(precision="fp8"))),
-        ("llama3-8b", plan(dp=8, zero=0)),
-        ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"))),
+        ("llama3-8b", plan(dp=8, zero=3, recompute="op", kernels="compiled")),
+        ("llama3-8b", plan(tp=2, dp=4, zero=3, dp_shard=2, recompute="full", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline", seq_len=8192, kernels="compiled")),
+        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled", compile_loss=False)),
+        ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, micro_batch=2, kernels="eager")),
+        ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled")),
+        ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="eager")),
+        ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=True, kernels="compiled")),
+        ("llama3-8b", plan(cp=2, dp=4, zero=3, precision=PrecisionRecipe(precision="fp8"), kernels="compiled", compile_loss=False)),
+        ("llama3-8b", plan(dp=8, zero=0, kernels="eager")),
+        ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"), kernels="eager")),
     ],
+    # DeepSpeed runs the PyTorch module it is given, eager: fused and compiled kernels warn there.
     "deepspeed": [
-        ("llama3-8b", plan(dp=8, zero=1, overlap_param_gather=False)),
-        ("llama3-8b", plan(dp=8, zero=3, overlap_grad_reduce=False)),
-        ("llama3-8b", plan(dp=8, zero=3, overlap_param_gather=False, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16"))),
-        ("llama3-8b", plan(tp=4, pp=2, dp=2, zero=1, sequence_parallel=False, overlap_param_gather=False, recompute="full", tp_comm_overlap=True)),
-        ("llama3-8b", plan(cp=4, dp=2, zero=2, overlap_param_gather=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"))),
-        ("llama3-8b", plan(dp=16, zero=0, micro_batch=4, precision=PrecisionRecipe(precision="fp32"))),
+        ("llama3-8b", plan(dp=8, zero=1, overlap_param_gather=False, kernels="eager")),
+        ("llama3-8b", plan(dp=8, zero=3, overlap_grad_reduce=False, kernels="eager")),
+        ("llama3-8b", plan(dp=8, zero=3, overlap_param_gather=False, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16"), kernels="eager")),
+        ("llama3-8b", plan(tp=4, pp=2, dp=2, zero=1, sequence_parallel=False, overlap_param_gather=False, recompute="full", tp_comm_overlap=True, kernels="eager")),
+        ("llama3-8b", plan(cp=4, dp=2, zero=2, overlap_param_gather=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"), kernels="eager")),
+        ("llama3-8b", plan(dp=16, zero=0, micro_batch=4, precision=PrecisionRecipe(precision="fp32"), kernels="eager")),
     ],
     "nanotron": [
         ("llama3-8b", plan(tp=2, pp=2, dp=2, zero=1, overlap_param_gather=False)),
@@ -96,7 +100,7 @@ GRID = {
     ],
 }
 GRID["torchtitan-toml"] = GRID["torchtitan"] + [
-    ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=False)),
+    ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=False, kernels="eager")),
 ]
 assert set(GRID) == set(ENGINES)
 
@@ -119,6 +123,7 @@ def test_grid_covers_every_schedule_and_recompute_somewhere():
     assert {p.recompute for p in plans} == {"none", "selective", "op", "full"}
     assert {p.zero for p in plans} == {0, 1, 2, 3}
     assert {p.precision.precision for p in plans} == {"fp32", "bf16", "fp16", "fp8"}
+    assert {(p.kernels, p.compile_loss) for p in plans} == {("fused", True), ("compiled", True), ("compiled", False), ("eager", True)}
 
 
 # ---- any plan: what does not come back is warned -----------------------------------------------
@@ -159,6 +164,7 @@ def plans(draw):
         tp_comm_overlap=draw(st.booleans()), tp_overlap_kind=draw(st.sampled_from(["userbuffers", "micro-pipeline"])),
         reshard_after_forward=draw(st.booleans()),
         fsdp_accumulate_unsharded=zero == 3 and draw(st.booleans()),
+        kernels=draw(st.sampled_from(["fused", "compiled", "eager"])), compile_loss=draw(st.booleans()),
     )
 
 
@@ -195,5 +201,7 @@ def test_llama3_405b_plan_each_engine():
         lost[engine] = sorted(w.split(":")[0] for w in result.warnings)
         assert (back.tp, back.pp, back.dp, back.global_batch, back.micro_batch) == (8, 16, 64, 2048, 1)
     assert lost["megatron"] == []  # ZeRO-2 as Megatron-FSDP optim_grads, tp,cp,pp,dp via --use-tp-pp-dp-mapping
-    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "overlap_grad_reduce", "rank_order", "zero"]
+    # the preset runs Megatron's fused stack: torchtitan writes compiled blocks and loss instead, DeepSpeed eager
+    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "kernels", "overlap_grad_reduce", "rank_order", "zero"]
     assert "schedule" in lost["deepspeed"] and "schedule" in lost["nanotron"]
+    assert "kernels" in lost["deepspeed"] and "kernels" not in lost["nanotron"]

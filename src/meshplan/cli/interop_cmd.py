@@ -106,7 +106,7 @@ def print_plan_notes(plan_file: Optional[str]) -> None:
 def _flag(name: str, value: Any) -> Optional[str]:
     opt = "--" + name.replace("_", "-")
     if isinstance(value, bool):
-        if name in ("sequence_parallel", "master_weights", "grad_fp32_copy", "tp_comm_overlap"):
+        if name in ("sequence_parallel", "master_weights", "grad_fp32_copy", "tp_comm_overlap", "compile_loss"):
             return opt if value else f"--no-{opt[2:]}"
         return None
     return f"{opt} {shlex.quote(str(value))}"
@@ -143,7 +143,8 @@ def import_(
     opts = imported.options
     for name in ("gpus", "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
                  "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
-                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap", "tp_overlap_kind"):
+                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap", "tp_overlap_kind",
+                 "pipeline_runtime", "kernels", "compile_loss"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
     typer.echo(f"# {parsed.format} config {file}" + (f", model {model_name}" if model_name else ""))

@@ -84,8 +84,8 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     """The plan with settings that change nothing put back to meshplan's defaults, so that two
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
     overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
-    GPipe and 1F1B), the
-    ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
+    GPipe and 1F1B), compile_loss without compiled kernels (the loss then runs on the blocks'
+    stack), the ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
     up: dict[str, Any] = {"attention_flops": "causal"}
@@ -95,6 +95,8 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
         up.update(tp_overlap_kind="userbuffers")
     if not runs_lockstep(plan.schedule, plan.pp, plan.pipeline_runtime):
         up.update(pipeline_runtime="dependency")
+    if plan.kernels != "compiled":
+        up.update(compile_loss=True)
     if plan.zero != 3 and plan.dp * plan.cp > 1:
         up.update(reshard_after_forward=True)
     if plan.zero == 0:

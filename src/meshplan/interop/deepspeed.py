@@ -17,6 +17,10 @@ Mapping (warnings for what cannot be expressed):
   from ``PipelineModule(num_stages=…)`` in code, stated in a note; full recompute with pp > 1 →
   ``pipeline.activation_checkpoint_interval = 1``; cp → ``sequence_parallel_size`` (DeepSpeed-Ulysses,
   all-to-all; meshplan models context parallelism as ring attention).
+* kernels: DeepSpeed runs the PyTorch module it is given, eager (meshplan's ``eager``, read back
+  so); ``torch.compile`` is ``engine.compile()`` in code (the JSON's ``compile`` section holds
+  DeepCompile's settings, not an on switch) and Megatron-Core/Transformer Engine fused kernels are
+  model code (Megatron-DeepSpeed): compiled and fused warn.
 * Cannot be expressed: schedules other than 1F1B (DeepSpeed's pipeline engine runs 1F1B on one
   chunk per rank), a layer split (``PipelineModule(partition_method=…)`` in code), recompute other
   than full under a pipeline, Megatron sequence parallelism, expert parallelism (``MoE(ep_size=…)``
@@ -107,6 +111,12 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         led.lose("rank_order", "DeepSpeed's topology (pipe, data, model outermost first) is built in code")
     if p.attention != "flash":
         led.lose("attention", "the attention kernel is model code, not DeepSpeed config")
+    if p.kernels == "compiled":
+        led.lose("kernels", "DeepSpeed's config does not compile the module: call engine.compile() after deepspeed.initialize "
+                            "(the loss compiles with it only when the module's forward computes it); exported as eager")
+    elif p.kernels == "fused":
+        led.lose("kernels", "DeepSpeed runs the PyTorch module it is given: Megatron-Core/Transformer Engine fused kernels and "
+                            "a fused vocab-parallel cross-entropy are model code (Megatron-DeepSpeed), not DeepSpeed config; exported as eager")
     led.note(f"model: DeepSpeed's config does not carry the model ({model.name}); it is the module passed to deepspeed.initialize")
     return cfg, led
 
@@ -176,7 +186,9 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
     f["recompute"] = "full" if (pp > 1 and interval > 0) else "none"
     if interval > 1:
         notes.append(f"recompute: a checkpoint every {interval} layers read as full recompute")
-    f.update(schedule="1f1b", vpp=1, ep=1, rank_order=DEFAULT_RANK_ORDER)
+    f.update(schedule="1f1b", vpp=1, ep=1, rank_order=DEFAULT_RANK_ORDER, kernels="eager")
+    notes.append("kernels: DeepSpeed runs the module it is given, read as eager (PyTorch eager); give --kernels compiled "
+                 "after engine.compile(), --kernels fused for a Megatron-DeepSpeed model")
     notes.append("seq_len: a DeepSpeed config does not carry the sequence length (give --seq-len)")
     notes.append("model: a DeepSpeed config does not carry the model (give --model)")
     if not any(k in cfg for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization")):

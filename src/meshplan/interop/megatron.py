@@ -31,6 +31,9 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
   fp16 → ``--fp16`` (+ ``--accumulate-allreduce-grads-in-fp32`` for fp32 gradients); fp8 →
   ``--bf16 --fp8-format hybrid``; other recipes warn. optimizer sgd → ``--optimizer sgd``.
 * attention: materialized → ``--attention-backend unfused``.
+* kernels: Megatron-LM runs Megatron-Core/Transformer Engine fused kernels and its fused
+  vocab-parallel cross-entropy, meshplan's ``fused`` (no flag; read back so); compiled and eager
+  warn and export as fused.
 * rank_order: tp,cp,dp,pp (Megatron's default) or tp,cp,pp,dp (``--use-tp-pp-dp-mapping``).
 * Model: ``--num-layers --hidden-size --ffn-hidden-size --num-attention-heads
   --group-query-attention --num-query-groups --kv-channels --max-position-embeddings
@@ -243,6 +246,8 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         a.append(("--optimizer", "sgd"))
     if p.attention == "materialized":
         a.append(("--attention-backend", "unfused"))
+    if p.kernels != "fused":
+        led.lose("kernels", f"Megatron-LM runs Megatron-Core/Transformer Engine fused kernels and its fused vocab-parallel cross-entropy, not {p.kernels} ones; exported as fused")
     if tuple(p.rank_order) == PP_DP_ORDER:
         a.append(("--use-tp-pp-dp-mapping", None))
     elif tuple(p.rank_order) != DEFAULT_RANK_ORDER:
@@ -423,6 +428,7 @@ def parse(text: str) -> ParseResult:
     backend = val("--attention-backend")
     f["attention"] = "materialized" if backend in ("unfused", "local") else "flash"
     f["rank_order"] = PP_DP_ORDER if _flag(v, "--use-tp-pp-dp-mapping") else DEFAULT_RANK_ORDER
+    f["kernels"] = "fused"
     if not any(name in v for name in ("--tensor-model-parallel-size", "--micro-batch-size", "--num-layers", "--global-batch-size")):
         raise InputError("plan", "no Megatron-LM parallelism, batch or model arguments in the file")
     return ParseResult(FORMAT, f, model, tuple(notes))

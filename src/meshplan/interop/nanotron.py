@@ -16,6 +16,10 @@ Mapping (warnings for what cannot be expressed):
 * micro_batch, grad_accum, seq_len → ``tokens.micro_batch_size``, ``batch_accumulation_per_replica``,
   ``sequence_length`` (``train_steps`` is the user's); zero → ``optimizer.zero_stage`` (0 or 1);
   grad_dtype fp32 → ``optimizer.accumulate_grad_in_fp32``; precision → ``model.dtype``.
+* kernels: nanotron's Llama (``src/nanotron/models/llama.py``) runs Triton RMSNorm, flash-attn's
+  rotary and attention kernels and a Megatron-style vocab-parallel cross-entropy
+  (``sharded_cross_entropy``), nearest to meshplan's ``fused`` (read back so); compiled and eager
+  warn and export as fused.
 * Model (Llama family): ``num_hidden_layers, hidden_size, intermediate_size,
   num_attention_heads, num_key_value_heads, vocab_size, max_position_embeddings,
   tie_word_embeddings, hidden_act``; biases, LayerNorm, learned positions and dropout cannot be
@@ -92,6 +96,9 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
         led.lose("reshard_after_forward", "nanotron has no ZeRO-3")
     if p.attention != "flash":
         led.lose("attention", "nanotron's Llama runs flash attention")
+    if p.kernels != "fused":
+        led.lose("kernels", "nanotron's Llama runs its own fused kernels (Triton RMSNorm, flash-attn rotary) and a Megatron-style "
+                            f"vocab-parallel cross-entropy (sharded_cross_entropy), not {p.kernels} ones; exported as fused")
 
     mc = {
         "num_hidden_layers": model.n_layers, "hidden_size": model.hidden, "intermediate_size": model.ffn_hidden,
@@ -180,7 +187,7 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     if isinstance(factory, dict) and factory.get("name") is not None:
         prec["optimizer"] = choice("optimizer.optimizer_factory.name", factory["name"], {"adamW": "adam", "adam": "adam", "sgd": "sgd"})
     f["precision"] = prec
-    f.update(rank_order=DEFAULT_RANK_ORDER, overlap_grad_reduce=True, overlap_param_gather=zero == 0)
+    f.update(rank_order=DEFAULT_RANK_ORDER, overlap_grad_reduce=True, overlap_param_gather=zero == 0, kernels="fused")
     model = _model(mdl.get("model_config")) if mdl.get("model_config") else None
     return ParseResult("nanotron", f, model, tuple(notes))
 

@@ -28,6 +28,17 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
   (``tp_overlap_kind = "micro-pipeline"``; Megatron's userbuffers kind has no torchtitan
   equivalent and is exported as AsyncTP); sequence parallelism is always on
   with TP (turning it off cannot be expressed before torchtitan 0.3).
+* kernels → ``[compile]`` (JobConfig v0.2; 0.1 had one switch, ``training.compile``, read too):
+  compiled → ``compile.enable`` with ``compile.components`` ``["model", "loss"]`` when compile_loss
+  is on, ``["model"]`` when the loss runs eager beside the compiled blocks (torchtitan's
+  ``build_cross_entropy_loss`` compiles the loss when ``"loss"`` is among the components; under
+  0.1's ``training.compile`` it compiles it whenever the blocks are, as it has since
+  pytorch/torchtitan#1033, 2025-04); eager → compile off (nothing written: off is the default); fused
+  (Megatron-Core/Transformer Engine kernels, fused vocab-parallel cross-entropy) has no
+  torchtitan equivalent and is exported as compiled blocks and loss, the nearest stack. Import:
+  "model" compiled → compiled (compile_loss from the components), else eager, with a note.
+  torchtitan's async TP needs the blocks compiled (``maybe_enable_async_tp`` refuses eager ones):
+  tp_comm_overlap with eager kernels warns.
 * pipeline_runtime: torchtitan 0.1 on runs torch's multi-stage schedules on torch's
   ``_PipelineScheduleRuntime``, dependency-driven (read so, with a note); a lockstep plan (torch's
   ``PipelineScheduleMulti`` of 2024, meshplan.pipeline.lockstep) is exported with a warning.
@@ -56,6 +67,7 @@ SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
              "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
 SINGLE_STAGE = ("1F1B", "GPipe")
 FLOAT8 = ("quantize.linear.float8", "float8")
+COMPONENTS = ("model", "loss")  # JobConfig v0.2 ``Compile.components``: what torch.compile compiles
 
 
 def tt_split(n_stages: int, n_layers: int, first_less: int, last_less: int) -> Optional[tuple[int, ...]]:
@@ -106,6 +118,20 @@ def _pipeline(model: ModelSpec, plan: TrainingPlan, led: Ledger, par: dict[str, 
         else:
             par["pipeline_parallel_layers_per_stage"] = lps
     par["pipeline_parallel_microbatch_size"] = plan.micro_batch
+
+
+def _compile(plan: TrainingPlan, led: Ledger) -> dict[str, Any]:
+    """The ``[compile]`` section for the plan's software stack (empty: compile off)."""
+    if plan.kernels == "eager":
+        if plan.tp > 1 and plan.tp_comm_overlap:
+            led.lose("tp_comm_overlap", "torchtitan's async TP needs the blocks compiled (compile.enable with \"model\" in compile.components) "
+                                        "and refuses to start with eager ones; exported with it (give --kernels compiled)")
+        return {}
+    if plan.kernels == "fused":
+        led.lose("kernels", "torchtitan has no Megatron-Core/Transformer Engine fused kernels nor fused vocab-parallel cross-entropy; "
+                            "exported as torch.compile of the blocks and the loss (kernels compiled), its nearest stack")
+    loss = plan.kernels == "fused" or plan.compile_loss
+    return {"enable": True, "components": list(COMPONENTS if loss else COMPONENTS[:1])}
 
 
 def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, Any]], Ledger]:
@@ -185,6 +211,9 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
         if p.recompute == "selective":
             led.lose("recompute", "torchtitan cannot recompute only the attention core (Megatron's selective); exported as op-level selective AC, which recomputes more")
     out["activation_checkpoint"] = ac
+    comp = _compile(p, led)
+    if comp:
+        out["compile"] = comp
 
     if p.dp * p.cp > 1 and p.overlap_grad_reduce != (p.pp == 1):
         led.lose("overlap_grad_reduce", "torchtitan overlaps the gradient reduction with the backward exactly when pp = 1 "
@@ -384,7 +413,43 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     if any(c in FLOAT8 for c in conv):
         prec = "fp8"
     f["precision"] = {"precision": prec, "grad_dtype": "fp32"}
+    f.update(_read_kernels(s, notes))
+    if f["kernels"] == "eager" and f["tp_comm_overlap"]:
+        notes.append("tp_comm_overlap: torchtitan refuses async TP without the blocks compiled (compile.enable, \"model\" in compile.components)")
     f["rank_order"] = DEFAULT_RANK_ORDER
     if not (par or tr):
         raise InputError("plan", "no torchtitan parallelism or training settings in the file")
     return ParseResult(fmt, f, model, tuple(notes))
+
+
+def _read_kernels(s: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:
+    """``kernels`` (and ``compile_loss``) from ``[compile]`` (JobConfig v0.2) or, before it,
+    ``training.compile``; one note says how it was read."""
+    comp, tr = s.get("compile", {}), s.get("training", {})
+    legacy = False
+    if "enable" in comp or "components" in comp:
+        on = as_bool("compile.enable", comp.get("enable", False))
+        raw = comp.get("components", list(COMPONENTS))
+        if not isinstance(raw, (str, list)):
+            raise InputError("compile.components", f"must be a list of {' and '.join(COMPONENTS)} (got {raw!r})")
+        parts = [c.strip() for c in raw.split(",") if c.strip()] if isinstance(raw, str) else [str(c) for c in raw]
+        for c in parts:
+            if c not in COMPONENTS:
+                raise InputError("compile.components", f"unsupported value {c!r} (one of {', '.join(COMPONENTS)})")
+        blocks, loss = on and "model" in parts, on and "loss" in parts
+        said = f"compile.enable = {str(on).lower()}, components {','.join(parts) or 'none'}"
+    elif "compile" in tr:
+        blocks = loss = as_bool("training.compile", tr["compile"])
+        legacy = True
+        said = f"training.compile = {str(blocks).lower()} (JobConfig before v0.2, which compiles the loss with the blocks)"
+    else:
+        blocks = loss = False
+        said = "no compile setting (torchtitan's default: off)"
+    if blocks:
+        how = "compiled with them" if loss else "eager beside them"
+        notes.append(f"kernels: {said} read as compiled (torch.compile'd blocks), the loss {how}"
+                     + ("; torchtitan before pytorch/torchtitan#1033 (2025-04) ran it eager: give --no-compile-loss for those" if legacy else ""))
+        return {"kernels": "compiled", "compile_loss": loss}
+    extra = "; the loss alone compiled is not modelled (read as eager)" if loss else ""
+    notes.append(f"kernels: {said} read as eager (PyTorch eager blocks, torch's cross-entropy){extra}")
+    return {"kernels": "eager"}
