@@ -405,3 +405,87 @@ def test_bad_flags_exit_2(args, message):
     r = runner.invoke(app, ["learn", *args])
     assert r.exit_code == 2
     assert message in r.output
+
+
+# ---- mechanisms of the cost model: SM contention, the loss's memory, lockstep pipelines -----------
+
+
+def contention_us(p) -> float:
+    """Δ = T_h·16/n_SM with T_h a ring all-gather of one layer's bf16 weights inside one node."""
+    from meshplan.cost.calibration import calibration_for
+
+    gpu = load_gpu(p["gpu"])
+    cal = calibration_for(gpu)
+    n, S = p["n"], 2 * layer_params_by_shapes(p["model"], 1)
+    t = (n - 1) * cal.scale_up_latency + (n - 1) / n * S / (gpu.scale_up_bandwidth * cal.scale_up_efficiency)
+    return t * 16 / gpu.sm_count * 1e6
+
+
+def lockstep_by_slots(p) -> float:
+    """torch's grid replayed slot by slot: a rank leaves a slot when its action and every send or
+    receive it shares with the other rank in that slot are done."""
+    from meshplan.pipeline.lockstep import inputs_precede, torch_grid
+
+    P, v, m, tau = p["pp"], p["vpp"], p["microbatches"], p["transfer"]
+    assert inputs_precede("interleaved", P, m, v)
+    grid, S = torch_grid("interleaved", P, m, v), P * v
+    dur = {"F": p["fwd"], "B": p["bwd"]}
+    e = [0.0] * P
+    for t in range(max(len(row) for row in grid)):
+        cells = [row[t] if t < len(row) else None for row in grid]
+        c = [e[r] + (dur[a.kind] if a else 0.0) for r, a in enumerate(cells)]
+        e = list(c)
+        for r, a in enumerate(cells):
+            if a is None:
+                continue
+            to = a.stage + 1 if a.kind == "F" else a.stage - 1
+            if 0 <= to < S and to % P != r:  # interleaved: stage k on rank k mod p
+                done = max(c[r], c[to % P]) + tau
+                e[r], e[to % P] = max(e[r], done), max(e[to % P], done)
+    return max(e)
+
+
+NUMERIC.update({
+    "overlap-contention": contention_us,
+    "loss-compiled": lambda p: 8 * p["micro_batch"] * p["seq_len"] * load_model(p["model"]).vocab_size / 2**30,
+    "lockstep-runtime": lockstep_by_slots,
+})
+
+
+def test_overlap_contention_fixed_variant_by_hand():
+    ex = generate("overlap-contention")
+    assert ex.params["layer_params"] == 218_112_000 and ex.params["size_bytes"] == 436_224_000
+    t_h = 7e-6 + 7 / 8 * 436_224_000 / (450e9 * 0.82)  # 1.041406 ms
+    assert ex.answer.value == pytest.approx(t_h * 16 / 132, rel=1e-12)
+    assert ex.answer.display == pytest.approx(126.2311, abs=1e-4)
+    t_a100 = 7e-6 + 7 / 8 * 436_224_000 / (300e9 * 0.75)  # fewer SMs, slower NVLink
+    assert f"{t_a100 * 16 / 108 * 1e6:.1f}" == "252.4" and "delays the forward by 252.4 µs" in ex.explanation
+    assert "the forward loses 4.039 ms" in ex.explanation  # 32 layers
+    r = runner.invoke(app, ex.command.split()[1:-1] + ["--json"])  # the collective the prompt describes
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["time_s"] == pytest.approx(t_h, rel=1e-5)
+
+
+def test_loss_compiled_fixed_variant_is_eight_bytes_per_logit():
+    ex = generate("loss-compiled")
+    n, V = 2 * 8192, 128_256
+    assert ex.answer.value == 8 * n * V == 16_810_770_432 and ex.answer.display == 15.65625
+    assert "23.48 GiB" in ex.solution_text() and "7.828 GiB" in ex.solution_text()  # 12·n·V against 4·n·V
+    assert ex.command.endswith("--kernels compiled --no-compile-loss") and "compile_loss=false" in ex.url
+
+
+def test_lockstep_runtime_fixed_variant_and_a_transfer():
+    ex = generate("lockstep-runtime")
+    assert (ex.params["microbatches"], ex.params["transfer"]) == (4, 0.0)
+    assert ex.answer.display == 28 and ex.params["dependency"] == 27  # 2·4·3 + 3 dependency-driven
+    assert "rank 1's 3F0 (slot 4) could start at 3" in ex.explanation and "receives rank 0's 2F1, which ends at 4" in ex.explanation
+    assert "1 (3.70% longer)" in ex.solution_text()
+    seen = {}
+    for seed in range(30):
+        e = generate("lockstep-runtime", seed)
+        seen[(e.params["microbatches"], e.params["transfer"])] = (e.answer.display, e.params["dependency"])
+    assert seen[(2, 0.25)] == (18, 16.5) and seen[(3, 0.0)] == (21, 21)  # lockstep can cost nothing, never less
+    assert all(lock >= dep for lock, dep in seen.values())
+    r = runner.invoke(app, ex.command.split()[1:] + ["--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["makespan"] == pytest.approx(28)

@@ -69,7 +69,7 @@ def test_list_every_exercise_and_topic(client):
 def test_list_one_topic_and_the_variant(client):
     body = client.get("/api/learn", params={"topic": "pipeline", "seed": 7}).json()
     assert [e["id"] for e in body["exercises"]] == [s.id for s in specs("pipeline")]
-    assert all(e["topic"] == "pipeline" for e in body["exercises"]) and len(body["exercises"]) == 8
+    assert all(e["topic"] == "pipeline" for e in body["exercises"]) and len(body["exercises"]) == 9
     assert (body["topic"], body["seed"], body["fixed"]) == ("pipeline", 7, False)
     assert client.get("/api/learn", params={"fixed": "true"}).json()["fixed"] is True
 
@@ -207,7 +207,7 @@ def _view_request(client, link: str):
         assert {k for k, _ in q} <= set(PLAN_OPTIONS), link
         return client.get("/api/view/plan", params=q)
     assert u.path == "/pipeline", link
-    assert {k for k, _ in q} <= {"schedule", "pp", "microbatches", "vpp", "fwd", "bwd", "wgrad", "transfer", "stage_times"}, link
+    assert {k for k, _ in q} <= {"schedule", "pp", "microbatches", "vpp", "fwd", "bwd", "wgrad", "transfer", "stage_times", "pipeline_runtime"}, link
     return client.get("/api/view/pipeline", params=q)
 
 

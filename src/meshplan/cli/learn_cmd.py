@@ -134,7 +134,7 @@ def learn(
     count: Annotated[Optional[int], typer.Option("--count", help="At most this many exercises in the session.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="With --list: print the exercises as one JSON list.")] = False,
 ) -> None:
-    """Exercises from the source documents with instant feedback: numeric, multiple choice, ordering and find-the-faulty-line, graded by meshplan's own engine, with worked solutions."""
+    """Exercises from the source documents and on the mechanisms meshplan models, with instant feedback: numeric, multiple choice, ordering and find-the-faulty-line, graded by meshplan's own engine, with worked solutions."""
     try:
         if fixed and seed is not None:
             raise InputError("seed", "--seed and --fixed exclude each other (--fixed is the source's variant)")

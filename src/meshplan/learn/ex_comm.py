@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from meshplan.calc.collective import Network, collective
 from meshplan.calc.result import derive, num, pct, size
-from meshplan.catalog import load_model
+from meshplan.catalog import load_gpu, load_model
+from meshplan.cost.calibration import calibration_for
+from meshplan.cost.collectives import collective_time, placement
 from meshplan.cost.comm import cp_kv_bytes
+from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share
 from meshplan.cost.params import kv_heads_per_rank, layer_params_per_rank
 from meshplan.explain import Derivation
 from meshplan.learn.model import Choice, Numeric
 from meshplan.learn.registry import Problem, Variant, command, derivs, exercise, gb, url
+from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import AXES
 from meshplan.units import GB, MB, MS, US
 
 RING = "Patarasuk & Yuan 2009; meshplan.calc.collective"
@@ -353,4 +358,68 @@ def cp_kv(v: Variant) -> Problem:
         url=url("/plan", model=name, gpus=cp, cp=cp, seq_len=seq),
         source_note="000 sizes K and V with the full hidden size (2·2·16,000·16,384 = 1.05 GB per block, 7.35 GB per layer); "
                     "Llama 3 405B's K and V have 8 heads of 128 (GQA): 65.5 MB per block, 459 MB per layer.",
+    )
+
+
+# ---- communication hidden behind compute still costs SMs ----------------------------------------
+
+
+def _node_all_gather(gpu_name: str, n: int, S: float) -> tuple[float, float, float, float]:
+    """(T, B, η, α): meshplan's time of an all-gather of ``S`` bytes over ``n`` GPUs of one node of
+    ``gpu_name`` (:func:`meshplan.cost.collectives.collective_time` on the group's placement in an
+    HGX node), with the node's NVLink bandwidth B, its calibrated efficiency η and latency α."""
+    gpu = load_gpu(gpu_name)
+    cluster, cal = ClusterSpec.of(gpu, n), calibration_for(gpu)
+    group = placement(cluster, {a: 1 for a in AXES} | {"dp": n}, AXES, ("dp",))
+    t = collective_time("all_gather", S, group, cluster, cal)
+    return t, cluster.scale_up.bandwidth, cal.scale_up_efficiency, cluster.scale_up.latency
+
+
+@exercise("overlap-contention", "overlap", "Compute slowed by a hidden all-gather", "hard",
+          "meshplan.cost.contention; Lee et al. 2025 (arXiv 2507.03114)")
+def overlap_contention(v: Variant) -> Problem:
+    name = v.pick("llama3-8b", ["llama3-8b", "llama3-70b", "llama2-7b", "llama2-13b"])
+    gpu_name = v.pick("h100-sxm-80gb", ["h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb", "b200"])
+    n = v.pick(8, [4, 8])
+    m, gpu = load_model(name), load_gpu(gpu_name)
+    per, per_derivation = layer_params_derivation(m, 1)
+    S = 2.0 * per  # bf16 weights of one layer, gathered whole
+    t, bw, eta, alpha = _node_all_gather(gpu_name, n, S)
+    share = sm_share(NCCL_CTAS, gpu.sm_count)
+    delta = contention_time(t, share)
+    other_name = "a100-sxm-80gb" if gpu_name != "a100-sxm-80gb" else "h100-sxm-80gb"
+    other = load_gpu(other_name)
+    t_o = _node_all_gather(other_name, n, S)[0]
+    delta_o = contention_time(t_o, sm_share(NCCL_CTAS, other.sm_count))
+    opts = dict(op="all-gather", size=gb(S), n=n, gpu=gpu_name, bw=bw / GB, latency=f"{alpha / US:g}us",
+                algorithm="ring", efficiency=eta)
+    return Problem(
+        prompt=f"FSDP over {n} {gpu_name} GPUs of one node ({gpu.sm_count} SMs each) trains {name}: before each layer's "
+               f"forward, its bf16 weights ({num(per)} parameters) are all-gathered, and the all-gather runs entirely "
+               f"behind the previous layer's forward. NVLink gives {num(bw / GB)} GB/s per GPU per direction at an "
+               f"efficiency of {eta:g}, with {num(alpha / US)} µs per ring step; NCCL runs the all-gather as "
+               f"{NCCL_CTAS} CTAs, each holding one SM for the collective's whole duration. By how many µs does the "
+               f"layer's forward finish later than it would without the all-gather beside it?",
+        answer=Numeric(delta, "µs", US, 0.01),
+        solution=[
+            per_derivation,
+            derive("contention.bytes", "all-gather output", "S = 2 bytes · P_layer", [("P_layer", num(per))], size(S)),
+            derive("contention.hidden", "all-gather time, all of it hidden", "T_h = (n − 1)·α + (n − 1)/n · S / (B·η)",
+                   [("n", str(n)), ("α", f"{num(alpha / US)} µs"), ("S", size(S)), ("B", f"{num(bw / GB)} GB/s"), ("η", f"{eta:g}")],
+                   f"{num(t / MS)} ms", "Patarasuk & Yuan 2009; meshplan.cost.collectives.collective_time"),
+            derive("contention.share", "share of the SMs the all-gather holds", "n_c / n_SM",
+                   [("n_c", f"{NCCL_CTAS} CTAs (NCCL channels)"), ("n_SM", str(gpu.sm_count))], pct(share),
+                   "meshplan.cost.contention.sm_share; NCCL src/transport/nvls.cc (NVLS_NCHANNELS = 16)"),
+            derive("contention.delta", "forward delayed by", "Δ = T_h · n_c / n_SM", [("T_h", f"{num(t / MS)} ms"), ("n_c / n_SM", pct(share))],
+                   f"{num(delta / US)} µs", "meshplan.cost.contention.contention_time, Eq. 1"),
+        ],
+        hints=("First the all-gather's time: it sends (n − 1)/n of the gathered layer per GPU.",
+               "While it runs, the layer's kernels have n_c of the n_SM SMs fewer and progress at 1 − n_c/n_SM of their rate."),
+        params={"model": name, "gpu": gpu_name, "n": n, "layer_params": per, "size_bytes": S, "bw": bw, "efficiency": eta,
+                "latency": alpha, "sm_count": gpu.sm_count, "ctas": NCCL_CTAS},
+        command=command("calc", "collective", **opts, explain=True), url=url("/calc/collective", **opts),
+        explanation=f"Hidden is not free: with every one of the {m.n_layers} layers' all-gathers hidden this way, the forward loses {num(m.n_layers * delta / MS)} ms. On "
+                    f"{other_name} ({other.sm_count} SMs) the same all-gather takes {num(t_o / MS)} ms and delays the "
+                    f"forward by {num(delta_o / US)} µs. Δ is a lower bound: the collective's HBM traffic also slows "
+                    f"memory-bound kernels (Lee et al. 2025 measured 18.9% on average).",
     )

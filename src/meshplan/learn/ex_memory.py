@@ -12,7 +12,8 @@ from meshplan.calc.checkpoint import zero_state
 from meshplan.calc.formats import FORMATS, formats, get_format
 from meshplan.calc.loss_scale import ScalerConfig, loss_scale
 from meshplan.calc.result import derive, num, size
-from meshplan.catalog import load_gpu
+from meshplan.catalog import load_gpu, load_model
+from meshplan.cost.activations import head_activation_bytes, loss_grad_bytes
 from meshplan.learn.model import Choice, Numeric, Ordering
 from meshplan.learn.registry import Problem, Variant, command, derivs, exercise, url
 from meshplan.specs.plan import PrecisionRecipe
@@ -207,4 +208,44 @@ def loss_scale_walk(v: Variant) -> Problem:
         params={"flags": text, "init_scale": cfg.init_scale, "growth_interval": cfg.growth_interval},
         command=command("calc", "loss-scale", overflow=text, init_scale=cfg.init_scale, growth_interval=cfg.growth_interval),
         url=url("/calc/loss-scale", overflow=text, init_scale=cfg.init_scale, growth_interval=cfg.growth_interval),
+    )
+
+
+@exercise("loss-compiled", "precision", "The loss's memory, eager against compiled", "medium",
+          "meshplan.cost.activations; docs/model.md, Memory")
+def loss_compiled(v: Variant) -> Problem:
+    name = v.pick("llama3-8b", ["llama3-8b", "llama3-70b", "llama2-7b", "gemma2-9b", "qwen3-30b-a3b"])
+    b = v.pick(2, [1, 2, 4])
+    s = v.pick(8192, [4096, 8192])
+    m = load_model(name)
+    n, V, e = b * s, m.vocab_size, 2
+    kept = {k: head_activation_bytes(m, b, s, 1, 1, False, e, k) for k in ("eager", "compiled")}
+    grad = {k: loss_grad_bytes(m, b, s, 1, 1, k, e) for k in ("eager", "compiled")}
+    total = {k: kept[k] + grad[k] for k in kept}
+    saved = total["eager"] - total["compiled"]
+    inputs = 2 * n * m.hidden * e  # final-norm and LM-head inputs, the same in both
+    sym = [("n", f"{b} × {s:,} = {n:,} tokens"), ("V", f"{V:,}")]
+    opts = dict(model=name, gpus=1, micro_batch=b, seq_len=s, global_batch_tokens=n, kernels="compiled")
+    return Problem(
+        prompt=f"{name} (vocabulary V = {V:,}) on one GPU, micro-batch {b} × {s:,} tokens, bf16 logits, no tensor "
+               f"parallelism. torch's eager cross-entropy upcasts the logits and keeps their fp32 log-softmax for its "
+               f"backward, which then holds two more fp32 logits-sized buffers (the incoming and the outgoing gradient). "
+               f"A torch.compile'd loss keeps only the bf16 logits and writes their bf16 gradient. At the start of the "
+               f"backward, how many GiB does compiling the loss save?",
+        answer=Numeric(saved, "GiB", GiB, 0.01),
+        solution=[
+            derive("loss.eager", "eager: kept log-softmax + backward buffers", "4·n·V + 8·n·V", sym,
+                   size(total["eager"] - inputs), "meshplan.cost.activations.head_activation_bytes, loss_grad_bytes (eager)"),
+            derive("loss.compiled", "compiled: kept bf16 logits + their bf16 gradient", "2·n·V + 2·n·V", sym,
+                   size(total["compiled"] - inputs), "meshplan.cost.activations.head_activation_bytes, loss_grad_bytes (compiled)"),
+            derive("loss.saved", "saved by compiling the loss", "(4 + 8 − 2 − 2)·n·V = 8·n·V", sym, size(saved),
+                   "torch 2.13 on CPU, tests/test_compiled_loss.py; docs/model.md, Memory"),
+        ],
+        hints=("Count bytes per logit (one per token and vocabulary entry): 4 for each fp32 buffer, 2 for each bf16 one.",
+               "The final norm's and the LM head's inputs are the same in both: they cancel."),
+        params={"model": name, "micro_batch": b, "seq_len": s, "tokens": n, "vocab": V},
+        command=command("estimate", **opts, no_compile_loss=True), url=url("/plan", **opts, compile_loss="false"),
+        explanation=f"Eager holds {num(total['eager'] / GiB)} GiB for the head and the loss, compiled "
+                    f"{num(total['compiled'] / GiB)} GiB: with a {V:,}-entry vocabulary the loss, not the layers, can "
+                    f"decide whether a micro-batch fits. Rerun the command without --no-compile-loss to compare.",
     )

@@ -14,8 +14,10 @@ from __future__ import annotations
 from meshplan.calc.result import derive, num, pct, size
 from meshplan.learn.model import Numeric
 from meshplan.learn.registry import Problem, Variant, command, exercise, url
-from meshplan.pipeline.schedules import build_schedule
+from meshplan.pipeline.lockstep import torch_grid
+from meshplan.pipeline.schedules import build_schedule, compile_schedule, stage_style
 from meshplan.pipeline.simulate import SimResult, simulate, uniform_makespan
+from meshplan.pipeline.stages import rank_of
 from meshplan.units import GB
 
 NARAYANAN = "Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters, Sec. 2.2"
@@ -181,4 +183,106 @@ def pp_tradeoff(v: Variant) -> Problem:
         solution=_bubble_derivs(sim, p, m), hints=("(p−1)/(m+p−1).",),
         params={"pp": p, "microbatches": m}, command=cmd, url=link,
         explanation="Doubling p halves the layers (and weights) per GPU but roughly doubles the bubble.",
+    )
+
+
+TORCH_2024 = "torch.distributed.pipelining, PipelineScheduleMulti._step_microbatches (torch 1963fc8, 2024-12)"
+
+
+def _grid_row(row) -> str:
+    """One rank's row of torch's grid in torch's notation (``2F1``: stage 2's forward of micro-batch 1),
+    ``·`` for an idle slot."""
+    return " ".join("·" if a is None else str(a) for a in row)
+
+
+def _sends_to(a, p: int, S: int, style: str) -> int | None:
+    """The rank action ``a`` sends to: a forward of stage s < S − 1 to the rank of s + 1, a
+    backward of stage s > 0 to the rank of s − 1 (as :mod:`meshplan.pipeline.lockstep` links them)."""
+    if a is None:
+        return None
+    if a.kind == "F":
+        return rank_of(a.stage + 1, p, style) if a.stage < S - 1 else None
+    return rank_of(a.stage - 1, p, style) if a.stage > 0 else None
+
+
+def first_wait(grid, dependency: SimResult, lockstep: SimResult, S: int, style: str) -> str | None:
+    """The first action lockstep starts later than the dependency-driven run does, and the
+    exchange of an earlier slot its rank waited for, in words; None when no action starts later."""
+    p = len(grid)
+    slots = [[t for t, a in enumerate(row) if a is not None] for row in grid]
+    late = [(lk[1], r, i) for r in range(p) for i, (dp, lk) in enumerate(zip(dependency.timeline[r], lockstep.timeline[r]))
+            if lk[1] > dp[1] + 1e-9]
+    if not late:
+        return None
+    start, r, i = min(late)
+    action, t = lockstep.timeline[r][i][0], slots[r][i]
+    end = {(q, slots[q][j]): e for q in range(p) for j, (_, _, e) in enumerate(lockstep.timeline[q])}
+    text = (f"rank {r}'s {action} (slot {t}) could start at {num(dependency.timeline[r][i][1])}, its rank free and its "
+            f"input there, yet starts at {num(start)}")
+    cell = lambda q, u: grid[q][u] if u < len(grid[q]) else None  # noqa: E731
+    for u in range(t - 1, -1, -1):
+        mine = cell(r, u)
+        for q in range(p):
+            other = cell(q, u)
+            if q != r and _sends_to(other, p, S, style) == r:
+                return (f"{text}: in slot {u} it receives rank {q}'s {other}, which ends at {num(end[(q, u)])}, "
+                        f"and it leaves that slot only at {num(start)}" + (", when the transfer is done" if start > end[(q, u)] else ""))
+            if q != r and _sends_to(mine, p, S, style) == q:
+                return (f"{text}: in slot {u} it sends its {mine} to rank {q} and leaves that slot only at "
+                        f"{num(start)}, when the transfer is done")
+        if mine is not None:
+            break
+    return text
+
+
+@exercise("lockstep-runtime", "pipeline", "Lockstep against dependency-driven pipeline runtime", "hard",
+          "meshplan.pipeline.lockstep; torch's PipelineScheduleMulti (2024)")
+def lockstep_runtime(v: Variant) -> Problem:
+    p, vpp = 2, 2
+    m = v.pick(4, [2, 3, 4])
+    tau = v.pick(0.0, [0.0, 0.25, 0.5])
+    S = p * vpp
+    sched = compile_schedule("interleaved", p, m, vpp)
+    dep = simulate(sched, S, [F] * S, [B] * S, tau)
+    lock = simulate(sched, S, [F] * S, [B] * S, tau, runtime="lockstep")
+    extra = lock.makespan - dep.makespan
+    grid = torch_grid("interleaved", p, m, vpp)
+    timed = [simulate(sched, S, [F] * S, [B] * S, tau, keep_timeline=True, runtime=rt) for rt in ("dependency", "lockstep")]
+    wait = first_wait(grid, *timed, S, stage_style("interleaved"))
+    opts = dict(pp=p, microbatches=m, vpp=vpp, schedule="interleaved", fwd=F * vpp, bwd=B * vpp, transfer=tau or None,
+                pipeline_runtime="lockstep")
+    sends = f", and every send to the other rank takes τ = {num(tau)}" if tau else ", and sends take no time"
+    return Problem(
+        prompt=f"Interleaved 1F1B on p = {p} ranks with v = {vpp} chunks each (stages 0 and 2 on rank 0, 1 and 3 on "
+               f"rank 1), m = {m} micro-batches; every chunk's forward takes F = {num(F)} and its backward B = {num(B)}"
+               f"{sends}. Run dependency-driven (Megatron-LM; an action waits only for its rank and its input) the step "
+               f"takes {num(dep.makespan)}. torch's 2024 runtime runs the same actions slot by slot over its grid: a rank "
+               f"leaves a slot only when its action is done and every send and receive it shares with a neighbour in "
+               f"that slot has completed. What is the step's makespan under that lockstep runtime, in units of F?",
+        answer=Numeric(lock.makespan, "", 1.0, 0.005),
+        solution=[
+            derive("lockstep.grid", "torch's grid (pipeline_order), one column per slot; 2F1: stage 2's forward of micro-batch 1",
+                   "rank r: r idle slots, warm-up forwards, idle slots, F/B pairs, cool-down B's after idle slots",
+                   [(f"rank {r}", _grid_row(row)) for r, row in enumerate(grid)], f"{max(len(r) for r in grid)} slots",
+                   "torch _get_1f1b_rank_ops; meshplan.pipeline.lockstep.torch_grid"),
+            derive("lockstep.dependency", "step, dependency-driven (simulated)", "an action starts when its rank is free and its input has arrived",
+                   [("F", num(F)), ("B", num(B)), ("τ", num(tau))], num(dep.makespan), "meshplan.pipeline.simulate.simulate"),
+            derive("lockstep.makespan", "step, lockstep (simulated)",
+                   "c_r(t) = e_r(t−1) + d_r(t);  e_r(t) = max(c_r(t), max over linked q of max(c_r(t), c_q(t)) + τ)",
+                   [("d_r(t)", "the action's time, 0 in an idle slot"), ("linked q", "the rank r sends to or receives from in slot t")],
+                   num(lock.makespan), f"{TORCH_2024}; meshplan.pipeline.lockstep.simulate_lockstep"),
+            derive("lockstep.extra", "lockstep costs", "T_lockstep − T_dependency", [("T_lockstep", num(lock.makespan)), ("T_dependency", num(dep.makespan))],
+                   f"{num(extra)} ({pct(extra / dep.makespan)} longer)", "meshplan.pipeline.lockstep"),
+        ],
+        hints=("Write down torch's grid first: each slot holds at most one action per rank.",
+               "A forward of stage s is received in the same slot by the rank of s + 1, which cannot leave that slot "
+               "until the forward and the transfer are done, even when its own action finished long before."),
+        params={"pp": p, "vpp": vpp, "microbatches": m, "fwd": F, "bwd": B, "transfer": tau, "dependency": dep.makespan},
+        command=command("pipeline", **opts), url=url("/pipeline", **opts),
+        explanation=(f"Here {wait}. " if wait else "Here no action starts later than dependency-driven. ") +
+                    "In lockstep a rank that finishes its slot early still waits for the neighbour it exchanges with in "
+                    "that slot (a send and its receive are posted in the same batch_isend_irecv and waited together), so "
+                    "its next action starts late even when its input arrived long ago; a transfer time is paid inside "
+                    "every linked slot instead of hiding behind other work. Later torch runtimes "
+                    "(_PipelineScheduleRuntime) post receives ahead and run dependency-driven.",
     )
