@@ -25,8 +25,7 @@ from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.errors import InputError
 from meshplan.pipeline import schedules as sched
 from meshplan.pipeline.lockstep import LOCKSTEP_SCHEDULES, runs_lockstep, runtime_words
-
-RUNTIMES = ("dependency", "lockstep")
+from meshplan.pipeline.simulate import RUNTIMES
 
 #: the help of ``--pipeline-runtime``, word for word that of the plan option of estimate and explain
 RUNTIME_HELP: str = PLAN_OPTIONS["pipeline_runtime"][1].help
@@ -42,7 +41,7 @@ def check_runtime(runtime: str | None) -> str:
         return "dependency"
     value = str(runtime).strip()
     if value not in RUNTIMES:
-        raise InputError("pipeline_runtime", f"must be dependency or lockstep (got '{runtime}')")
+        raise InputError("pipeline_runtime", f"must be {' or '.join(RUNTIMES)} (got '{runtime}')")
     return value
 
 

@@ -212,6 +212,11 @@ def _rank_program(sched: Schedule, r: int, n_stages: int, m: int):
     return own, dep
 
 
+#: how pipeline ranks advance (``TrainingPlan.pipeline_runtime``): dependency-driven, or torch's
+#: 2024 lockstep over its slot grid (:mod:`meshplan.pipeline.lockstep`)
+RUNTIMES = ("dependency", "lockstep")
+
+
 def simulate(
     ranks,
     n_stages: int,
@@ -230,8 +235,8 @@ def simulate(
     durations (their memory settings, say) get the same, immutable, result without a second run.
     ``runtime = "lockstep"`` runs a compiled multi-stage schedule slot by slot over torch's grid
     (:mod:`meshplan.pipeline.lockstep`); other schedules run dependency-driven either way."""
-    if runtime not in ("dependency", "lockstep"):
-        raise ValueError(f"runtime must be 'dependency' or 'lockstep' (got {runtime!r})")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
     if runtime == "lockstep" and isinstance(ranks, Schedule):
         from meshplan.pipeline.lockstep import runs_lockstep, simulate_lockstep
 

@@ -18,6 +18,7 @@ from meshplan.catalog import gpu_names, model_names
 from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.cli.pipeline_cmd import schedule_names
 from meshplan.learn import TOPICS
+from meshplan.pipeline.simulate import RUNTIMES
 from meshplan.presets import PRESETS
 from meshplan.search.run import OBJECTIVES
 from meshplan.web.calc_api import calculators
@@ -49,7 +50,7 @@ NUMBERS = (
 #: Choice inputs: (option name, label, choices).
 CHOICES = (
     ("schedule", "pipeline schedule", tuple(schedule_names())),
-    ("pipeline_runtime", "pipeline runtime", ("dependency", "lockstep")),
+    ("pipeline_runtime", "pipeline runtime", RUNTIMES),
     ("recompute", "recompute", ("none", "selective", "op", "full")),
     ("zero", "ZeRO stage", ("0", "1", "2", "3")),
     ("precision", "precision", ("bf16", "fp16", "fp8", "fp32")),
@@ -104,7 +105,7 @@ def install(app: FastAPI) -> None:
 
     @app.get("/pipeline", response_class=HTMLResponse, include_in_schema=False)
     def pipeline_page(request: Request):
-        return templates.TemplateResponse(request, "pipeline.html", _context(request, "pipeline", runtime_help=_help("pipeline_runtime")))
+        return templates.TemplateResponse(request, "pipeline.html", _context(request, "pipeline", runtime_help=_help("pipeline_runtime"), runtimes=RUNTIMES))
 
     @app.get("/calc", response_class=HTMLResponse, include_in_schema=False)
     def calc_page(request: Request):
