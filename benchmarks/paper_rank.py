@@ -2,8 +2,9 @@
 
 Llama 3 405B on 16,384 H100 (8K sequences, 16M-token batches, 3,072-GPU pods with 7:1
 oversubscription, rank order tp, cp, pp, dp): every plan whose step-time lower bound is below the
-paper layout's exact step (TP8 CP1 PP16 DP128, interleaved with v = 2, micro-batch 1, no
-recompute, ZeRO-2) is estimated exactly, so the count of faster plans is exact. Percentiles are
+paper layout's exact step (TP8 CP1 PP16 DP128, interleaved with v = 8 and one layer per chunk,
+the first chunk holding only the embedding and the last only the LM head, micro-batch 1, no
+recompute, ZeRO-2: the ``llama3-405b-16k`` preset) is estimated exactly, so the count of faster plans is exact. Percentiles are
 given over plans (every setting a separate plan, as the search counts them), over distinct layouts
 (tp, cp, pp, dp, schedule, vpp, micro-batch; each at its best setting) and over the plans without
 context parallelism. Takes a few minutes (about 12,000 exact estimates).
@@ -24,6 +25,7 @@ import numpy as np  # noqa: E402
 
 from meshplan.catalog import load_gpu, load_model  # noqa: E402
 from meshplan.estimate import estimate  # noqa: E402
+from meshplan.presets import get_preset  # noqa: E402
 from meshplan.search.engine import Engine  # noqa: E402
 from meshplan.search.space import SCHEDULE_NAMES, SearchLimits, enumerate_plans  # noqa: E402
 from meshplan.specs import ClusterSpec, TrainingPlan  # noqa: E402
@@ -36,8 +38,8 @@ def main() -> None:
     model = load_model("llama3-405b")
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 16384, pod_size=3072, oversubscription=7)
     base = TrainingPlan(global_batch=2048, seq_len=8192, rank_order=("tp", "cp", "pp", "dp"))
-    paper = TrainingPlan(**{**base.model_dump(), "tp": 8, "cp": 1, "pp": 16, "dp": 128, "vpp": 2, "schedule": "interleaved",
-                            "micro_batch": 1, "recompute": "none", "zero": 2})
+    v = get_preset("llama3-405b-16k").values
+    paper = TrainingPlan(**{**base.model_dump(), **{k: v[k] for k in ("tp", "cp", "pp", "dp", "vpp", "schedule", "micro_batch", "recompute", "zero")}})
     ref = estimate(model, cluster, paper).time.step_s
     table = enumerate_plans(model, 16384, cluster.gpus_per_node, 8192, (2048,), SearchLimits())
     screen = Engine(model, cluster, base).evaluate(table)
@@ -46,7 +48,7 @@ def main() -> None:
     step = {i: estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)})).time.step_s for i in maybe.tolist()}
     faster = [i for i, s in step.items() if s < ref]
     n_fit = int(fits.sum())
-    print(f"paper layout TP8 CP1 PP16 DP128 interleaved v2: step {ref:.3f} s (published {PUBLISHED_STEP_S} s)")
+    print(f"paper layout TP8 CP1 PP16 DP128 interleaved v{paper.vpp}: step {ref:.3f} s (published {PUBLISHED_STEP_S} s)")
     print(f"feasible plans {n_fit:,}; bound below the paper's step {len(maybe):,}, simulated exactly")
     print(f"  faster plans: {len(faster):,} ({len(faster) / n_fit:.1%}): the paper's layout is in the top {len(faster) / n_fit:.1%}")
     key = lambda i: tuple(int(getattr(table, c)[i]) for c in ("tp", "cp", "pp", "dp", "schedule", "vpp", "micro_batch"))  # noqa: E731

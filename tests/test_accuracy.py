@@ -92,7 +92,7 @@ def test_plan_settings_follow_the_sources(runs):
     assert (k.plan.precision.precision, k.plan.precision.grad_dtype) == ("fp16", "fp32")
     assert _one(runs, "korthikanti22_175B_full_recompute").plan.sequence_parallel is False
     ll = _one(runs, "llama3_405b_16384gpu_seq131072")
-    assert (ll.plan.cp, ll.plan.dp, ll.plan.global_batch, ll.plan.zero, ll.plan.vpp) == (16, 8, 128, 2, 2)
+    assert (ll.plan.cp, ll.plan.dp, ll.plan.global_batch, ll.plan.zero, ll.plan.vpp) == (16, 8, 128, 2, 8)
     assert ll.plan.rank_order == ("tp", "cp", "pp", "dp")
     assert (ll.cluster.pod_size, ll.cluster.oversubscription) == (3072, 7.0)
     tt = _one(runs, "torchtitan_405b_512gpu_3d_1f1b")  # local batch 32 in pp = 8 micro-batches

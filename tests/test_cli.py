@@ -200,7 +200,7 @@ def test_hf_config_relative_path(monkeypatch):
 
 def _preset_library_estimate():
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 16384, pod_size=3072, oversubscription=7.0)
-    plan = TrainingPlan.build(tp=8, cp=1, pp=16, dp=128, vpp=2, schedule="interleaved", micro_batch=1,
+    plan = TrainingPlan.build(tp=8, cp=1, pp=16, dp=128, vpp=8, schedule="interleaved", micro_batch=1,
                               global_batch=2048, seq_len=8192, recompute="none", zero=2,
                               rank_order=("tp", "cp", "pp", "dp"))
     return estimate(load_model("llama3-405b"), cluster, plan, Budget(tokens=15.6e12))
@@ -210,11 +210,12 @@ def test_preset_plan_is_llama3_405b_on_16k_gpus():
     d = run_json("--preset", "llama3-405b-16k")
     assert d == roundtrip(_preset_library_estimate().to_dict())
     p = d["plan"]
-    assert (p["tp"], p["cp"], p["pp"], p["dp"], p["vpp"], p["schedule"]) == (8, 1, 16, 128, 2, "interleaved")
+    assert (p["tp"], p["cp"], p["pp"], p["dp"], p["vpp"], p["schedule"]) == (8, 1, 16, 128, 8, "interleaved")
     assert (p["global_batch"], p["global_batch_tokens"], p["grad_accum"]) == (2048, 16 * 2**20, 16)
     assert p["rank_order"] == ["tp", "cp", "pp", "dp"] and p["zero"] == 2 and p["recompute"] == "none"
     per_rank = [st["layers"] for st in d["memory"]["stages"]]
     assert per_rank == [7] + [8] * 14 + [7]  # one layer fewer on the first and last stages
+    assert d["plan"]["layer_split"] == [0] + [1] * 126 + [0]  # the default split for 128 chunks: one layer each, empty ends
     assert d["run"]["tokens"] == 15.6e12
     assert (d["cluster"]["pod_size"], d["cluster"]["oversubscription"]) == (3072, 7.0)
 

@@ -62,6 +62,9 @@ GRID = {
         ("llama3-70b", plan(tp=8, pp=4, dp=4, vpp=5, schedule="interleaved", micro_batch=2, recompute="full", tp_comm_overlap=True)),
         ("llama3-70b", plan(tp=4, pp=3, dp=2, layer_split=(26, 28, 26))),  # uneven ends
         ("llama3-8b", plan(tp=2, pp=2, dp=2, vpp=3, schedule="interleaved", layer_split=(5, 6, 5, 6, 5, 5))),  # layout
+        # one layer per chunk, the first chunk only the embedding and the last only the head (Llama 3's split)
+        ("llama3-8b", plan(tp=2, pp=2, dp=2, vpp=17, schedule="interleaved")),
+        ("llama3-8b", plan(tp=2, pp=2, dp=2, layer_split=(0, 32))),  # a layout "E|t*32L"
         ("gpt3-175b", plan(tp=8, pp=8, dp=2, zero=0, sequence_parallel=False, attention="materialized",
                             precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16", grad_fp32_copy=True))),
         ("llama2-7b", plan(tp=1, cp=2, dp=8, zero=3, precision=PrecisionRecipe(precision="fp8"), rank_order=("tp", "cp", "pp", "dp"))),
@@ -77,6 +80,7 @@ GRID = {
         ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled", compile_loss=False)),
         ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, micro_batch=2, kernels="eager")),
         ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled")),
+        ("llama3-8b", plan(pp=2, dp=2, vpp=17, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled")),  # 0, 1 x 32, 0
         ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="eager")),
         ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=True, kernels="compiled")),
         ("llama3-8b", plan(cp=2, dp=4, zero=3, precision=PrecisionRecipe(precision="fp8"), kernels="compiled", compile_loss=False)),

@@ -23,7 +23,7 @@ from meshplan.cost.params import (
 )
 from meshplan.errors import InputError
 from meshplan.estimate import estimate
-from meshplan.pipeline.stages import default_layer_split, layer_split, rank_of, stages_of_rank
+from meshplan.pipeline.stages import default_layer_split, layer_split, rank_of, split_problem, stages_of_rank
 from meshplan.specs import ClusterSpec, TrainingPlan
 from meshplan.specs.model import ModelSpec
 
@@ -273,13 +273,48 @@ def test_user_split_accepted_and_checked():
         layer_split(126, 16, 1, (8,) * 16)
     with pytest.raises(InputError, match="needs pp x vpp = 16 entries"):
         layer_split(126, 16, 1, (9,) * 14)
-    with pytest.raises(InputError, match="must not exceed the number of layers"):
-        default_layer_split(3, 4)
+    with pytest.raises(InputError, match=r"must not exceed the number of layers \+ 2 \(5: "):
+        default_layer_split(3, 6)
+    with pytest.raises(InputError, match="every inner virtual stage needs at least one layer"):
+        layer_split(32, 3, 1, (16, 0, 16))
+    with pytest.raises(InputError, match="must not be negative"):
+        layer_split(32, 2, 1, (-1, 33))
+
+
+def test_first_and_last_stages_may_hold_only_the_embedding_and_the_head():
+    """Llama 3 405B: 126 layers on pp 16 x vpp 8 = 128 chunks. "We reduce one Transformer layer
+    each from the first and the last stages ... the first model chunk on the first stage has only
+    the embedding, and the last model chunk on the last stage has only output projection and loss"
+    (Llama 3 paper, Sec. 3.3.2): one layer per chunk, the two end chunks empty."""
+    split = default_layer_split(126, 128)
+    assert split == (0,) + (1,) * 126 + (0,)
+    per_rank = [sum(split[k] for k in stages_of_rank(r, 16, 8)) for r in range(16)]
+    assert per_rank == [7] + [8] * 14 + [7]  # the v = 2 split's layers per rank
+    # one more stage than layers: the first stage, which has the lighter end (the embedding), empties first
+    assert default_layer_split(32, 33) == (0,) + (1,) * 32
+    assert default_layer_split(32, 34) == (0,) + (1,) * 32 + (0,)
+    assert default_layer_split(32, 32) == (1,) * 32  # unchanged where every stage has a layer
+    assert split_problem((0, 32)) is None and split_problem((32, 0)) is None
+    assert split_problem((0, 0)) == "needs at least one layer"
+    with pytest.raises(InputError, match="every inner virtual stage"):
+        TrainingPlan.build(pp=3, global_batch=3, seq_len=128, layer_split=(5, 0, 27))
+
+
+def test_a_rank_with_only_the_embedding_is_estimated():
+    """pp 2 with split 0, 32: rank 0 runs only the embedding lookup and holds its table; rank 1
+    the 32 layers and the head. Memory and time follow from the same parts as any split."""
+    m = load_model("llama3-8b")
+    cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 2)
+    est = estimate(m, cluster, TrainingPlan(pp=2, global_batch=8, seq_len=1024, layer_split=(0, 32)))
+    assert est.split == (0, 32)
+    assert [st.layers for st in est.stages] == [0, 32]
+    emb = m.vocab_size * m.hidden
+    assert est.stages[0].params == emb  # the embedding table only
+    assert est.stages[0].activations < est.stages[1].activations
+    assert est.time.step_s > 0
 
 
 def test_user_split_errors_through_plan_and_estimate():
-    with pytest.raises(InputError, match="at least one layer"):
-        TrainingPlan.build(pp=2, global_batch=2, seq_len=128, layer_split=(0, 32))
     m = load_model("llama3-8b")
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 2)
     plan = TrainingPlan(pp=2, global_batch=2, seq_len=128, layer_split=(10, 20))

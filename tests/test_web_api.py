@@ -40,7 +40,7 @@ def test_estimate_is_the_cli_json_for_the_405b_preset(client, capsys):
     assert got.status_code == 200
     assert got.json() == cli_json(capsys, "estimate", "--preset", "llama3-405b-16k", "--json")
     plan = got.json()["plan"]
-    assert (plan["tp"], plan["cp"], plan["pp"], plan["dp"], plan["vpp"]) == (8, 1, 16, 128, 2)
+    assert (plan["tp"], plan["cp"], plan["pp"], plan["dp"], plan["vpp"]) == (8, 1, 16, 128, 8)
     assert plan["global_batch_tokens"] == 16 * 2**20
 
 
@@ -111,9 +111,9 @@ def test_view_plan_bundles_estimate_pipeline_assumptions(client):
     d = client.get("/api/view/plan", params=q).json()
     assert d["estimate"] == client.get("/api/estimate", params=q).json()
     tl = d["timeline"]
-    assert (tl["pp"], tl["microbatches"], tl["vpp"]) == (16, 16, 2)
+    assert (tl["pp"], tl["microbatches"], tl["vpp"]) == (16, 16, 8)
     assert tl["makespan"] == d["estimate"]["time"]["makespan_s"]
-    assert [len(r["actions"]) for r in tl["ranks"]] == [2 * 16 * 2] * 16  # F and B of 16 micro-batches on 2 chunks
+    assert [len(r["actions"]) for r in tl["ranks"]] == [2 * 16 * 8] * 16  # F and B of 16 micro-batches on 8 chunks
     assert d["preset"]["name"] == "llama3-405b-16k"
     rows = {r[0]: r for r in d["published"]["rows"]}
     assert rows["step time (s)"][1] == f"{d['estimate']['time']['step_s']:.3f}"

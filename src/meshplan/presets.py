@@ -66,7 +66,11 @@ def _llama3_405b(gpus: int, dp: int) -> dict[str, Any]:
         "global_batch": 2048,  # 16M tokens (Sec. 3.4.1: 16M-token batches at 8K sequences)
         "micro_batch": 1,
         "schedule": "interleaved",
-        "vpp": 2,  # "V > 1" interleaving; the value is not published
+        # V is not printed, but it follows from the split Llama 3 describes (Sec. 3.3.2): one layer
+        # fewer on the first and last stages leaves "the first model chunk on the first stage [with]
+        # only the embedding", so each chunk held one layer: 126 + 2 = 128 = 16 x 8. meshplan's
+        # default split for pp x vpp = 128 is that split: 0, 1 x 126, 0 (meshplan.pipeline.stages).
+        "vpp": 8,
         "recompute": "none",  # "pre-train on sequences of 8K tokens without activation checkpointing"
         "zero": 2,  # optimizer state and gradients sharded, weights kept after forward
         "pod_size": 3072,  # 3,072-GPU pods with full bisection ...
@@ -83,7 +87,8 @@ PRESETS: dict[str, Preset] = {
         values=_llama3_405b(16384, 128),
         published=Published(source=LLAMA3_SOURCE, model_tflops_per_gpu=400.0, mfu=0.41,
                             flops_per_step=_llama3_flops, formula=LLAMA3_FORMULA),
-        notes=("16 sequences per DP rank; default layer split 7, 8 x 14, 7 (one layer fewer on the first and last stages)",),
+        notes=("16 sequences per DP rank; vpp 8 with one layer per chunk, the first chunk holding only the embedding and the "
+               "last only the LM head (0, 1 x 126, 0; 7, 8 x 14, 7 layers per rank), as the paper's Sec. 3.3.2 describes",),
     ),
     "llama3-405b-8k": Preset(
         name="llama3-405b-8k",

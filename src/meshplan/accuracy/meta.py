@@ -50,7 +50,8 @@ def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
     per_rank = plan.global_batch // dp
     assumptions = [
         f"preset '{preset.name}' (src/meshplan/presets.py): TP{v['tp']} PP{v['pp']}, interleaved with "
-        f"vpp {v['vpp']} ('V > 1', value unpublished), micro-batch {v['micro_batch']}, ZeRO-2-like sharding, "
+        f"vpp {v['vpp']} (not printed; one layer per chunk follows from Sec. 3.3.2's split, whose first chunk holds only "
+        f"the embedding: 126 + 2 = 16 x 8), micro-batch {v['micro_batch']}, ZeRO-2-like sharding, "
         f"3,072-GPU pods with 1:7 oversubscription above, rank order {v['rank_order']}",
         f"16M-token batch = {plan.global_batch} x {s:,}: {per_rank} sequences per DP rank",
         ("no activation checkpointing (the paper, for 8K pre-training)" if cp == 1 else
@@ -59,8 +60,9 @@ def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
         "BF16 with fp32 gradient accumulation and fp32 reduce-scatter (the paper)",
         "catalog Llama 3.1 405B (vocabulary 128,256; the paper rounds it to 128,000)",
         "Llama 3's own schedule variant (tunable consecutive micro-batches per chunk, async P2P) "
-        "approximated by Megatron's interleaved schedule; first and last stages one layer fewer "
-        "(meshplan's default split)",
+        "approximated by Megatron's interleaved schedule; per virtual stage 0, 1 x 126, 0 layers, the "
+        "first chunk with only the embedding and the last with only the LM head (meshplan's default split "
+        "for 128 stages of 126 layers)",
         "document masking not modelled: attention spans whole sequences",
         "H100 SXM 80GB HBM3 at 700 W (catalog), 400 Gb/s RoCE per GPU",
     ]

@@ -241,9 +241,10 @@ def parse_batch_tokens(text: Any) -> float:
 
 
 def parse_layer_split(text: str) -> tuple[int, ...]:
-    """'7,8*14,7' -> (7, 8, ..., 8, 7): comma-separated positive integers, ``N*K`` = N repeated K times."""
+    """'7,8*14,7' -> (7, 8, ..., 8, 7): comma-separated layer counts, ``N*K`` = N repeated K times (0 only
+    on the first and last stages: :func:`meshplan.pipeline.stages.split_problem`)."""
     out: list[int] = []
-    rule = "must be comma-separated positive integers such as 7,8*14,7"
+    rule = "must be comma-separated layer counts such as 7,8*14,7"
     for item in str(text).replace(" ", "").split(","):
         try:
             if "*" in item:
@@ -258,8 +259,11 @@ def parse_layer_split(text: str) -> tuple[int, ...]:
             raise InputError("layer_split", f"{rule} (got {text!r})") from None
         if len(out) > 100_000:
             raise InputError("layer_split", "has more than 100,000 entries")
-    if any(n < 1 for n in out):
-        raise InputError("layer_split", f"every virtual stage needs at least one layer (got {text!r})")
+    from meshplan.pipeline.stages import split_problem
+
+    problem = split_problem(tuple(out))
+    if problem:
+        raise InputError("layer_split", f"{problem} (got {text!r})")
     return tuple(out)
 
 

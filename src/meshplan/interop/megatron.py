@@ -59,7 +59,7 @@ from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_int, choice,
     dependency_pipeline, effective_split, single_values,
 )
-from meshplan.pipeline.stages import default_layer_split
+from meshplan.pipeline.stages import check_split, default_layer_split
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
@@ -72,7 +72,7 @@ PP_DP_ORDER = ("tp", "cp", "pp", "dp")
 
 
 def _layout(split: tuple[int, ...]) -> str:
-    stages = ["t*%d" % n for n in split]
+    stages = ["t*%d" % n if n else "" for n in split]  # an empty end stage is "E" or "L" alone
     stages[0] = "E" + stages[0]
     stages[-1] = stages[-1] + "L"
     return "|".join(stages)
@@ -188,7 +188,7 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         if even:
             if vpp > 1:
                 a.append(("--num-layers-per-virtual-pipeline-stage", str(model.n_layers // n_stages)))
-        elif vpp == 1 and p.pp > 1 and len(set(split[1:-1])) <= 1:
+        elif vpp == 1 and p.pp > 1 and len(set(split[1:-1])) <= 1 and min(split[0], split[-1]) >= 1:
             a += [("--decoder-first-pipeline-num-layers", str(split[0])),
                   ("--decoder-last-pipeline-num-layers", str(split[-1]))]
         else:
@@ -286,8 +286,7 @@ def parse_layout(layout: str, pp: int) -> tuple[int, ...]:
     if len(stages) % pp:
         raise InputError(where, f"{len(stages)} stages is not a multiple of pipeline-model-parallel-size ({pp})")
     counts = tuple(s.count("t") for s in stages)
-    if min(counts) < 1:
-        raise InputError(where, "every virtual stage needs at least one layer")
+    check_split(counts, where)
     return counts
 
 

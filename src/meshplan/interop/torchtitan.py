@@ -72,7 +72,9 @@ COMPONENTS = ("model", "loss")  # JobConfig v0.2 ``Compile.components``: what to
 
 def tt_split(n_stages: int, n_layers: int, first_less: int, last_less: int) -> Optional[tuple[int, ...]]:
     """torchtitan's ``generate_llm_fqn_per_model_part``: the embedding counts as ``first_less``
-    layers and the output as ``last_less``; the remainder goes to the first stages."""
+    layers and the output as ``last_less``; the remainder goes to the first stages. None where
+    torchtitan refuses (fewer than one effective layer per stage, or an end weight above it); an
+    end stage may be left with no layer (126 layers, 128 stages, weights 1 and 1: 0, 1 x 126, 0)."""
     if n_stages == 1:
         return (n_layers,)
     eff = n_layers + first_less + last_less
@@ -82,7 +84,7 @@ def tt_split(n_stages: int, n_layers: int, first_less: int, last_less: int) -> O
     counts = [base + (k < extra) for k in range(n_stages)]
     counts[0] -= first_less
     counts[-1] -= last_less
-    return tuple(counts) if min(counts) >= 1 else None
+    return tuple(counts)  # the ends may be empty (only the embedding, only norm + output), as torchtitan allows
 
 
 def _pipeline(model: ModelSpec, plan: TrainingPlan, led: Ledger, par: dict[str, Any]) -> None:
@@ -379,7 +381,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
         elif model is not None:
             split = tt_split(pp * f["vpp"], model.n_layers, first, last)
             if split is None:
-                raise InputError("parallelism.pipeline_parallel_first_stage_less_layers", "leaves a stage without layers")
+                raise InputError("parallelism.pipeline_parallel_first_stage_less_layers", "gives a split torchtitan refuses (fewer effective layers than stages, or an end weight above the layers per stage)")
             if split != default_layer_split(model.n_layers, pp * f["vpp"]):
                 f["layer_split"] = split
         micro = get(par, "parallelism", "pipeline_parallel_microbatch_size", 1)

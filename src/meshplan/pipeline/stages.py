@@ -8,9 +8,18 @@ The first virtual stage also holds the embedding, the last one the final norm an
 
 Default split: every virtual stage gets ⌊L/S⌋ layers (S = p·v) and the L mod S remaining layers
 go to the inner stages 1, 2, ... — so when layers do not divide evenly the first and last stages,
-which also carry the embedding and the LM head, get one layer fewer. For Llama 3 405B on
-p = 16 this gives 7, 8 × 14, 7: the split Llama 3 used ("one layer fewer on the first and last
-stages", Llama 3 paper Sec. 3.3.2).
+which also carry the embedding and the LM head, get one layer fewer. S may exceed L by up to two:
+the first and last stages then hold only the embedding and only the LM head (and loss). For
+Llama 3 405B (L = 126) on p = 16, v = 8 this gives 0, 1 × 126, 0, which is the split Llama 3
+describes: "we reduce one Transformer layer each from the first and the last stages ... the first
+model chunk on the first stage has only the embedding, and the last model chunk on the last stage
+has only output projection and loss calculation" (Llama 3 paper, Sec. 3.3.2). Only with one layer
+per chunk, 126 + 2 = 128 = 16 · 8, does removing one layer leave a chunk with only the embedding.
+Per rank that is 7, 8 × 14, 7 layers; the v = 2 split 7, 8 × 14, 7 has the same layers per rank.
+
+Inner stages hold at least one layer; the first and last may hold none (:func:`check_split`).
+Megatron-LM expresses such splits with ``--pipeline-model-parallel-layout`` (a stage "E" or "L"
+alone) or ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``.
 """
 
 from __future__ import annotations
@@ -18,10 +27,24 @@ from __future__ import annotations
 from meshplan.errors import InputError
 
 
+#: How many more virtual stages than layers a pipeline may have: the first and last stages can hold
+#: only the embedding and only the LM head.
+EMPTY_END_STAGES = 2
+
+STAGES_RULE = "must not exceed the number of layers + 2"
+
+
+def too_many_stages(n_stages: int, n_layers: int) -> InputError:
+    """The error for pp·vpp > L + 2, naming ``pp``."""
+    return InputError(
+        "pp", f"pp x vpp ({n_stages}) {STAGES_RULE} ({n_layers + EMPTY_END_STAGES}: only the first and last stages, "
+        "with the embedding and the LM head, may hold no layer)")
+
+
 def default_layer_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
     """⌊L/S⌋ layers each, the remainder to the inner stages first (see module docstring)."""
-    if n_stages > n_layers:
-        raise InputError("pp", f"pp x vpp ({n_stages}) must not exceed the number of layers ({n_layers})")
+    if n_stages > n_layers + EMPTY_END_STAGES:
+        raise too_many_stages(n_stages, n_layers)
     base, extra = divmod(n_layers, n_stages)
     split = [base] * n_stages
     # inner stages 1..S-2 first, then the last, then the first
@@ -40,7 +63,28 @@ def layer_split(n_layers: int, pp: int, vpp: int, given: tuple[int, ...] | None 
         raise InputError("layer_split", f"needs pp x vpp = {n_stages} entries, got {len(given)}")
     if sum(given) != n_layers:
         raise InputError("layer_split", f"entries must add up to the {n_layers} layers, got {sum(given)}")
+    check_split(given)
     return tuple(given)
+
+
+def split_problem(split: tuple[int, ...]) -> str | None:
+    """What is wrong with a layer split on its own (None: nothing): negative counts, or an inner
+    stage without a layer (only the first and last stages, which hold the embedding and the LM
+    head, may hold none), or no layer at all."""
+    if any(n < 0 for n in split):
+        return "layer counts must not be negative"
+    if any(n < 1 for n in split[1:-1]):
+        return "every inner virtual stage needs at least one layer (only the first and last, with the embedding and the LM head, may hold none)"
+    if split and sum(split) < 1:
+        return "needs at least one layer"
+    return None
+
+
+def check_split(split: tuple[int, ...], where: str = "layer_split") -> None:
+    """:func:`split_problem` as an :class:`InputError` naming ``where``."""
+    problem = split_problem(tuple(split))
+    if problem:
+        raise InputError(where, problem)
 
 
 def rank_of(virtual_stage: int, pp: int, style: str = "loop") -> int:

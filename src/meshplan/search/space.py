@@ -32,6 +32,7 @@ import numpy as np
 
 from meshplan.errors import InputError
 from meshplan.pipeline.schedules import SCHEDULES
+from meshplan.pipeline.stages import EMPTY_END_STAGES, STAGES_RULE
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.validate import MAX_PIPELINE_CHUNKS
 
@@ -41,7 +42,7 @@ SCHEDULE_NAMES = tuple(SCHEDULES)  # index = schedule code in the plan table
 REASONS = {
     "tp_heads": "tp must divide the attention heads, the KV heads (or be a multiple of them) and the MLP width",
     "cp_seq": "seq_len must be divisible by 2 x cp (load-balanced causal context parallelism)",
-    "stages_layers": "pp x vpp must not exceed the number of layers",
+    "stages_layers": f"pp x vpp {STAGES_RULE}",
     "batch_divisible": "micro_batch x dp must divide the global batch",
     "interleaved_rounds": "interleaved schedules need the micro-batches in equal rounds of pp",
     "pipeline_size": f"micro-batches x pp x vpp must not exceed {MAX_PIPELINE_CHUNKS:,} (simulation limit)",
@@ -150,7 +151,8 @@ def _axis_values(n: int, fixed: Optional[int], limit: int, name: str) -> list[in
 
 
 def _schedule_options(pp: int, layers: int, lim: SearchLimits, reject: dict[str, int], inner: int) -> list[tuple[int, int]]:
-    """(schedule code, vpp) pairs for pp ranks; pp·vpp > layers counted as rejected."""
+    """(schedule code, vpp) pairs for pp ranks; pp·vpp > layers + 2 counted as rejected (the first
+    and last stages may hold only the embedding and the LM head: :mod:`meshplan.pipeline.stages`)."""
     if pp == 1:
         return [(SCHEDULE_NAMES.index("1f1b"), 1)]
     out = []
@@ -160,7 +162,7 @@ def _schedule_options(pp: int, layers: int, lim: SearchLimits, reject: dict[str,
         if lim.vpp is not None:
             vs = [v for v in vs if v == lim.vpp]
         for v in vs:
-            if pp * v > layers:
+            if pp * v > layers + EMPTY_END_STAGES:
                 reject["stages_layers"] = reject.get("stages_layers", 0) + inner
             else:
                 out.append((SCHEDULE_NAMES.index(name), v))

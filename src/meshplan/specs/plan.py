@@ -168,8 +168,12 @@ class TrainingPlan(Spec):
             raise ValueError("fsdp_accumulate_unsharded applies to ZeRO-3 / FSDP (zero = 3) only")
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
-        if self.layer_split is not None and any(n < 1 for n in self.layer_split):
-            raise ValueError("every virtual stage needs at least one layer")
+        if self.layer_split is not None:
+            from meshplan.pipeline.stages import split_problem
+
+            problem = split_problem(tuple(self.layer_split))
+            if problem:
+                raise ValueError(problem)
         return self
 
     # ---- derived ----------------------------------------------------------------------------

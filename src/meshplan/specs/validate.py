@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshplan.errors import InputError
 from meshplan.pipeline.schedules import rounds_of
-from meshplan.pipeline.stages import layer_split
+from meshplan.pipeline.stages import EMPTY_END_STAGES, layer_split, too_many_stages
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -51,8 +51,8 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> No
     if model.ffn_hidden % t:
         raise InputError("tp", f"tp ({t}) must divide the MLP hidden size ({model.ffn_hidden})")
     stages = plan.pp * plan.vpp
-    if stages > model.n_layers:
-        raise InputError("pp", f"pp x vpp ({stages}) must not exceed the number of layers ({model.n_layers})")
+    if stages > model.n_layers + EMPTY_END_STAGES:
+        raise too_many_stages(stages, model.n_layers)
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
         raise InputError("seq_len", f"seq_len ({plan.seq_len}) must be divisible by 2 x cp ({2 * plan.cp}) for load-balanced causal context parallelism")
     if plan.sequence_parallel and t > 1 and (plan.seq_len // plan.cp) % t:
