@@ -41,7 +41,7 @@ _SEARCH_OPTIONS: dict[str, Any] = {
     **{name: (tp, Field(default, description=help)) for name, (tp, default, help) in option_types().items()},
     "objective": (Literal[OBJECTIVES], Field("throughput", description=f"Rank by {', '.join(OBJECTIVES)}.")),
     "top": (int, Field(10, description="How many plans to return (1 to 100).")),
-    "baseline": (Optional[str], Field(None, description="Place this plan in the ranking, e.g. tp=8,pp=16,vpp=2,schedule=interleaved.")),
+    "baseline": (Optional[str], Field(None, description="Place this plan in the ranking, e.g. tp=8,pp=16,vpp=8,schedule=interleaved.")),
     "pareto": (bool, Field(True, description="Also find the memory vs throughput front.")),
 }
 
