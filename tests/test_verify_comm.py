@@ -47,6 +47,8 @@ WORLD2 = {
     "pp-gpipe": P(pp=2, schedule="gpipe", global_batch=4),
     "pp-interleaved": P(pp=2, vpp=2, schedule="interleaved", global_batch=4),
     "pp-zbv": P(pp=2, vpp=2, schedule="zbv", global_batch=4),
+    # 6 chunks of 4 layers: 0, 1, 1, 1, 1, 0, the first holding only the embedding, the last only the head
+    "pp-empty-ends": P(pp=2, vpp=3, schedule="interleaved", global_batch=4),
     "zero1": P(dp=2, zero=1, global_batch=4),
     "zero2": P(dp=2, zero=2, global_batch=4),
     "cp": P(cp=2),
@@ -121,6 +123,12 @@ def test_pipeline_sends_every_boundary(runs):
     zbv = runs["pp-zbv"]
     # V shape: stages 1 and 2 share rank 1, so each rank sends over one boundary each way
     assert zbv.row("rank 1 (pp 1): pp send pipeline: count").measured == 4 * 2
+    # 6 chunks (layers 0, 1, 1, 1, 1, 0): 5 boundaries, each crossed by 4 micro-batches forward and
+    # backward; each rank sends over 3 boundaries one way and 2 the other, the empty end chunks included
+    ends = runs["pp-empty-ends"]
+    for r in (0, 1):
+        assert ends.row(f"rank {r} (pp {r}): pp send pipeline: count").measured == 4 * 5
+        assert ends.row(f"rank {r} (pp {r}): pp recv pipeline: count").measured == 4 * 5
 
 
 @pytest.mark.parametrize("name", ["fsdp2", "fsdp2+tp+sp"])

@@ -72,10 +72,20 @@ PP_DP_ORDER = ("tp", "cp", "pp", "dp")
 
 
 def _layout(split: tuple[int, ...]) -> str:
-    stages = ["t*%d" % n if n else "" for n in split]  # an empty end stage is "E" or "L" alone
-    stages[0] = "E" + stages[0]
-    stages[-1] = stages[-1] + "L"
-    return "|".join(stages)
+    """``--pipeline-model-parallel-layout`` of a split: "E" and "L" mark the embedding and the loss,
+    an empty end stage is "E" or "L" alone, and a run of equal inner stages is written once,
+    "(t|)*126" as in Megatron-LM's own examples ("Et|(tt|)*30L")."""
+    stage = lambda n: "t" * n if n <= 4 else "t*%d" % n  # noqa: E731
+    if len(split) == 1:
+        return "E" + stage(split[0]) + "L"
+    inner, runs = split[1:-1], []
+    for n in inner:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    middle = "".join(f"({stage(n)}|)*{k}" if k > 1 else f"{stage(n)}|" for n, k in runs)
+    return "E" + stage(split[0]) + "|" + middle + stage(split[-1]) + "L"
 
 
 def _model_args(model: ModelSpec, plan: TrainingPlan, led: Ledger) -> list[tuple[str, Optional[str]]]:
