@@ -15,7 +15,7 @@ describes: "we reduce one Transformer layer each from the first and the last sta
 model chunk on the first stage has only the embedding, and the last model chunk on the last stage
 has only output projection and loss calculation" (Llama 3 paper, Sec. 3.3.2). Only with one layer
 per chunk, 126 + 2 = 128 = 16 · 8, does removing one layer leave a chunk with only the embedding.
-Per rank that is 7, 8 × 14, 7 layers; the v = 2 split 7, 8 × 14, 7 has the same layers per rank.
+Per pipeline rank that is 7, 8 × 14, 7 layers, as with the v = 2 split (3, 4 × 30, 3).
 
 Inner stages hold at least one layer; the first and last may hold none (:func:`check_split`).
 Megatron-LM expresses such splits with ``--pipeline-model-parallel-layout`` (a stage "E" or "L"
