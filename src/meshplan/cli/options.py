@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from meshplan.catalog import load_gpu, load_model
 from meshplan.errors import InputError
 from meshplan.pipeline.schedules import check_vpp
+from meshplan.pipeline.stages import split_problem
 from meshplan.estimate import Budget
 from meshplan.presets import Preset, get_preset, preset_names
 from meshplan.specs.base import input_error_from
@@ -259,8 +260,6 @@ def parse_layer_split(text: str) -> tuple[int, ...]:
             raise InputError("layer_split", f"{rule} (got {text!r})") from None
         if len(out) > 100_000:
             raise InputError("layer_split", "has more than 100,000 entries")
-    from meshplan.pipeline.stages import split_problem
-
     problem = split_problem(tuple(out))
     if problem:
         raise InputError("layer_split", f"{problem} (got {text!r})")

@@ -28,6 +28,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
+from meshplan.pipeline.stages import split_problem
 from meshplan.specs.base import Spec
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -169,8 +170,6 @@ class TrainingPlan(Spec):
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
         if self.layer_split is not None:
-            from meshplan.pipeline.stages import split_problem
-
             problem = split_problem(tuple(self.layer_split))
             if problem:
                 raise ValueError(problem)
