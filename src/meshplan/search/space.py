@@ -150,22 +150,15 @@ def _axis_values(n: int, fixed: Optional[int], limit: int, name: str) -> list[in
     return [d for d in divisors(n) if d <= limit]
 
 
-def _schedule_options(pp: int, layers: int, lim: SearchLimits, reject: dict[str, int], inner: int) -> list[tuple[int, int]]:
-    """(schedule code, vpp) pairs for pp ranks; pp·vpp > layers + 2 counted as rejected (the first
-    and last stages may hold only the embedding and the LM head: :mod:`meshplan.pipeline.stages`)."""
+def _schedule_options(pp: int, lim: SearchLimits) -> list[tuple[int, int]]:
+    """(schedule code, vpp) pairs for pp ranks within the limits (pp = 1: 1F1B alone)."""
     if pp == 1:
         return [(SCHEDULE_NAMES.index("1f1b"), 1)]
     out = []
     for name in lim.schedules:
         rule = SCHEDULES[name][0]
         vs = [1] if rule == "1" else [2] if rule == "2" else list(range(2, lim.max_vpp + 1))
-        if lim.vpp is not None:
-            vs = [v for v in vs if v == lim.vpp]
-        for v in vs:
-            if pp * v > layers + EMPTY_END_STAGES:
-                reject["stages_layers"] = reject.get("stages_layers", 0) + inner
-            else:
-                out.append((SCHEDULE_NAMES.index(name), v))
+        out += [(SCHEDULE_NAMES.index(name), v) for v in vs if lim.vpp is None or v == lim.vpp]
     return out
 
 
@@ -248,18 +241,27 @@ def enumerate_plans(
     cps = _axis_values(n, lim.cp, lim.max_cp, "cp")
     pps = _axis_values(n, lim.pp, min(lim.max_pp, n), "pp")
     mbs = [lim.micro_batch] if lim.micro_batch is not None else list(range(1, lim.max_micro_batch + 1))
+    bs = np.array(mbs, dtype=np.int64)
+    gbs = np.array(global_batches, dtype=np.int64)
     reject: dict[str, int] = {}
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in _INNER}
-    # the columns fixed per (mesh, schedule, batch, micro-batch): one value and a repeat count each
-    scalars: dict[str, list[int]] = {c: [] for c in COLUMNS if c not in _INNER}
-    repeats: list[int] = []
+    # the meshes' inner combinations (_INNER) stacked, and per plan the row of its combination
+    inner_parts: list[dict[str, np.ndarray]] = []
+    inner_rows: list[np.ndarray] = []
+    n_inner = 0
+    # per mesh: (tp, cp, pp, dp) and its plan count; per (mesh, schedule, batch, micro-batch) kept:
+    # vpp, schedule, batch and micro-batch, each repeated over the mesh's inner combinations
+    meshes: list[tuple[int, int, int, int]] = []
+    mesh_plans: list[int] = []
+    outer: dict[str, list[np.ndarray]] = {"vpp": [], "schedule": [], "global_batch": [], "micro_batch": []}
+    outer_repeats: list[int] = []
     # op-level selective recompute is modelled for dense attention + MLP layers only
     modes = [r for r in lim.recompute if not (r == "op" and (model.is_moe or model.is_mla))]
     rec_codes = [RECOMPUTE.index(r) for r in modes]
     interleaved = {SCHEDULE_NAMES.index("interleaved"), SCHEDULE_NAMES.index("interleaved-zb")}
 
     def add(reason: str, count: int) -> None:
-        reject[reason] = reject.get(reason, 0) + count
+        if count:
+            reject[reason] = reject.get(reason, 0) + count
 
     for t in tps:
         for c in cps:
@@ -277,41 +279,57 @@ def enumerate_plans(
                     zero_opts += [(z, s) for z in lim.zero if z >= 1 for s in divisors(d) if 1 < s < d]
                 inner_cols, inner_bad, inner = _inner_combos(t, c, d, seq_len, lim, eps, rec_codes, zero_opts)
                 per_mesh = inner * len(mbs) * len(global_batches)
-                sv = _schedule_options(p, model.n_layers, lim, reject, per_mesh)
+                sv = _schedule_options(p, lim)
                 if not _tp_ok(model, t):
                     add("tp_heads", per_mesh * len(sv))
                     continue
                 if c > 1 and seq_len % (2 * c):
                     add("cp_seq", per_mesh * len(sv))
                     continue
+                # the first and last stages may hold only the embedding and the LM head
+                # (:mod:`meshplan.pipeline.stages`): pp·vpp ≤ layers + 2
+                add("stages_layers", per_mesh * sum(p * v > model.n_layers + EMPTY_END_STAGES for _, v in sv))
+                sv = [(x, v) for x, v in sv if p * v <= model.n_layers + EMPTY_END_STAGES]
+                if not sv:
+                    continue
+                # every (schedule and vpp, batch, micro-batch) of the mesh at once, in the order
+                # of nested loops over them; each rule counts the combinations the earlier passed
+                code = np.array([x for x, _ in sv], dtype=np.int64)
+                v = np.array([y for _, y in sv], dtype=np.int64)
+                looped = np.array([x in interleaved for x, _ in sv])[:, None, None]
+                ok = np.broadcast_to(gbs[:, None] % (bs * d) == 0, (len(sv), len(gbs), len(bs)))
+                m = gbs[:, None] // (bs * d)
+                rounds = ~looped | (m % np.maximum(1, m // p) == 0)
+                fits = m * p * v[:, None, None] <= MAX_PIPELINE_CHUNKS
+                add("batch_divisible", inner * int(np.count_nonzero(~ok)))
+                add("interleaved_rounds", inner * int(np.count_nonzero(ok & ~rounds)))
+                ok = ok & rounds
+                add("pipeline_size", inner * int(np.count_nonzero(ok & ~fits)))
+                si, gi, bi = np.nonzero(ok & fits)
+                for reason, count in inner_bad.items():
+                    add(reason, count * len(si))
                 k = len(inner_cols["ep"])
-                for code, v in sv:
-                    for gb in global_batches:
-                        for b in mbs:
-                            if gb % (b * d):
-                                add("batch_divisible", inner)
-                                continue
-                            m = gb // (b * d)
-                            if code in interleaved and m % max(1, m // p):
-                                add("interleaved_rounds", inner)
-                                continue
-                            if m * p * v > MAX_PIPELINE_CHUNKS:
-                                add("pipeline_size", inner)
-                                continue
-                            for reason, count in inner_bad.items():
-                                add(reason, count)
-                            if not k:
-                                continue
-                            for name, x in (("tp", t), ("cp", c), ("pp", p), ("dp", d), ("vpp", v), ("schedule", code),
-                                            ("micro_batch", b), ("global_batch", gb)):
-                                scalars[name].append(x)
-                            repeats.append(k)
-                            for name in _INNER:
-                                cols[name].append(inner_cols[name])
-    arrays = {
-        name: (np.concatenate(parts) if parts else np.zeros(0, dtype=bool if name in _BOOL_COLUMNS else np.int64))
-        for name, parts in cols.items()
-    }
-    arrays |= {name: np.repeat(np.array(xs, dtype=np.int64), repeats) for name, xs in scalars.items()}
+                if not k or not len(si):
+                    continue
+                meshes.append((t, c, p, d))
+                mesh_plans.append(k * len(si))
+                for name, x in (("vpp", v[si]), ("schedule", code[si]), ("global_batch", gbs[gi]), ("micro_batch", bs[bi])):
+                    outer[name].append(x)
+                outer_repeats.append(k)
+                inner_parts.append(inner_cols)
+                inner_rows.append(np.tile(np.arange(n_inner, n_inner + k), len(si)))
+                n_inner += k
+    empty = np.zeros(0, dtype=np.int64)
+    arrays: dict[str, np.ndarray] = {}
+    counts = np.array(mesh_plans, dtype=np.int64)
+    for j, name in enumerate(("tp", "cp", "pp", "dp")):
+        arrays[name] = np.repeat(np.array([mesh[j] for mesh in meshes], dtype=np.int64), counts)
+    reps = np.repeat(np.array(outer_repeats, dtype=np.int64), [len(x) for x in outer["vpp"]])
+    for name, parts in outer.items():
+        arrays[name] = np.repeat(np.concatenate(parts), reps) if parts else empty
+    rows = np.concatenate(inner_rows) if inner_rows else empty
+    for name in _INNER:
+        table = np.concatenate([part[name] for part in inner_parts]) if inner_parts else empty
+        arrays[name] = table[rows] if name not in _BOOL_COLUMNS else table.astype(bool)[rows]
     arrays = {name: arrays[name] for name in COLUMNS}
     return PlanTable(**arrays, rejected=reject)
