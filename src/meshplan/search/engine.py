@@ -339,11 +339,13 @@ class Engine:
         return alltoall_times(self.model, tokens, t, bool(sp), self.e, bool(full), self._expert_place(t, c, p, d, ep)[0],
                               self.cluster, self.cal)
 
-    def _comm_terms(self, t: int, c: int, p: int, d: int, ds: int, b: int, sp: int) -> tuple:
+    def _comm_terms(self, t: int, c: int, p: int, d: int, b: int, sp: int) -> tuple:
         """The collectives of one micro-batch, which do not depend on the ZeRO stage: TP (one),
-        CP K|V exchange and backward transfer, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP."""
+        CP K|V exchange and backward transfer, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP.
+        They use the TP, CP and PP groups only, which sit where they do whatever the HSDP shard
+        group (:func:`meshplan.cost.comm.placements`), so the placements of dp_shard = dp serve."""
         m, cluster, cal, e, rec = self.model, self.cluster, self.cal, self.e, self.rec
-        pl = self._place(t, c, p, d, ds)
+        pl = self._place(t, c, p, d, d)
         tokens = b * self.base.seq_len / c
         act_msg = tokens * m.hidden * e
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
@@ -391,7 +393,7 @@ class Engine:
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
         kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS))
         per_layer = ((zero == 3) & (ds * c > 1)).astype(np.int64)
-        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, ds, b, sp], len(_COMM_FIELDS) - 6)
+        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, b, sp], len(_COMM_FIELDS) - 6)
         units, units_inv = _gather_distinct(self._units, [t, c, p, d, ds, per_layer], 6)
         # per plan, each field: the distinct rows' column gathered (a contiguous array per field)
         comm_tables = [(mb[:, :3], mb_inv), (units, units_inv), (mb[:, 3:], mb_inv)]  # in the order of _COMM_FIELDS
