@@ -77,12 +77,12 @@ GRID = {
     "torchtitan": [
         ("llama3-8b", plan(dp=8, zero=3, recompute="op", kernels="compiled")),
         ("llama3-8b", plan(tp=2, dp=4, zero=3, dp_shard=2, recompute="full", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline", seq_len=8192, kernels="compiled")),
-        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled", compile_loss=False)),
-        ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, micro_batch=2, kernels="eager")),
-        ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled")),
-        ("llama3-8b", plan(pp=2, dp=2, vpp=17, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="compiled")),  # 0, 1 x 32, 0
-        ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, kernels="eager")),
-        ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=True, kernels="compiled")),
+        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, kernels="compiled", compile_loss=False)),
+        ("llama3-70b", plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, micro_batch=2, kernels="eager")),
+        ("llama3-70b", plan(pp=4, dp=2, vpp=4, schedule="interleaved-zb", zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, kernels="compiled")),
+        ("llama3-8b", plan(pp=2, dp=2, vpp=17, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, kernels="compiled")),  # 0, 1 x 32, 0
+        ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, kernels="eager")),
+        ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, reshard_after_forward=True, kernels="compiled")),
         ("llama3-8b", plan(cp=2, dp=4, zero=3, precision=PrecisionRecipe(precision="fp8"), kernels="compiled", compile_loss=False)),
         ("llama3-8b", plan(dp=8, zero=0, kernels="eager")),
         ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"), kernels="eager")),
@@ -104,7 +104,7 @@ GRID = {
     ],
 }
 GRID["torchtitan-toml"] = GRID["torchtitan"] + [
-    ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, overlap_grad_reduce=False, reshard_after_forward=False, kernels="eager")),
+    ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, reshard_after_forward=False, kernels="eager")),
 ]
 assert set(GRID) == set(ENGINES)
 
@@ -169,6 +169,7 @@ def plans(draw):
         reshard_after_forward=draw(st.booleans()),
         fsdp_accumulate_unsharded=zero == 3 and draw(st.booleans()),
         kernels=draw(st.sampled_from(["fused", "compiled", "eager"])), compile_loss=draw(st.booleans()),
+        pp_buffers=draw(st.sampled_from(["in-flight", "per-micro-batch"])),
     )
 
 
@@ -206,6 +207,6 @@ def test_llama3_405b_plan_each_engine():
         assert (back.tp, back.pp, back.dp, back.global_batch, back.micro_batch) == (8, 16, 64, 2048, 1)
     assert lost["megatron"] == []  # ZeRO-2 as Megatron-FSDP optim_grads, tp,cp,pp,dp via --use-tp-pp-dp-mapping
     # the preset runs Megatron's fused stack: torchtitan writes compiled blocks and loss instead, DeepSpeed eager
-    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "kernels", "overlap_grad_reduce", "rank_order", "zero"]
+    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "kernels", "overlap_grad_reduce", "pp_buffers", "rank_order", "zero"]
     assert "schedule" in lost["deepspeed"] and "schedule" in lost["nanotron"]
     assert "kernels" in lost["deepspeed"] and "kernels" not in lost["nanotron"]

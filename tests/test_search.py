@@ -27,6 +27,8 @@ SPACES = [
     ("llama3-70b", 64, 8192, 64, SearchLimits(max_micro_batch=2, max_vpp=4, hsdp=True), {}),
     ("llama3-70b", 32, 4096, 128, SearchLimits(max_micro_batch=2, max_vpp=3, tp_comm_overlap=(True, False)), {"tp_comm_overlap": True, "rank_order": ("tp", "cp", "pp", "dp")}),
     ("gpt3-175b", 64, 2048, 128, SearchLimits(max_micro_batch=2, max_vpp=4, max_tp=8), {"precision": PrecisionRecipe(precision="fp8")}),
+    # torch's pipeline buffers: per micro-batch, and stage outputs kept until their backward
+    ("llama3-70b", 32, 4096, 64, SearchLimits(max_micro_batch=2, max_vpp=3, zero=(1, 3)), {"pp_buffers": "per-micro-batch"}),
 ]
 
 

@@ -20,6 +20,7 @@ from meshplan.catalog.hf_config import model_from_hf_config  # noqa: E402
 from meshplan.cli.app import main  # noqa: E402
 from meshplan.cost import collectives as coll  # noqa: E402
 from meshplan.cost.calibration import calibration_for  # noqa: E402
+from meshplan.cost.compose import pp_buffer_messages  # noqa: E402
 from meshplan.cost.params import count_params, embedding_params_per_rank, head_params_per_rank, layer_params_per_rank  # noqa: E402
 from meshplan.errors import InputError  # noqa: E402
 from meshplan.estimate import estimate  # noqa: E402
@@ -83,6 +84,7 @@ def runs(request):
         tasks = ["comm"] * (len(jobs) + len(mla)) + ["memory"] * len(extra)
         results = comm.launch([(MODEL, p) for p in jobs.values()] + mla + extra, timeout=240, device=device, task=tasks)
         out.update({name: predict.compare(MODEL, p, r) for (name, p), r in zip(jobs.items(), results)})
+        out.setdefault("raw", {}).update(zip(jobs, results))
         if mla:
             out["cp-mla"] = predict.compare(MLA_MODEL, MLA_PLAN, results[len(jobs)])
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 4)
@@ -129,6 +131,20 @@ def test_pipeline_sends_every_boundary(runs):
     for r in (0, 1):
         assert ends.row(f"rank {r} (pp {r}): pp send pipeline: count").measured == 4 * 5
         assert ends.row(f"rank {r} (pp {r}): pp recv pipeline: count").measured == 4 * 5
+
+
+@pytest.mark.parametrize("name", ["pp-1f1b", "pp-gpipe", "pp-interleaved", "pp-zbv", "pp-empty-ends", "ddp+pp", "tp+sp+pp"])
+def test_torch_stages_keep_a_receive_buffer_per_micro_batch(runs, name):
+    """pp_buffers per-micro-batch is what torch's PipelineStage holds: m input buffers on every
+    stage but the first and m output-gradient buffers on every stage but the last, each one stage
+    boundary message (b·s·h elements, over t with sequence parallelism)."""
+    plan = {**WORLD2, **WORLD4}[name]
+    last = plan.pp * plan.vpp - 1
+    message = plan.micro_batch * plan.seq_len * MODEL.hidden // (plan.tp if plan.tp > 1 and plan.sequence_parallel else 1)
+    for res in runs["raw"][name]:
+        mine = res["stages"]
+        count = pp_buffer_messages("per-micro-batch", plan.grad_accum, sum(k != 0 for k in mine), sum(k != last for k in mine))
+        assert res["pp_buffers"] == [message] * count, (res["rank"], mine)
 
 
 @pytest.mark.parametrize("name", ["fsdp2", "fsdp2+tp+sp"])

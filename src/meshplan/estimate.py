@@ -27,6 +27,7 @@ from meshplan.cost.compose import (
     after_pipeline,
     hidden_comm,
     layer_times,
+    pp_buffer_messages,
     rank_other_items,
     stage_activations,
     stage_times,
@@ -297,6 +298,7 @@ class Estimate:
                 "tp_comm_overlap": p.tp_comm_overlap,
                 "tp_overlap_kind": p.tp_overlap_kind,
                 "pipeline_runtime": p.pipeline_runtime,
+                "pp_buffers": p.pp_buffers,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -423,13 +425,15 @@ def estimate(
     la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
     head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels)
-    stage_act = stage_activations(split, la.stored, emb_act, head_act)
+    p2p_bytes = act_msg / (t if sp else 1)
+    # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers)
+    kept_output = p2p_bytes if plan.pp_buffers == "per-micro-batch" else 0.0
+    stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output)
     working = la.working
     if model.is_moe:
         la_moe = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi)
         stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
         working = max(la.working, la_moe.working)
-    p2p_bytes = act_msg / (t if sp else 1)
     p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
     ranks = compile_schedule(plan.schedule, pp, m, v)
     sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt,
@@ -470,6 +474,7 @@ def estimate(
             kept_embedding_params=kept_embedding, weight_bytes=rec.weight_bytes,
             grad_bytes=rec.grad_bytes, reshard_after_forward=plan.reshard_after_forward,
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
+            pp_messages=pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine)),
         )
         stages.append(
             StageMemory(

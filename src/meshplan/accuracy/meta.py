@@ -217,7 +217,7 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         overlap_grad_reduce=pp == 1,
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
         tp_comm_overlap=async_tp, tp_overlap_kind="micro-pipeline", kernels="compiled" if compiled else "eager",
-        pipeline_runtime="lockstep" if vpp > 1 else "dependency", compile_loss=False,
+        pipeline_runtime="lockstep" if vpp > 1 else "dependency", compile_loss=False, pp_buffers="per-micro-batch",
     )
     cluster = ClusterSpec.of(h100_96gb(), n)
     if interleaved:

@@ -75,6 +75,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "vpp": (Optional[int], _opt("--vpp", "Virtual stages per pipeline rank; > 1 selects the interleaved schedule. (default: 1)", P_LAYOUT)),
     "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
     "pipeline_runtime": (Optional[Literal["dependency", "lockstep"]], _opt("--pipeline-runtime", "How pipeline ranks advance: dependency (Megatron-LM, torch's 1F1B and GPipe: an action waits only for its rank and its input) or lockstep (torch's multi-stage schedules as torchtitan's 2024 runs ran them, PipelineScheduleMulti: slot by slot over the schedule's grid, each rank waiting for its neighbours' sends and receives of the slot; changes interleaved, interleaved-zb, zbh1 and zbv only). (default: dependency)", P_LAYOUT)),
+    "pp_buffers": (Optional[Literal["in-flight", "per-micro-batch"]], _opt("--pp-buffers", "Pipeline stage-to-stage buffers: in-flight (Megatron-LM: the activation and gradient being received; stage outputs freed once sent) or per-micro-batch (torch.distributed.pipelining, torchtitan: every stage but the first keeps an input buffer per micro-batch, every stage but the last an output-gradient buffer per micro-batch, and each stage output is kept until its backward). (default: in-flight)", P_MEMORY)),
     "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times). (default: even, remainder to the inner stages)", P_LAYOUT)),
     "rank_order": (Optional[str], _opt("--rank-order", "Mesh axes innermost first, e.g. tp,cp,pp,dp (Llama 3). (default: tp,cp,dp,pp)", P_LAYOUT)),
     "micro_batch": (Optional[int], _opt("--micro-batch", "Sequences per forward on one DP rank. (default: 1)", P_BATCH)),
@@ -120,6 +121,7 @@ class PlanArgs:
     vpp: Optional[int] = None
     schedule: Optional[str] = None
     pipeline_runtime: Optional[str] = None
+    pp_buffers: Optional[str] = None
     layer_split: Optional[str] = None
     rank_order: Optional[str] = None
     micro_batch: Optional[int] = None
@@ -407,7 +409,7 @@ def resolve(args: PlanArgs) -> Setup:
         global_batch=global_batch, seq_len=s, precision=_spec(PrecisionRecipe, "precision", **recipe),
     )
     for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "compile_loss", "tp_comm_overlap",
-              "tp_overlap_kind", "pipeline_runtime"):
+              "tp_overlap_kind", "pipeline_runtime", "pp_buffers"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
     if v.get("zero") is not None:

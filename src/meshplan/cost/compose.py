@@ -259,11 +259,37 @@ def stage_times(split: tuple[int, ...], lt: LayerTimes) -> StageTimes:
     return out
 
 
-def stage_activations(split: tuple[int, ...], layer: Num, embedding: Num, head: Num) -> list:
+def stage_activations(split: tuple[int, ...], layer: Num, embedding: Num, head: Num, output: Num = 0.0) -> list:
     """Activation bytes one micro-batch leaves on each virtual stage: n_k × the layer's stored
-    bytes, plus what the embedding (stage 0) and the LM head (last stage) keep."""
+    bytes, plus what the embedding (stage 0) and the LM head (last stage) keep, plus ``output``
+    on every stage but the last: the stage's output message, which torch.distributed.pipelining
+    keeps until the micro-batch's backward (``fwd_cache``; :func:`pp_buffer_messages`) and
+    Megatron-LM frees once sent (``output`` 0)."""
     last = len(split) - 1
-    return [n_l * layer + (embedding if k == 0 else 0.0) + (head if k == last else 0.0) for k, n_l in enumerate(split)]
+    return [
+        n_l * layer + (embedding if k == 0 else 0.0) + (head if k == last else 0.0) + (output if k != last else 0.0)
+        for k, n_l in enumerate(split)
+    ]
+
+
+def pp_buffer_messages(kind: str, m: Num, not_first: Num, not_last: Num) -> Num:
+    """Stage-to-stage messages a pipeline rank holds buffers for through the step, for
+    ``pp_buffers`` ``kind``, m micro-batches, and ``not_first`` / ``not_last`` of the rank's
+    virtual stages that are not the pipeline's first / last:
+
+    * in-flight (Megatron-LM's p2p communication): 2, the activation and the gradient being
+      received;
+    * per-micro-batch (torch.distributed.pipelining, ``PipelineStage._prepare_forward_infra`` and
+      ``_setup_backward_recv_info``): every stage but the first allocates a receive buffer for each
+      micro-batch's input, every stage but the last one for each micro-batch's output gradient,
+      all at the first step and kept: m·(not_first + not_last).
+
+    Each message is one stage boundary tensor (``p2p_bytes``). Same-rank hand-offs of a V
+    schedule replace a buffer by the previous stage's output, which the buffer then keeps until the
+    next step: the same count."""
+    if kind == "in-flight":
+        return 2
+    return m * (not_first + not_last)
 
 
 def rank_other_items(
@@ -286,11 +312,12 @@ def rank_other_items(
     act_msg: Num,
     pp: int,
     p2p_bytes: Num,
+    pp_messages: Num = 2,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
-    Always there: the runtime reserve, TP buffers (two activation messages), PP buffers (send and
-    receive). The others live at different moments of the backward of the micro-batch whose
+    Always there: the runtime reserve, TP buffers (two activation messages), PP buffers
+    (``pp_messages`` stage-to-stage messages of ``p2p_bytes``: :func:`pp_buffer_messages`). The others live at different moments of the backward of the micro-batch whose
     activations make the peak A (all its activations are still stored when its backward begins),
     so the peak is the larger of two moments, not their sum:
 
@@ -335,7 +362,7 @@ def rank_other_items(
         "grad_reduce_buckets": pick(np.logical_and(z2, np.logical_not(head_wins)), buckets, 0.0),
         "head_activations_freed": pick(head_wins, 0.0, -freed) if holds_head else 0.0,
         "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
-        "pp_comm_buffers": 2 * p2p_bytes if pp > 1 else 0.0,
+        "pp_comm_buffers": pp_messages * p2p_bytes if pp > 1 else 0.0,
     }
     if not any(isinstance(x, np.ndarray) for x in (shard, zero, tp)):  # one plan: list what applies
         items = {k: v for k, v in items.items() if k == "runtime_reserve" or _applies(k, holds_head, z3, once_per_step, zero, sharded, tp, pp)}

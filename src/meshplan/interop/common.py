@@ -68,6 +68,13 @@ def dependency_pipeline(plan: TrainingPlan, led: Ledger, engine: str) -> None:
         led.lose("pipeline_runtime", f"{engine} runs its pipeline dependency-driven, not slot by slot in lockstep; exported so")
 
 
+def stage_buffers(plan: TrainingPlan, led: Ledger, engine: str, kind: str) -> None:
+    """Note when ``plan``'s pipeline buffers (``pp_buffers``) are not the ``kind`` the engine's
+    pipeline keeps (:func:`meshplan.cost.compose.pp_buffer_messages`)."""
+    if plan.pp > 1 and plan.pp_buffers != kind:
+        led.lose("pp_buffers", f"{engine} keeps {kind} pipeline stage buffers; exported so")
+
+
 # ---- plans ----------------------------------------------------------------------------------------
 
 
@@ -84,7 +91,7 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     """The plan with settings that change nothing put back to meshplan's defaults, so that two
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
     overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
-    GPipe and 1F1B), compile_loss without compiled kernels (the loss then runs on the blocks'
+    GPipe and 1F1B), the pipeline buffers without a pipeline, compile_loss without compiled kernels (the loss then runs on the blocks'
     stack), the ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
@@ -95,6 +102,8 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
         up.update(tp_overlap_kind="userbuffers")
     if not runs_lockstep(plan.schedule, plan.pp, plan.pipeline_runtime):
         up.update(pipeline_runtime="dependency")
+    if plan.pp == 1:
+        up.update(pp_buffers="in-flight")
     if plan.kernels != "compiled":
         up.update(compile_loss=True)
     if plan.zero != 3 and plan.dp * plan.cp > 1:

@@ -33,7 +33,7 @@ import json
 from typing import Any
 
 from meshplan.errors import InputError
-from meshplan.interop.common import DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, choice, dependency_pipeline
+from meshplan.interop.common import DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, choice, dependency_pipeline, stage_buffers
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
@@ -98,6 +98,7 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         if p.schedule != "1f1b":
             led.lose("schedule", f"DeepSpeed's pipeline engine runs 1F1B with one chunk per rank; {p.schedule} exported as 1F1B")
         dependency_pipeline(p, led, "DeepSpeed's pipeline engine")
+        stage_buffers(p, led, "DeepSpeed", "in-flight")
         if p.layer_split is not None:
             led.lose("layer_split", "the split is PipelineModule(partition_method=...) in code")
     if p.recompute != "none" and not (p.recompute == "full" and p.pp > 1):

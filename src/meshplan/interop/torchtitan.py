@@ -55,7 +55,7 @@ from typing import Any, Optional
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_bool, as_int, catalog_match,
-    choice, dependency_pipeline, effective_split,
+    choice, dependency_pipeline, effective_split, stage_buffers,
 )
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
@@ -180,6 +180,7 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
     if p.pp > 1:
         _pipeline(model, p, led, par)
         dependency_pipeline(p, led, "torchtitan (0.1 on, torch's _PipelineScheduleRuntime; lockstep was its PipelineScheduleMulti of 2024)")
+        stage_buffers(p, led, "torchtitan (torch.distributed.pipelining)", "per-micro-batch")
     par["context_parallel_degree"] = p.cp
     if p.ep > 1:
         par["expert_parallel_degree"] = p.ep
@@ -339,6 +340,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     f["reshard_after_forward"] = choice("parallelism.fsdp_reshard_after_forward", reshard,
                                         {"default": pp == 1, "always": True, "never": False})
     f["fsdp_accumulate_unsharded"] = fsdp and pp > 1
+    f["pp_buffers"] = "per-micro-batch" if pp > 1 else "in-flight"  # torch's PipelineStage buffers
     f["overlap_grad_reduce"] = pp == 1
     f["sequence_parallel"] = as_bool("parallelism.enable_sequence_parallel", par.get("enable_sequence_parallel", True)) or tp == 1
     async_tp = par.get("enable_async_tensor_parallel", s.get("compile", {}).get("enable_async_tensor_parallel", False))

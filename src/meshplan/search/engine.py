@@ -64,6 +64,7 @@ from meshplan.cost.compose import (
     LayerTimes,
     layer_times,
     pick,
+    pp_buffer_messages,
     rank_other_items,
     stage_activations,
     StageTimes,
@@ -97,7 +98,7 @@ _UNSPLIT_MASK = np.isin(np.arange(len(SCHEDULE_NAMES)), [SCHEDULE_NAMES.index(n)
 _KERNEL_FIELDS = (
     "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute",
     "emb_fwd", "emb_bwd", "emb_wgt", "head_fwd", "head_bwd", "head_wgt",
-    "act_stored", "act_working", "emb_act", "head_act",
+    "act_stored", "act_working", "emb_act", "head_act", "kept_output",
 )
 _COMM_FIELDS = (
     "tp_one", "cp_kv", "cp_dkv", "all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather",
@@ -308,7 +309,14 @@ class Engine:
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
             recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
             la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp), head_activation_bytes(m, b, s, t, c, sp, e, base.loss_kernels),
+            self._p2p_bytes(t, c, b, sp) if base.pp_buffers == "per-micro-batch" else 0.0,
         )
+
+    def _p2p_bytes(self, t: int, c: int, b: int, sp: int) -> float:
+        """Bytes of one stage-to-stage message, n·h·e (n = b·s/c tokens), over t with sequence
+        parallelism, as ``estimate`` computes it."""
+        act_msg = b * self.base.seq_len / c * self.model.hidden * self.e
+        return act_msg / (t if sp else 1)
 
     def _moe_kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int, ep: int) -> tuple:
         """A mixture-of-experts layer's op times (E/ep experts per GPU) and activations, as
@@ -350,7 +358,7 @@ class Engine:
         act_msg = tokens * m.hidden * e
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
         cp_kv, cp_dkv = cp_exchange_collectives(m, tokens, t, e, self.base.kernels, c, pl.cp, cluster, cal)
-        p2p_bytes = act_msg / (t if sp else 1)
+        p2p_bytes = self._p2p_bytes(t, c, b, sp)
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
         micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e)
                  if self.base.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
@@ -452,7 +460,7 @@ class Engine:
         st = _shared_stage_times(split, lt)
         # stage activations depend on the kernel row only: once per distinct row
         ku = dict(zip(_KERNEL_FIELDS, kernel.T))
-        act = stage_activations(split, ku["act_stored"], ku["emb_act"], ku["head_act"])
+        act = stage_activations(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"])
         working_layer = k["act_working"]
         if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
@@ -523,8 +531,11 @@ class Engine:
         busy_c, after_c = np.empty((G, n_cls)), np.empty((G, n_cls))
         params_c, experts_c = np.empty((G, n_cls), dtype=np.int64), np.zeros((G, n_cls), dtype=np.int64)
         pg_c, head_c = np.empty((G, n_cls)), np.zeros(n_cls, dtype=bool)
+        # per class: its stages other than the pipeline's first, and other than its last
+        not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
         for ci, r in enumerate(cls_first):
             mine = stages_of_rank(r, pp, v, style)
+            not_first[ci], not_last[ci] = sum(j != 0 for j in mine), sum(j != last for j in mine)
             n_layers = sum(split[j] for j in mine)
             first_, holds_head = 0 in mine, last in mine
             n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
@@ -548,10 +559,13 @@ class Engine:
         # the classes' model state, buffers and optimizer step, in one call over (plans × classes),
         # or for many plans one for the classes without the LM head and one for those with it
         fixed, other_total, opt_pg = np.empty((G, n_cls)), np.empty((G, n_cls)), np.empty((G, n_cls))
+        # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
+        messages = pp_buffer_messages(base.pp_buffers, m[:, None], not_first, not_last)
         for cols in [np.arange(n_cls)] if G * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(cols):
                 fixed[:, cols], other_total[:, cols], opt_pg[:, cols] = self._rank_state(
-                    T, pre, idx, k, cm, pp, head_c[cols], params_c[:, cols], experts_c[:, cols], pg_c[:, cols])
+                    T, pre, idx, k, cm, pp, head_c[cols], params_c[:, cols], experts_c[:, cols], pg_c[:, cols],
+                    messages[:, cols] if isinstance(messages, np.ndarray) else messages)
 
         # σ_r and the gradient chain Σ_{k<r} (b_k + τ), summed rank by rank as the bound states.
         # Both never decrease with r (sums of durations ≥ 0), and ranks of one class have the same
@@ -577,10 +591,10 @@ class Engine:
         return totals[np.arange(G), worst], worst, (lb_pipe + opt_pg.max(axis=1)) * (1 - 1e-12)
 
     def _rank_state(self, T: PlanTable, pre: "_Terms", idx: slice, k: dict, cm: dict, pp: int, head: np.ndarray, params: np.ndarray,
-                    experts: np.ndarray, pg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    experts: np.ndarray, pg: np.ndarray, pp_messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For the plans ``idx`` of one shape and its classes of ranks, ``head`` (classes) saying
         which hold the LM head, with ``params``, ``experts`` (routed-expert parameters) and ``pg``
-        (exposed weight gather) as (plans × classes): the model state w + g + o, the other items'
+        (exposed weight gather) and ``pp_messages`` (:func:`pp_buffer_messages`) as (plans × classes): the model state w + g + o, the other items'
         total and the optimizer step + ``pg``, through the functions ``estimate`` uses. Per-plan
         terms are columns broadcast over the classes: elementwise, so every entry is the one-plan
         value. With classes of both kinds the buffers are those of a rank with the LM head, whose
@@ -611,6 +625,7 @@ class Engine:
             kept_embedding_params=per_tp[:, 3:4] if model.tied_embeddings and pp == 1 else 0,
             weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
             once_per_step=False, tp=t, act_msg=cm["act_msg"][:, None], pp=pp, p2p_bytes=cm["p2p_bytes"][:, None],
+            pp_messages=pp_messages,
         )
         local = params / pick(zero >= 1, shard, 1)
         if model.is_moe:  # sharded state: the dense part over N, the experts over N_e

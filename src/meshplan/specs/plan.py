@@ -143,6 +143,12 @@ class TrainingPlan(Spec):
     # lockstep changes only the multi-stage schedules (interleaved, interleaved-zb, zbh1, zbv) on
     # pp > 1 — torch runs GPipe and 1F1B with its single-stage classes, dependency-driven
     pipeline_runtime: Literal["dependency", "lockstep"] = "dependency"
+    # the pipeline's stage-to-stage buffers (meshplan.cost.compose.pp_buffer_messages): in-flight
+    # (Megatron-LM: one activation and one gradient message received at a time, each stage output
+    # freed once sent) or per-micro-batch (torch.distributed.pipelining: every stage but the first
+    # allocates a receive buffer per micro-batch, every stage but the last a gradient receive
+    # buffer per micro-batch, kept through the step; each stage output kept until its backward)
+    pp_buffers: Literal["in-flight", "per-micro-batch"] = "in-flight"
     reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered weights after forward
     # ZeRO-3/FSDP: keep weights gathered and gradients unsharded across the step's micro-batches,
     # one all-gather and one reduce-scatter per step (torch.distributed.pipelining with FSDP2)

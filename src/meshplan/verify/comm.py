@@ -406,8 +406,8 @@ class _Trainer:
             from torch.distributed.pipelining import PipelineStage
             from torch.distributed.pipelining import schedules as S
 
-            stages = [PipelineStage(mod, k, self.n_stages, here(device), group=mesh["pp"].get_group())
-                      for mod, k in zip(self.mods, self.mine)]
+            self.stages = stages = [PipelineStage(mod, k, self.n_stages, here(device), group=mesh["pp"].get_group())
+                                    for mod, k in zip(self.mods, self.mine)]
             cls = getattr(S, SCHEDULES[plan.schedule])
             multi = plan.schedule not in ("gpipe", "1f1b")
             self.sched = cls(stages if multi else stages[0], n_microbatches=plan.grad_accum, loss_fn=_loss)
@@ -479,7 +479,20 @@ def run_rank(model: ModelSpec, plan: TrainingPlan, device: str = "cpu") -> dict[
     counter = make_counter(axis_of)
     trainer.step(counter)
     dist.barrier()
-    return {"rank": dist.get_rank(), "pp_rank": rank_pp, "stages": list(trainer.mine), "records": counter.records}
+    return {"rank": dist.get_rank(), "pp_rank": rank_pp, "stages": list(trainer.mine), "records": counter.records,
+            "pp_buffers": _stage_buffers(trainer)}
+
+
+def _stage_buffers(trainer: "_Trainer") -> list[int]:
+    """Elements of every receive buffer this rank's pipeline stages hold after a step (torch's
+    ``PipelineStage``: an input buffer per micro-batch on every stage but the first, an output
+    gradient buffer per micro-batch on every stage but the last; meshplan's ``pp_buffers``
+    per-micro-batch), or none without a pipeline."""
+    out = []
+    for stage in getattr(trainer, "stages", []):
+        for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
+            out += [int(info.buffer.numel()) for info in infos if getattr(info, "buffer", None) is not None]
+    return out
 
 
 # ---- the launcher -----------------------------------------------------------------------------
