@@ -299,7 +299,7 @@ def enumerate_plans(
                 looped = np.array([x in interleaved for x, _ in sv])[:, None, None]
                 ok = np.broadcast_to(gbs[:, None] % (bs * d) == 0, (len(sv), len(gbs), len(bs)))
                 m = gbs[:, None] // (bs * d)
-                rounds = ~looped | (m % np.maximum(1, m // p) == 0)
+                rounds = ~looped | (m % np.maximum(1, m // p) == 0)  # equal rounds (schedules.rounds_of)
                 fits = m * p * v[:, None, None] <= MAX_PIPELINE_CHUNKS
                 add("batch_divisible", inner * int(np.count_nonzero(~ok)))
                 add("interleaved_rounds", inner * int(np.count_nonzero(ok & ~rounds)))
@@ -328,8 +328,8 @@ def enumerate_plans(
     for name, parts in outer.items():
         arrays[name] = np.repeat(np.concatenate(parts), reps) if parts else empty
     rows = np.concatenate(inner_rows) if inner_rows else empty
-    for name in _INNER:
-        table = np.concatenate([part[name] for part in inner_parts]) if inner_parts else empty
-        arrays[name] = table[rows] if name not in _BOOL_COLUMNS else table.astype(bool)[rows]
+    for name in _INNER:  # the inner columns keep their dtypes (SP and TP overlap are booleans)
+        arrays[name] = np.concatenate([part[name] for part in inner_parts])[rows] if inner_parts else (
+            np.zeros(0, dtype=bool) if name in _BOOL_COLUMNS else empty)
     arrays = {name: arrays[name] for name in COLUMNS}
     return PlanTable(**arrays, rejected=reject)
