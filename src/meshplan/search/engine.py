@@ -140,33 +140,59 @@ def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return where, inverse
 
 
-def _distinct_rows(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_distinct` of the rows of the stacked integer columns ``keys``, through a
-    mixed-radix code: a column's digit is its value less its minimum when the values span at most
-    64, else the rank of its value among the column's distinct values (both keep the order)."""
-    code = np.zeros(len(keys[0]), dtype=np.int64)
+def _digit(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """A column's digit in a mixed-radix code, and its radix: the value less the column's minimum
+    when the values span at most 64, else the rank of the value among the column's distinct values
+    (both keep the order)."""
+    col = np.asarray(col, dtype=np.int64)
+    low = int(col.min(initial=0))
+    span = int(col.max(initial=0)) - low + 1
+    if span <= 64:
+        return col - low, span
+    where, digit = _distinct(col - low)
+    return digit, len(where)
+
+
+def _code_rows(digits: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_distinct` of the rows of stacked columns given by their :func:`_digit`\ s, through
+    their mixed-radix code (renumbered whenever it would pass 63 bits)."""
+    code = np.zeros(len(digits[0][0]), dtype=np.int64)
     radix = 1
-    for col in keys:
-        col = np.asarray(col, dtype=np.int64)
-        low = int(col.min(initial=0))
-        span = int(col.max(initial=0)) - low + 1
-        if span <= 64:
-            digit, size = col - low, span
-        else:
-            where, digit = _distinct(col - low)
-            size = len(where)
+    for digit, size in digits:
         if radix * size >= 2**62:  # renumber the codes so far to stay within 63 bits
             seen, code = _distinct(code)
             radix = len(seen)
-        code = code * size + digit
+        code = code * size + digit if radix > 1 else digit
         radix *= size
     return _distinct(code)
 
 
-def _gather_distinct(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: int) -> tuple[np.ndarray, np.ndarray]:
+def _distinct_rows(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_distinct` of the rows of the stacked integer columns ``keys``."""
+    return _code_rows([_digit(col) for col in keys])
+
+
+class _Digits:
+    """The :func:`_digit` of each named column of a table, computed once and shared by every key
+    built from the columns."""
+
+    def __init__(self, columns: dict[str, np.ndarray]):
+        self.columns, self._digits = columns, {}
+
+    def rows(self, names: str) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`_distinct_rows` of the columns ``names`` (space-separated)."""
+        for name in names.split():
+            if name not in self._digits:
+                self._digits[name] = _digit(self.columns[name])
+        return _code_rows([self._digits[name] for name in names.split()])
+
+
+def _gather_distinct(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: int,
+                     rows: Optional[tuple[np.ndarray, np.ndarray]] = None) -> tuple[np.ndarray, np.ndarray]:
     """fn(*key) once per distinct row of the stacked ``keys``: the values (distinct rows, n_out)
-    and, per row, the index of its distinct row."""
-    where, inverse = _distinct_rows(keys)
+    and, per row, the index of its distinct row (``rows``: the keys' :func:`_distinct_rows` when
+    known)."""
+    where, inverse = _distinct_rows(keys) if rows is None else rows
     rows = np.stack([np.asarray(k)[where] for k in keys], axis=1).tolist()
     values = np.array([fn(*row) for row in rows], dtype=float).reshape(len(rows), n_out)
     return values, inverse
@@ -399,15 +425,17 @@ class Engine:
         over the whole table (not per pipeline shape)."""
         t, c, p, d, ds, b, ep = T.tp, T.cp, T.pp, T.dp, T.dp_shard, T.micro_batch, T.ep
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
-        kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS))
         per_layer = ((zero == 3) & (ds * c > 1)).astype(np.int64)
-        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, b, sp], len(_COMM_FIELDS) - 6)
-        units, units_inv = _gather_distinct(self._units, [t, c, p, d, ds, per_layer], 6)
+        D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, per_layer=per_layer))
+        kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS), D.rows("t c b sp rc"))
+        # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
+        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, b, sp], len(_COMM_FIELDS) - 6, D.rows("t c p b sp"))
+        units, units_inv = _gather_distinct(self._units, [t, c, p, d, ds, per_layer], 6, D.rows("t c p ds per_layer"))
         # per plan, each field: the distinct rows' column gathered (a contiguous array per field)
         comm_tables = [(mb[:, :3], mb_inv), (units, units_inv), (mb[:, 3:], mb_inv)]  # in the order of _COMM_FIELDS
-        te_where, te_inv = _distinct_rows([t, ep])
+        te_where, te_inv = D.rows("t ep")
         mesh = np.stack([t, c, d, ds, ep, zero], axis=1)
-        mesh_where, mesh_inv = _distinct_rows([t, c, d, ds, ep, zero])
+        mesh_where, mesh_inv = D.rows("t c d ds ep zero")
         terms = _Terms(
             kernel=kernel, kid=kid,
             te_vals=np.stack([t, ep], axis=1)[te_where].tolist(), te_inv=te_inv, mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
