@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+import itertools
 from typing import Callable, Iterator, Optional
 
 import numpy as np
@@ -154,7 +155,7 @@ def _digit(col: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def _code_rows(digits: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_distinct` of the rows of stacked columns given by their :func:`_digit`\ s, through
+    """:func:`_distinct` of the rows of stacked columns given by their :func:`_digit` values, through
     their mixed-radix code (renumbered whenever it would pass 63 bits)."""
     code = np.zeros(len(digits[0][0]), dtype=np.int64)
     radix = 1
@@ -196,6 +197,38 @@ def _gather_distinct(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: in
     rows = np.stack([np.asarray(k)[where] for k in keys], axis=1).tolist()
     values = np.array([fn(*row) for row in rows], dtype=float).reshape(len(rows), n_out)
     return values, inverse
+
+
+def _peak_rank(stored: np.ndarray, pair_inv: np.ndarray, cls_of: np.ndarray, cls_ranks: list[np.ndarray],
+               fixed: np.ndarray, working: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per plan: the largest rank total ((w + g + o) + (activations + working)) + other items and
+    the first rank that has it, as ``estimate``'s maximum over ranks; ``stored`` (pairs × ranks)
+    holds the activation peaks, ``pair_inv`` each plan's pair, ``cls_of`` each rank's class,
+    ``cls_ranks`` each class's ranks, ``fixed`` and ``other`` the classes' terms (classes ×
+    plans) and ``working`` each plan's.
+
+    A rank's total is a rounded sum of non-negative terms, monotone in its activations s: within a
+    class, whose ranks share the other terms, the largest total is that of the largest activations
+    M_c, reached first by the first rank holding M_c, and the plan's worst rank is the first such
+    rank among the classes that reach the peak. A rank of such a class with s < M_c could round to
+    the same total only if M_c − s ≤ 3 ulp(peak) (each of the three roundings moves a difference by
+    at most one ulp of the largest magnitude, the peak): those plans are taken rank by rank."""
+    S = stored.T  # (ranks, pairs)
+    top, first, gap = np.empty((3, len(cls_ranks), S.shape[1]))
+    for ci, ranks in enumerate(cls_ranks):
+        part = S[ranks]
+        top[ci] = part.max(axis=0)
+        first[ci] = ranks[(part == top[ci]).argmax(axis=0)]
+        gap[ci] = top[ci] - np.where(part < top[ci], part, -np.inf).max(axis=0)
+    totals = (fixed + (top[:, pair_inv] + working)) + other
+    peak = totals.max(axis=0)
+    at_peak = totals == peak
+    worst = np.where(at_peak, first[:, pair_inv], len(cls_of)).min(axis=0).astype(np.int64)
+    close = np.flatnonzero((at_peak & (gap[:, pair_inv] <= 3 * np.spacing(peak))).any(axis=0))
+    if len(close):
+        by_rank = (fixed[cls_of][:, close] + (stored[pair_inv[close]].T + working[close])) + other[cls_of][:, close]
+        worst[close] = by_rank.argmax(axis=0)
+    return peak, worst
 
 
 def _memory_microbatches(schedule: str, pp: int, m: np.ndarray) -> np.ndarray:
@@ -509,11 +542,70 @@ class Engine:
         mesh_where, mesh_inv = _distinct(pre.mesh_inv[idx])
         mesh_rows = pre.mesh_rows[pre.mesh_inv[idx][mesh_where]].tolist()
 
+        # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
+        # order) have the same model state, buffers and stage times to the bit: once per class
+        classes: dict[tuple, int] = {}
+        cls_of = np.empty(pp, dtype=np.int64)
+        cls_first: list[int] = []  # per class, its first rank
+        cls_last = np.zeros(pp, dtype=np.int64)  # per class, its last rank
+        for r in range(pp):
+            mine = stages_of_rank(r, pp, v, style)
+            key = tuple((split[j], j == 0, j == last, moe_stage[j] if model.is_moe else 0) for j in mine)
+            cls_of[r] = classes.setdefault(key, len(classes))
+            cls_last[cls_of[r]] = r
+            if cls_of[r] == len(cls_first):
+                cls_first.append(r)
+        n_cls = len(classes)
+        cls_last = cls_last[:n_cls]
+        # per-class arrays are (classes × plans): a class's entries are contiguous, and the maxima
+        # over classes run down short columns elementwise
+        busy_c, after_c = np.empty((n_cls, G)), np.empty((n_cls, G))
+        params_c, experts_c = np.empty((n_cls, G), dtype=np.int64), np.zeros((n_cls, G), dtype=np.int64)
+        pg_c, head_c = np.empty((n_cls, G)), np.zeros(n_cls, dtype=bool)
+        # per class: its stages other than the pipeline's first, and other than its last
+        not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
+        for ci, r in enumerate(cls_first):
+            mine = stages_of_rank(r, pp, v, style)
+            not_first[ci], not_last[ci] = sum(j != 0 for j in mine), sum(j != last for j in mine)
+            n_layers = sum(split[j] for j in mine)
+            first_, holds_head = 0 in mine, last in mine
+            n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
+            p_of = {(x, y): (self._rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
+                             self._expert_params(x, y, n_moe)) for x, y in te_vals}
+            params_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
+            if model.is_moe:
+                experts_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
+            sync = np.fromiter(
+                itertools.chain.from_iterable(self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows),
+                dtype=float, count=2 * len(mesh_rows),
+            ).reshape(len(mesh_rows), 2)[mesh_inv]
+            last_bwd = sum(st.bwd[j] for j in mine)
+            first_fwd = sum(st.fwd[j] for j in mine)
+            after, pg = after_pipeline(
+                grad_comm=sync[:, 0], param_gather=sync[:, 1], last_bwd=last_bwd, first_fwd=first_fwd,
+                n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
+                overlap_param_gather=base.overlap_param_gather, nccl_share=self.nccl_share,
+            )
+            busy_c[ci] = m * (last_bwd + first_fwd)
+            after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
+        # the classes' model state, buffers and optimizer step, in one call over (classes × plans),
+        # or for many plans one for the classes without the LM head and one for those with it
+        fixed, other_total, opt_pg = np.empty((n_cls, G)), np.empty((n_cls, G)), np.empty((n_cls, G))
+        # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
+        messages = pp_buffer_messages(base.pp_buffers, m[None, :], not_first[:, None], not_last[:, None])
+        for rows_ in [np.arange(n_cls)] if G * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
+            if len(rows_):
+                fixed[rows_], other_total[rows_], opt_pg[rows_] = self._rank_state(
+                    T, pre, idx, k, cm, pp, head_c[rows_], params_c[rows_], experts_c[rows_], pg_c[rows_],
+                    messages[rows_] if isinstance(messages, np.ndarray) else messages)
+
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
         act_mat = np.stack(act, axis=1)  # (distinct kernel rows, stages)
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
-        stored = np.empty((G, pp))
+        cls_ranks = [np.flatnonzero(cls_of == ci) for ci in range(n_cls)]
+        working = np.broadcast_to(working, (G,))
+        peak, worst = np.empty(G), np.empty(G, dtype=np.int64)
         cuts = (np.flatnonzero(schedule[1:] != schedule[:-1]) + 1).tolist()  # the plans are sorted by schedule
         for lo, hi in zip([0, *cuts], [*cuts, G]):
             code, sub = int(schedule[lo]), slice(lo, hi)
@@ -536,123 +628,69 @@ class Engine:
                 for i in range(len(m_where)):
                     sel = np.flatnonzero(m_inv == i) if len(m_where) > 1 else slice(None)
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
-            stored[sub] = stored_u[pair_inv]
+            peak[sub], worst[sub] = _peak_rank(
+                stored_u, pair_inv, cls_of, cls_ranks, fixed[:, sub], working[sub], other_total[:, sub],
+            )
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
         # stage for the last micro-batch (the gradient chain of the module docstring)
         chain = _UNSPLIT_MASK[schedule]
-
-        # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
-        # order) have the same model state, buffers and stage times to the bit: once per class
-        classes: dict[tuple, int] = {}
-        cls_of = np.empty(pp, dtype=np.int64)
-        cls_first: list[int] = []  # per class, its first rank
-        cls_last = np.zeros(pp, dtype=np.int64)  # per class, its last rank
-        for r in range(pp):
-            mine = stages_of_rank(r, pp, v, style)
-            key = tuple((split[j], j == 0, j == last, moe_stage[j] if model.is_moe else 0) for j in mine)
-            cls_of[r] = classes.setdefault(key, len(classes))
-            cls_last[cls_of[r]] = r
-            if cls_of[r] == len(cls_first):
-                cls_first.append(r)
-        n_cls = len(classes)
-        cls_last = cls_last[:n_cls]
-        busy_c, after_c = np.empty((G, n_cls)), np.empty((G, n_cls))
-        params_c, experts_c = np.empty((G, n_cls), dtype=np.int64), np.zeros((G, n_cls), dtype=np.int64)
-        pg_c, head_c = np.empty((G, n_cls)), np.zeros(n_cls, dtype=bool)
-        # per class: its stages other than the pipeline's first, and other than its last
-        not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
-        for ci, r in enumerate(cls_first):
-            mine = stages_of_rank(r, pp, v, style)
-            not_first[ci], not_last[ci] = sum(j != 0 for j in mine), sum(j != last for j in mine)
-            n_layers = sum(split[j] for j in mine)
-            first_, holds_head = 0 in mine, last in mine
-            n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
-            p_of = {(x, y): (self._rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
-                             self._expert_params(x, y, n_moe)) for x, y in te_vals}
-            params_c[:, ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
-            if model.is_moe:
-                experts_c[:, ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
-            sync = np.array(
-                [self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows]
-            ).reshape(len(mesh_rows), 2)[mesh_inv]
-            last_bwd = sum(st.bwd[j] for j in mine)
-            first_fwd = sum(st.fwd[j] for j in mine)
-            after, pg = after_pipeline(
-                grad_comm=sync[:, 0], param_gather=sync[:, 1], last_bwd=last_bwd, first_fwd=first_fwd,
-                n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
-                overlap_param_gather=base.overlap_param_gather, nccl_share=self.nccl_share,
-            )
-            busy_c[:, ci] = m * (last_bwd + first_fwd)
-            after_c[:, ci], pg_c[:, ci], head_c[ci] = after, pg, holds_head
-        # the classes' model state, buffers and optimizer step, in one call over (plans × classes),
-        # or for many plans one for the classes without the LM head and one for those with it
-        fixed, other_total, opt_pg = np.empty((G, n_cls)), np.empty((G, n_cls)), np.empty((G, n_cls))
-        # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
-        messages = pp_buffer_messages(base.pp_buffers, m[:, None], not_first, not_last)
-        for cols in [np.arange(n_cls)] if G * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
-            if len(cols):
-                fixed[:, cols], other_total[:, cols], opt_pg[:, cols] = self._rank_state(
-                    T, pre, idx, k, cm, pp, head_c[cols], params_c[:, cols], experts_c[:, cols], pg_c[:, cols],
-                    messages[:, cols] if isinstance(messages, np.ndarray) else messages)
 
         # σ_r and the gradient chain Σ_{k<r} (b_k + τ), summed rank by rank as the bound states.
         # Both never decrease with r (sums of durations ≥ 0), and ranks of one class have the same
         # busy time and exposed communication, so (σ_r + busy) + a and (σ_r + busy) + chain_r,
         # rounded sums monotone in σ_r and chain_r, are largest on the class's last rank: the
         # bound's maxima over ranks are those over the classes' last ranks, to the bit.
-        start, chain_b = np.empty((G, n_cls)), np.empty((G, n_cls))
+        start, chain_b = np.empty((n_cls, G)), np.empty((n_cls, G))
         run_f, run_b = np.zeros(G), np.zeros(G)
         at_rank = {r: np.flatnonzero(cls_last == r) for r in set(cls_last.tolist())}
         for r in range(int(cls_last.max()) + 1):
             if r in at_rank:
-                start[:, at_rank[r]], chain_b[:, at_rank[r]] = run_f[:, None], run_b[:, None]
+                start[at_rank[r]], chain_b[at_rank[r]] = run_f, run_b
             run_f = run_f + st.fwd[r] + tau
             run_b = run_b + st.bwd[r] + tau
         reach = start + busy_c
         lb_finish = reach + after_c
-        lb_span = np.max(np.where(chain[:, None], reach + chain_b, reach), axis=1, initial=0.0)
-        lb_pipe = np.maximum(lb_finish.max(axis=1), lb_span)
-        # per rank: ((w + g + o) + (activations + working)) + other items; the slowest rank's
-        # optimizer step + weight gather
-        totals = (fixed[:, cls_of] + (stored + np.broadcast_to(working, (G,))[:, None])) + other_total[:, cls_of]
-        worst = totals.argmax(axis=1)
-        return totals[np.arange(G), worst], worst, (lb_pipe + opt_pg.max(axis=1)) * (1 - 1e-12)
+        lb_span = np.max(np.where(chain, reach + chain_b, reach), axis=0, initial=0.0)
+        lb_pipe = np.maximum(lb_finish.max(axis=0), lb_span)
+        # the slowest rank's optimizer step + weight gather
+        return peak, worst, (lb_pipe + opt_pg.max(axis=0)) * (1 - 1e-12)
 
     def _rank_state(self, T: PlanTable, pre: "_Terms", idx: slice, k: dict, cm: dict, pp: int, head: np.ndarray, params: np.ndarray,
                     experts: np.ndarray, pg: np.ndarray, pp_messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For the plans ``idx`` of one shape and its classes of ranks, ``head`` (classes) saying
         which hold the LM head, with ``params``, ``experts`` (routed-expert parameters) and ``pg``
-        (exposed weight gather) and ``pp_messages`` (:func:`pp_buffer_messages`) as (plans × classes): the model state w + g + o, the other items'
+        (exposed weight gather) and ``pp_messages`` (:func:`pp_buffer_messages`) as (classes × plans): the model state w + g + o, the other items'
         total and the optimizer step + ``pg``, through the functions ``estimate`` uses. Per-plan
-        terms are columns broadcast over the classes: elementwise, so every entry is the one-plan
+        terms are rows broadcast over the classes: elementwise, so every entry is the one-plan
         value. With classes of both kinds the buffers are those of a rank with the LM head, whose
         head terms (loss gradient, head activations and parameters) are 0 on the classes without
         it: each such item is then ±0, as the rank without the head lists, and adds nothing to the
         positive total."""
         model, base, rec = self.model, self.base, self.rec
-        col = lambda x: x[idx][:, None]  # noqa: E731
-        zero, shard, t, c = col(T.zero), col(T.dp_shard) * col(T.cp), col(T.tp), col(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4)[pre.te_inv[idx]]
-        logits_grad = (col(T.micro_batch) * base.seq_len / c) * per_tp[:, :1]
+        row = lambda x: x[idx][None, :]  # noqa: E731
+        zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T[:, pre.te_inv[idx]]
+        logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
         if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
-            expert_shard = col(T.dp) // col(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
+            expert_shard = row(T.dp) // row(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
             state = model_state_bytes(params - experts, rec, zero, shard)
             ex = model_state_bytes(experts, rec, zero, expert_shard)
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         else:
             state = model_state_bytes(params, rec, zero, shard)
-        head_act, head_params = k["head_act"][:, None], per_tp[:, 2:3]
+        head_act, head_params = k["head_act"][None, :], per_tp[2:3]
         holds_head = bool(head.all())
         if head.any() and not holds_head:
+            head = head[:, None]
             holds_head, logits_grad = True, np.where(head, logits_grad, 0.0)
             head_act, head_params = np.where(head, head_act, 0.0), np.where(head, head_params, 0)
         other = rank_other_items(
             reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad,
             head_act=head_act, zero=zero, shard=shard, params=params,
-            layer_params=per_tp[:, 1:2], head_params=head_params,
-            kept_embedding_params=per_tp[:, 3:4] if model.tied_embeddings and pp == 1 else 0,
+            layer_params=per_tp[1:2], head_params=head_params,
+            kept_embedding_params=per_tp[3:4] if model.tied_embeddings and pp == 1 else 0,
             weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
-            once_per_step=False, tp=t, act_msg=cm["act_msg"][:, None], pp=pp, p2p_bytes=cm["p2p_bytes"][:, None],
+            once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages,
         )
         local = params / pick(zero >= 1, shard, 1)
