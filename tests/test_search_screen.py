@@ -182,3 +182,35 @@ def test_screen_does_not_depend_on_how_plans_are_batched(name, gpus, monkeypatch
         assert np.array_equal(screens[0].worst_rank, other.worst_rank)
         assert np.array_equal(screens[0].step_lower_bound, other.step_lower_bound)
     assert (table.pp == 1).any() and (table.pp > 1).any() and len(table) > 1000
+
+
+def test_peak_and_worst_rank_from_class_maxima_equal_the_maximum_over_ranks():
+    """The peak total and the first rank holding it, taken from each class's largest activations,
+    equal the plain maximum over every rank's total, also where ranks tie exactly and where their
+    activations differ by less than rounding keeps apart (the rank-by-rank branch)."""
+    from meshplan.search.engine import _peak_rank
+
+    rng = np.random.default_rng(5)
+    cls_of = np.array([0, 1, 1, 1, 1, 2, 1, 3])  # an interior class spread over ranks, and single ones
+    cls_ranks = [np.flatnonzero(cls_of == c) for c in range(4)]
+    pairs, plans = 40, 400
+    stored = rng.integers(0, 4, (pairs, len(cls_of))).astype(float) * 2.0**30
+    stored[:10, [1, 2, 3, 4, 6]] = stored[:10, 1:2] + 1e-7 * np.arange(5)  # gaps far below an ulp of the totals
+    stored[10:20, 1:5] = stored[10:20, 1:2]  # exact ties inside the interior class
+    pair_inv = rng.integers(0, pairs, plans)
+    fixed = rng.choice([2.0**33, 2.0**33 + 2.0**30, 3 * 2.0**31], (4, plans))
+    working = rng.choice([0.0, 2.0**29, 1.5], plans)
+    other = rng.choice([2.0**30, 2.0**30 - 2.0**29, 7.25], (4, plans))
+    totals = (fixed[cls_of] + (stored[pair_inv].T + working)) + other[cls_of]
+    peak, worst = _peak_rank(stored, pair_inv, cls_of, cls_ranks, fixed, working, other)
+    assert np.array_equal(peak, totals.max(axis=0))
+    assert np.array_equal(worst, totals.argmax(axis=0))
+    # the data reach the rank-by-rank branch: for some plans the first rank holding a class's
+    # largest activations is not the first rank with the peak total (a smaller one rounds to it)
+    by_class = [stored[:, r].max(axis=1)[pair_inv] for r in cls_ranks]
+    first_of_max = np.array([
+        min(int(r[stored[pair_inv[i], r] == by_class[c][i]][0]) for c, r in enumerate(cls_ranks)
+            if (fixed[c, i] + (by_class[c][i] + working[i])) + other[c, i] == peak[i])
+        for i in range(plans)
+    ])
+    assert (first_of_max != worst).any() and (first_of_max == worst).any()

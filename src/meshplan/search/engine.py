@@ -207,24 +207,30 @@ def _peak_rank(stored: np.ndarray, pair_inv: np.ndarray, cls_of: np.ndarray, cls
     ``cls_ranks`` each class's ranks, ``fixed`` and ``other`` the classes' terms (classes ×
     plans) and ``working`` each plan's.
 
-    A rank's total is a rounded sum of non-negative terms, monotone in its activations s: within a
-    class, whose ranks share the other terms, the largest total is that of the largest activations
-    M_c, reached first by the first rank holding M_c, and the plan's worst rank is the first such
-    rank among the classes that reach the peak. A rank of such a class with s < M_c could round to
-    the same total only if M_c − s ≤ 3 ulp(peak) (each of the three roundings moves a difference by
-    at most one ulp of the largest magnitude, the peak): those plans are taken rank by rank."""
+    Rounding to nearest is monotone, so a rank's total never decreases with its activations s:
+    within a class, whose ranks share the other terms, the largest total is that of the largest
+    activations M_c, first reached on the first rank holding M_c, and the plan's worst rank is the
+    first such rank among the classes that reach the peak. A rank with s < M_c ties only if
+    rounding closes the gap: each of the three roundings moves a difference by at most two ulps of
+    the largest intermediate magnitude u (one ulp per operand, two across a binade edge), so a gap
+    M_c − s above 6 ulp(u) keeps the totals apart. Plans where some class's gap is within 8 ulp(u)
+    are taken rank by rank (tests/test_search_screen.py drives both ways)."""
     S = stored.T  # (ranks, pairs)
-    top, first, gap = np.empty((3, len(cls_ranks), S.shape[1]))
+    top, first = np.empty((len(cls_ranks), S.shape[1])), np.empty((len(cls_ranks), S.shape[1]), dtype=np.int64)
+    gap = np.full(S.shape[1], np.inf)  # per pair: the smallest gap below a class's largest activations
     for ci, ranks in enumerate(cls_ranks):
         part = S[ranks]
         top[ci] = part.max(axis=0)
-        first[ci] = ranks[(part == top[ci]).argmax(axis=0)]
-        gap[ci] = top[ci] - np.where(part < top[ci], part, -np.inf).max(axis=0)
-    totals = (fixed + (top[:, pair_inv] + working)) + other
+        if len(ranks) > 1:
+            first[ci] = ranks[(part == top[ci]).argmax(axis=0)]
+            gap = np.minimum(gap, top[ci] - np.where(part < top[ci], part, -np.inf).max(axis=0))
+        else:
+            first[ci] = ranks[0]
+    inner = fixed + (top[:, pair_inv] + working)
+    totals = inner + other
     peak = totals.max(axis=0)
-    at_peak = totals == peak
-    worst = np.where(at_peak, first[:, pair_inv], len(cls_of)).min(axis=0).astype(np.int64)
-    close = np.flatnonzero((at_peak & (gap[:, pair_inv] <= 3 * np.spacing(peak))).any(axis=0))
+    worst = np.where(totals == peak, first[:, pair_inv], len(cls_of)).min(axis=0)
+    close = np.flatnonzero(gap[pair_inv] <= 8 * np.spacing(np.maximum(peak, np.abs(inner).max(axis=0))))
     if len(close):
         by_rank = (fixed[cls_of][:, close] + (stored[pair_inv[close]].T + working[close])) + other[cls_of][:, close]
         worst[close] = by_rank.argmax(axis=0)
