@@ -17,10 +17,13 @@ the activation peak of every rank per distinct (micro-batch count, kernel terms)
 (:func:`meshplan.pipeline.simulate.padded_peak_bytes`).
 Ranks that hold the same stages (all interior ranks; the ranks with the embedding or the LM head
 differ) form a class with the same model state, buffers, stage times and optimizer step: a shape's
-classes are evaluated together as (plans × classes) arrays, in one call (for many plans one for
-the classes with the LM head and one for the others; :meth:`Engine._rank_state`), and spread over the (plans × ranks) memory
-arrays. Every operation is elementwise and in ``estimate``'s order, so the peak memory of every
-plan is ``estimate``'s to the last bit (tests assert it).
+classes are evaluated together as (classes × plans) arrays, in one call (for many plans one for
+the classes with the LM head and one for the others; :meth:`Engine._rank_state`). A rank's total
+grows with its activations, so each class's largest total is that of its largest activations:
+the peak and the worst rank come from the classes' maxima per (micro-batch count, kernel row)
+pair (:func:`_peak_rank`), not from (plans × ranks) arrays. Every operation is elementwise and in
+``estimate``'s order, so the peak memory of every plan is ``estimate``'s to the last bit (tests
+assert it).
 
 The step time needs the pipeline simulation, which is sequential per plan; instead the engine
 bounds it from below. For pipeline rank r with stages K_r, per-micro-batch stage durations f_k,
