@@ -42,7 +42,7 @@ from meshplan.pipeline.schedules import build_schedule, compile_schedule  # noqa
 from meshplan.pipeline.simulate import _simulate_once, live_count_peaks  # noqa: E402
 from meshplan.search.engine import Engine  # noqa: E402
 from meshplan.search.run import search  # noqa: E402
-from meshplan.search.space import SearchLimits, enumerate_plans  # noqa: E402
+from meshplan.search.space import PlanTable, SearchLimits, enumerate_plans  # noqa: E402
 from meshplan.specs import ClusterSpec, TrainingPlan  # noqa: E402
 
 TARGET_RATE = 1_000_000
@@ -79,8 +79,8 @@ def _space(full: bool) -> tuple:
     return model, cluster, base, limits
 
 
-def screen_runs(full: bool) -> tuple[int, list[float]]:
-    """Plans of the space and the CPU seconds of REPEATS cold screens (enumeration + engine)."""
+def screen_runs(full: bool) -> tuple[PlanTable, list[float]]:
+    """The space's plan table and the CPU seconds of REPEATS cold screens (enumeration + engine)."""
     model, cluster, base, limits = _space(full)
     seconds = []
     for _ in range(REPEATS):
@@ -88,13 +88,13 @@ def screen_runs(full: bool) -> tuple[int, list[float]]:
             table = enumerate_plans(model, 1024, cluster.gpus_per_node, 2048, (1536,), limits)
             Engine(model, cluster, base).evaluate(table)
         seconds.append(clock.cpu)
-    return len(table), seconds
+    return table, seconds
 
 
 def gpt3(full: bool) -> None:
     model, cluster, base, limits = _space(full)
-    n, runs = screen_runs(full)
-    table = enumerate_plans(model, 1024, cluster.gpus_per_node, 2048, (1536,), limits)
+    table, runs = screen_runs(full)
+    n = len(table)
     with Clock() as whole:
         res = search(model, cluster, base, limits, top_k=10)
     rng = np.random.default_rng(0)

@@ -197,8 +197,8 @@ def _gather_distinct(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: in
     and, per row, the index of its distinct row (``rows``: the keys' :func:`_distinct_rows` when
     known)."""
     where, inverse = _distinct_rows(keys) if rows is None else rows
-    rows = np.stack([np.asarray(k)[where] for k in keys], axis=1).tolist()
-    values = np.array([fn(*row) for row in rows], dtype=float).reshape(len(rows), n_out)
+    args = np.stack([np.asarray(k)[where] for k in keys], axis=1).tolist()
+    values = np.array([fn(*row) for row in args], dtype=float).reshape(len(args), n_out)
     return values, inverse
 
 
@@ -233,7 +233,8 @@ def _peak_rank(stored: np.ndarray, pair_inv: np.ndarray, cls_of: np.ndarray, cls
     totals = inner + other
     peak = totals.max(axis=0)
     worst = np.where(totals == peak, first[:, pair_inv], len(cls_of)).min(axis=0)
-    close = np.flatnonzero(gap[pair_inv] <= 8 * np.spacing(np.maximum(peak, np.abs(inner).max(axis=0))))
+    # inner sums non-negative terms: its largest entry is the largest intermediate magnitude
+    close = np.flatnonzero(gap[pair_inv] <= 8 * np.spacing(np.maximum(peak, inner.max(axis=0))))
     if len(close):
         by_rank = (fixed[cls_of][:, close] + (stored[pair_inv[close]].T + working[close])) + other[cls_of][:, close]
         worst[close] = by_rank.argmax(axis=0)
