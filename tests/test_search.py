@@ -486,6 +486,11 @@ def test_distinct_rows_by_table_and_by_sort_agree_with_unique():
     assert len(where) == len(rows)
     assert np.array_equal(stacked[where][inverse], stacked)  # each row maps to an equal row
     assert np.array_equal(inverse, inv.ravel())  # numbered in the same (increasing) order
+    # many wide columns: the mixed-radix code is renumbered on the way (60^6 > the table's size)
+    wide = [rng.integers(0, 60, 600) * 7 for _ in range(6)]
+    where, inverse = _distinct_rows(wide)
+    rows, inv = np.unique(np.stack(wide, axis=1), axis=0, return_inverse=True)
+    assert np.array_equal(np.stack(wide, axis=1)[where], rows) and np.array_equal(inverse, inv.ravel())
 
 
 @pytest.mark.parametrize("name,gpus,seq,gb,limits", [

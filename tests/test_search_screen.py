@@ -165,16 +165,15 @@ def test_screen_does_not_depend_on_the_order_of_the_plans():
 
 @pytest.mark.parametrize("name,gpus", [("gemma2-9b", 16), ("mixtral-8x7b", 16)])
 def test_screen_does_not_depend_on_how_plans_are_batched(name, gpus, monkeypatch):
-    """The per-plan columns and layer times are computed over runs of shapes, and the rank
-    classes' state in one call or split by LM head, by size: every way gives the same bits
-    (a tied embedding, kept at pp = 1, ends a run; MoE layers add their own columns)."""
+    """The rank classes' state is computed in one call or split by LM head, by size: both ways
+    give the same bits (a tied embedding is kept at pp = 1; MoE layers add their own terms)."""
     import meshplan.search.engine as engine_module
 
     model, cluster = load_model(name), ClusterSpec.of(H100, gpus)
     base = TrainingPlan(global_batch=32, seq_len=4096)
     table = enumerate_plans(model, gpus, cluster.gpus_per_node, 4096, (32,), SearchLimits(max_micro_batch=2, max_vpp=3, hsdp=True))
     screens = []
-    for run in (1, engine_module._RUN, 10**9):  # one shape a run, split classes / the default / one run, one call
+    for run in (1, engine_module._RUN, 10**9):  # always split / the default / one call
         monkeypatch.setattr(engine_module, "_RUN", run)
         screens.append(Engine(model, cluster, base).evaluate(table))
     for other in screens[1:]:

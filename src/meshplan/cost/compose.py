@@ -104,7 +104,7 @@ def layer_times(
     reduce_scatter: Num,
     reshard_after_forward: bool,
     fsdp_units: tuple[Num, Num, Num, Num],
-    embedding_kept: bool,
+    embedding_kept: Any,
     tp_overlapped: tuple[Num, Num] | None = None,
     kernels: str = "fused",
     nccl_share: Num = 0.0,
@@ -146,7 +146,7 @@ def layer_times(
     fsdp_fwd = pick(fsdp_per_layer, exposed(all_gather, fwd), 0.0)
     fsdp_bwd = pick(fsdp_per_layer, exposed(ag_bwd + reduce_scatter, bwd + recompute), 0.0)
     emb_ag, emb_rs, head_ag, head_rs = fsdp_units
-    emb_ag_bwd = emb_ag if (reshard_after_forward and not embedding_kept) else 0.0
+    emb_ag_bwd = pick(embedding_kept, 0.0, emb_ag) if reshard_after_forward else 0.0
     fsdp_emb_fwd = pick(fsdp_per_layer, exposed(emb_ag, emb[0]), 0.0)
     fsdp_emb_bwd = pick(fsdp_per_layer, exposed(emb_ag_bwd + emb_rs, emb[1]), 0.0)
     fsdp_head_fwd = pick(fsdp_per_layer, exposed(head_ag, head[0]), 0.0)

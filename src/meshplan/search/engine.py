@@ -8,9 +8,11 @@ uses (:mod:`meshplan.cost.compose`, :mod:`meshplan.cost.comm`,
 :func:`meshplan.cost.memory.model_state_bytes`, :func:`meshplan.pipeline.simulate.peak_bytes`). What
 cannot be vectorized — the GEMM and attention time of a layer, the placement of a group, the time
 of one collective — is computed once per distinct argument over the whole table
-(:meth:`Engine._terms`) and gathered, with the layer times, over runs of consecutive shapes
-(:meth:`Engine._plan_columns`) into one contiguous array per field. Per shape (its plans sorted
-by schedule): the stage times, each schedule's live micro-batch counts for all its micro-batch counts
+(:meth:`Engine._terms`). So are the layer times: they depend on a plan's (pp, tp, cp, micro-batch,
+SP, recompute, per-layer shard group, TP overlap) only, 18,144 layer-time rows for the 584,016
+plans of the GPT-3 benchmark's whole space. Per shape (its plans sorted by schedule): the stage
+times of its pp's layer-time rows, gathered per plan where the bound needs them, each schedule's
+live micro-batch counts for all its micro-batch counts
 and ranks at once (:func:`meshplan.pipeline.inflight.state_rows_many`, closed forms; repeated rows
 dropped where many plans share them, :func:`~meshplan.pipeline.inflight.distinct_state_rows`) and
 the activation peak of every rank per distinct (micro-batch count, kernel terms) pair
@@ -18,10 +20,12 @@ the activation peak of every rank per distinct (micro-batch count, kernel terms)
 Ranks that hold the same stages (all interior ranks; the ranks with the embedding or the LM head
 differ) form a class with the same model state, buffers, stage times and optimizer step: a shape's
 classes are evaluated together as (classes × plans) arrays, in one call (for many plans one for
-the classes with the LM head and one for the others; :meth:`Engine._rank_state`). A rank's total
+the classes with the LM head and one for the others; :meth:`Engine._rank_state`), once per
+distinct (mesh, kernel row) of the shape: they depend on nothing else. A rank's total
 grows with its activations, so each class's largest total is that of its largest activations:
 the peak and the worst rank come from the classes' maxima per (micro-batch count, kernel row)
-pair (:func:`_peak_rank`), not from (plans × ranks) arrays. Every operation is elementwise and in
+pair (:func:`_peak_rank`), once per distinct (mesh, kernel row) of each schedule, not from
+(plans × ranks) arrays. Every operation is elementwise and in
 ``estimate``'s order, so the peak memory of every plan is ``estimate``'s to the last bit (tests
 assert it).
 
@@ -50,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 import itertools
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -104,10 +108,10 @@ _KERNEL_FIELDS = (
     "emb_fwd", "emb_bwd", "emb_wgt", "head_fwd", "head_bwd", "head_wgt",
     "act_stored", "act_working", "emb_act", "head_act", "kept_output",
 )
-_COMM_FIELDS = (
-    "tp_one", "cp_kv", "cp_dkv", "all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather",
-    "head_reduce_scatter", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd",
-)
+#: the collectives of one micro-batch (:meth:`Engine._comm_terms`)
+_MB_FIELDS = ("tp_one", "cp_kv", "cp_dkv", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd")
+#: per-layer ZeRO-3's unit collectives (:meth:`Engine._unit_terms`)
+_UNIT_FIELDS = ("all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather", "head_reduce_scatter")
 
 
 @dataclass
@@ -127,20 +131,27 @@ def _gather(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: int) -> np.
     return values[inverse]
 
 
-def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of a non-negative integer code, in increasing order: one index holding
-    each, and per entry the number of its value. A table over 0 .. max(code) when that is no longer
-    than a few times the entries (the codes of a plan table are small), else a sort."""
+def _ranks(code: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per entry of a non-negative integer code, the number of its value among the distinct values
+    in increasing order, and how many there are. A table over 0 .. max(code) when that is no
+    longer than a few times the entries (the codes of a plan table are small), else a sort."""
     n = len(code)
     top = int(code.max(initial=-1)) + 1
     if top > 4 * n + 65536:
-        _, where, inverse = np.unique(code, return_index=True, return_inverse=True)
-        return where, inverse.ravel()
+        values, inverse = np.unique(code, return_inverse=True)
+        return inverse.ravel(), len(values)
     present = np.zeros(top, dtype=bool)
     present[code] = True
-    inverse = (np.cumsum(present) - 1)[code]
-    where = np.empty(int(present.sum()), dtype=np.int64)
-    where[inverse] = np.arange(n)  # any entry of a value holds it
+    number = np.cumsum(present, dtype=np.int64)
+    return (number - 1)[code], int(number[-1]) if top else 0
+
+
+def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a non-negative integer code, in increasing order: one index holding
+    each, and per entry the number of its value (:func:`_ranks`)."""
+    inverse, count = _ranks(code)
+    where = np.empty(count, dtype=np.int64)
+    where[inverse] = np.arange(len(code))  # any entry of a value holds it
     return where, inverse
 
 
@@ -153,19 +164,20 @@ def _digit(col: np.ndarray) -> tuple[np.ndarray, int]:
     span = int(col.max(initial=0)) - low + 1
     if span <= 64:
         return col - low, span
-    where, digit = _distinct(col - low)
-    return digit, len(where)
+    return _ranks(col - low)
 
 
 def _code_rows(digits: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_distinct` of the rows of stacked columns given by their :func:`_digit` values, through
-    their mixed-radix code (renumbered whenever it would pass 63 bits)."""
+    """:func:`_distinct` of the rows of stacked columns given by their :func:`_digit` values (or
+    any codes 0 .. radix − 1 that keep the order), through their mixed-radix code, renumbered
+    whenever it would outgrow :func:`_distinct`'s table (renumbering keeps the order: the same
+    rows, in the same order)."""
     code = np.zeros(len(digits[0][0]), dtype=np.int64)
     radix = 1
+    table = 4 * len(code) + 65536
     for digit, size in digits:
-        if radix * size >= 2**62:  # renumber the codes so far to stay within 63 bits
-            seen, code = _distinct(code)
-            radix = len(seen)
+        if radix > 1 and radix * size > table:  # renumber the codes so far: a table pass, not a sort
+            code, radix = _ranks(code)
         code = code * size + digit if radix > 1 else digit
         radix *= size
     return _distinct(code)
@@ -183,12 +195,15 @@ class _Digits:
     def __init__(self, columns: dict[str, np.ndarray]):
         self.columns, self._digits = columns, {}
 
+    def digit(self, name: str) -> tuple[np.ndarray, int]:
+        """The column's :func:`_digit`."""
+        if name not in self._digits:
+            self._digits[name] = _digit(self.columns[name])
+        return self._digits[name]
+
     def rows(self, names: str) -> tuple[np.ndarray, np.ndarray]:
         """:func:`_distinct_rows` of the columns ``names`` (space-separated)."""
-        for name in names.split():
-            if name not in self._digits:
-                self._digits[name] = _digit(self.columns[name])
-        return _code_rows([self._digits[name] for name in names.split()])
+        return _code_rows([self.digit(name) for name in names.split()])
 
 
 def _gather_distinct(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: int,
@@ -274,27 +289,8 @@ _MOE_FIELDS = (
 )
 
 
-def _columns(pre: "_Terms", at) -> tuple[dict, dict]:
-    """The kernel and collective terms of the plans ``at``, one contiguous array per field."""
-    k = dict(zip(_KERNEL_FIELDS, pre.kernel[pre.kid[at]].T.copy()))
-    cm = dict(zip(_COMM_FIELDS, (col for x, inv in pre.comm_tables for col in x[inv[at]].T.copy())))
-    return k, cm
-
-
-#: plans whose per-plan columns are computed in one call (:meth:`Engine._plan_columns`)
+#: (classes × state rows) whose model state and buffers are computed in one call (:meth:`Engine._group`)
 _RUN = 8192
-
-
-def _cut_columns(cols: tuple, lo: int, hi: int) -> tuple:
-    """Entries ``lo:hi`` (views) of per-plan kernel and collective columns and layer times
-    (dicts and :class:`LayerTimes` of arrays; scalars and None kept as they are)."""
-    cut = lambda x: x[lo:hi] if isinstance(x, np.ndarray) and x.ndim else x  # noqa: E731
-    return tuple(
-        None if part is None
-        else {f: cut(x) for f, x in part.items()} if isinstance(part, dict)
-        else LayerTimes(**{f: cut(x) for f, x in vars(part).items()})
-        for part in cols
-    )
 
 
 def _op_fields(k: dict) -> dict:
@@ -303,22 +299,37 @@ def _op_fields(k: dict) -> dict:
     return {name: k[name] for name in names}
 
 
+def _take(lt: LayerTimes, rows) -> LayerTimes:
+    """The entries ``rows`` (a slice: views) of layer times over many rows (scalars kept as they are)."""
+    return LayerTimes(**{f: x[rows] if isinstance(x, np.ndarray) and x.ndim else x for f, x in vars(lt).items()})
+
+
 @dataclass
 class _Terms:
-    """Per-argument terms of a whole plan table: distinct rows and, per plan, the index of its row
-    (``kid``, ``te_inv``, ``mesh_inv``), or gathered per plan (the per-field columns, MoE terms)."""
+    """Per-argument terms of a whole plan table: distinct rows and, per plan, the index of its row.
 
-    kernel: np.ndarray
+    The layer times depend on a plan's kernel row, micro-batch collectives, ZeRO-3 unit
+    collectives and TP overlap (and, with MoE layers, its expert-parallel size) only: they are
+    computed once per distinct combination, a layer-time row (``lt_inv``), with the
+    stage-to-stage transfer ``tau`` and the working activations ``working`` of the row. The rows
+    are sorted by pp first: the rows of one pp are the slice ``lt_pp[pp]``."""
+
+    kernel: np.ndarray  # (kernel rows, _KERNEL_FIELDS)
     kid: np.ndarray
+    mb: np.ndarray  # (micro-batch collective rows, _MB_FIELDS)
+    mb_inv: np.ndarray
     te_vals: list
     te_inv: np.ndarray
     mesh_rows: np.ndarray
     mesh_inv: np.ndarray
-    comm_tables: Optional[list] = None  # the collectives' distinct rows and, per plan, the index of its row
-    moe_kernel_ep1: Optional[np.ndarray] = None
-    moe_kernel: Optional[np.ndarray] = None
-    moe_comm: Optional[np.ndarray] = None
-    a2a: Optional[np.ndarray] = None
+    layer: LayerTimes  # over the layer-time rows
+    layer_moe: Optional[LayerTimes]  # an MoE layer's (None for a dense model)
+    tau: np.ndarray
+    working: np.ndarray
+    lt_inv: np.ndarray
+    lt_pp: dict
+    a2a: Optional[np.ndarray] = None  # (layer-time rows, 2): exposed expert all-to-all forward, backward
+    moe_kernel_ep1: Optional[np.ndarray] = None  # the MoE layer's terms with ep = 1 on the kernel rows
 
 
 class Engine:
@@ -433,12 +444,13 @@ class Engine:
                  if self.base.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
         return (tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro)
 
-    def _unit_terms(self, t: int, c: int, p: int, d: int, ds: int, per_layer: int) -> tuple:
-        """ZeRO-3's per-layer and embedding/head unit collectives, which do not depend on the
-        micro-batch (0 unless the weights are sharded per layer)."""
-        if not per_layer:
-            return (0.0,) * 6
-        return fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, ds).shard, self.cluster, self.cal)
+    def _unit_terms(self, t: int, c: int, p: int, d: int, fsdp: int) -> tuple:
+        """ZeRO-3's per-layer and embedding/head unit collectives over the shard group of ``fsdp``
+        dp indices, which do not depend on the micro-batch (0 when ``fsdp`` is 0: weights not
+        sharded per layer)."""
+        if not fsdp:
+            return (0.0,) * len(_UNIT_FIELDS)
+        return fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, fsdp).shard, self.cluster, self.cal)
 
     def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int) -> tuple:
         """(gradient sync, weight all-gather) of a rank holding ``params`` parameters, of which
@@ -465,38 +477,53 @@ class Engine:
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
         """The per-argument terms of every plan of ``T``, each computed once per distinct argument
-        over the whole table (not per pipeline shape)."""
+        over the whole table (not per pipeline shape), and the layer times once per layer-time row."""
         t, c, p, d, ds, b, ep = T.tp, T.cp, T.pp, T.dp, T.dp_shard, T.micro_batch, T.ep
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
-        per_layer = ((zero == 3) & (ds * c > 1)).astype(np.int64)
-        D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, per_layer=per_layer))
+        # the shard group of per-layer ZeRO-3 (dp_shard; 0 where weights are not sharded per layer)
+        fsdp = np.where((zero == 3) & (ds * c > 1), ds, 0)
+        D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=T.tpo.astype(np.int64)))
         kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS), D.rows("t c b sp rc"))
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
-        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, b, sp], len(_COMM_FIELDS) - 6, D.rows("t c p b sp"))
-        units, units_inv = _gather_distinct(self._units, [t, c, p, d, ds, per_layer], 6, D.rows("t c p ds per_layer"))
-        # per plan, each field: the distinct rows' column gathered (a contiguous array per field)
-        comm_tables = [(mb[:, :3], mb_inv), (units, units_inv), (mb[:, 3:], mb_inv)]  # in the order of _COMM_FIELDS
+        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, b, sp], len(_MB_FIELDS), D.rows("t c p b sp"))
+        units, units_inv = _gather_distinct(self._units, [t, c, p, d, fsdp], len(_UNIT_FIELDS), D.rows("t c p fsdp"))
         te_where, te_inv = D.rows("t ep")
         mesh = np.stack([t, c, d, ds, ep, zero], axis=1)
         mesh_where, mesh_inv = D.rows("t c d ds ep zero")
-        terms = _Terms(
-            kernel=kernel, kid=kid,
-            te_vals=np.stack([t, ep], axis=1)[te_where].tolist(), te_inv=te_inv, mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
-        )
-        terms.comm_tables = comm_tables
+        # the layer-time rows: the distinct (kernel row, micro-batch collectives, units, TP overlap[,
+        # ep]), i.e. (pp, tp, cp, micro-batch, SP, recompute, per-layer shard group, TP overlap[, ep])
+        at, lt_inv = D.rows("p t c b sp rc fsdp tpo" + (" ep" if self.model.is_moe else ""))
+        row_pp = p[at]  # increasing
+        cuts = np.flatnonzero(np.diff(row_pp)) + 1
+        lt_pp = {int(row_pp[lo]): slice(lo, hi) for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(at)])}
+        # one contiguous array per field
+        k = dict(zip(_KERNEL_FIELDS, np.ascontiguousarray(kernel[kid[at]].T)))
+        cm = (dict(zip(_MB_FIELDS, np.ascontiguousarray(mb[mb_inv[at]].T)))
+              | dict(zip(_UNIT_FIELDS, np.ascontiguousarray(units[units_inv[at]].T))))
+        working = k["act_working"]
+        moe = {}
         if self.model.is_moe:
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
-            terms.moe_kernel_ep1 = _gather_distinct(self._moe_kernel, [t, c, b, sp, rc, np.ones_like(t)], len(_MOE_FIELDS))[0]
-            terms.moe_kernel = _gather(self._moe_kernel, [t, c, b, sp, rc, ep], len(_MOE_FIELDS))
-            terms.moe_comm = _gather(self._moe_comm, [t, c, p, d, ds, ep, zero], 2)
+            moe["ep1"] = _gather_distinct(self._moe_kernel, [t, c, b, sp, rc, np.ones_like(t)], len(_MOE_FIELDS))[0]
+            cols = lambda *names: [x[at] for x in names]  # noqa: E731
             full = (rc == RECOMPUTE.index("full")).astype(np.int64)
-            terms.a2a = _gather(self._a2a, [t, c, p, d, ep, b, sp, full], 2)
-        return terms
+            moe["kernel"] = _gather(self._moe_kernel, cols(t, c, b, sp, rc, ep), len(_MOE_FIELDS))
+            moe["comm"] = _gather(self._moe_comm, cols(t, c, p, d, ds, ep, zero), 2)
+            moe["a2a"] = _gather(self._a2a, cols(t, c, p, d, ep, b, sp, full), 2)
+            working = np.maximum(working, moe["kernel"][:, _MOE_FIELDS.index("act_working")])
+        lt, lt_moe = self._layer_times(T, at, k, cm, moe)
+        return _Terms(
+            kernel=kernel, kid=kid, mb=mb, mb_inv=mb_inv,
+            te_vals=np.stack([t, ep], axis=1)[te_where].tolist(), te_inv=te_inv, mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
+            layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
+            working=pick(rc[at] != RECOMPUTE.index("none"), working, 0.0),
+            a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
+        )
 
-    # ---- one pipeline shape -------------------------------------------------------------------
-    def _layer_times(self, T: PlanTable, pre: "_Terms", at, k: dict, cm: dict, embedding_kept: bool) -> tuple:
-        """:func:`layer_times` of the plans ``at`` (a slice of ``T``, sorted by shape), and of their
-        MoE layers (None for a dense model), from their kernel and collective columns ``k``, ``cm``."""
+    def _layer_times(self, T: PlanTable, at: np.ndarray, k: dict, cm: dict, moe: dict) -> tuple:
+        """:func:`layer_times` of the plans ``at`` (indices into ``T``), and of their MoE layers
+        (None for a dense model), from their kernel and collective columns ``k``, ``cm`` and the
+        MoE layer's kernel terms and ZeRO-3 collectives ``moe`` (``kernel``, ``comm``)."""
         model, base = self.model, self.base
         c, zero, rc = T.cp[at], T.zero[at], T.recompute[at]
         shard = T.dp_shard[at] * c
@@ -507,50 +534,53 @@ class Engine:
             fsdp_per_layer=(zero == 3) & (shard > 1), all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
-            embedding_kept=embedding_kept, nccl_share=self.nccl_share, tp_share=self.tp_share,
+            # the LM head reuses a tied embedding's weight when both sit on the one stage
+            embedding_kept=model.tied_embeddings & (T.pp[at] == 1), nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
         if base.tp_overlap_kind == "micro-pipeline":
             lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
         lt = layer_times(**lt_args, **_op_fields(k))
         if not model.is_moe:
             return lt, None
-        km = dict(zip(_MOE_FIELDS, pre.moe_kernel[at].T))
-        mc = pre.moe_comm[at]
+        km = dict(zip(_MOE_FIELDS, moe["kernel"].T))
+        mc = moe["comm"]
         return lt, layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
 
     # ---- one pipeline shape -------------------------------------------------------------------
-    def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: "_Terms", idx: slice, cols: tuple) -> tuple:
-        """The plans ``idx`` (a slice of ``T``, sorted by shape) of one pipeline shape, with their
-        kernel and collective columns and layer times ``cols`` (:meth:`_plan_columns`)."""
+    def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: "_Terms", idx: slice) -> tuple:
+        """The plans ``idx`` (a slice of ``T``, sorted by shape) of one pipeline shape."""
         model, base = self.model, self.base
         G = idx.stop - idx.start
-        m, rc, schedule = T.global_batch[idx] // (T.micro_batch[idx] * T.dp[idx]), T.recompute[idx], T.schedule[idx]
+        m, schedule = T.global_batch[idx] // (T.micro_batch[idx] * T.dp[idx]), T.schedule[idx]
         kernel, kid = pre.kernel, pre.kid[idx]
-        k, cm, lt, lt_moe = cols
+        # the stage times depend on the plan's layer-time row only: once per row of the shape's pp
+        lt_rows = pre.lt_pp[pp]
+        lt_inv = pre.lt_inv[idx] - lt_rows.start
+        n_lt = lt_rows.stop - lt_rows.start
         split = layer_split(model.n_layers, pp, v)
-        st = _shared_stage_times(split, lt)
+        st = _shared_stage_times(split, _take(pre.layer, lt_rows))
         # stage activations depend on the kernel row only: once per distinct row
         ku = dict(zip(_KERNEL_FIELDS, kernel.T))
         act = stage_activations(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"])
-        working_layer = k["act_working"]
         if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
             kmu = dict(zip(_MOE_FIELDS, pre.moe_kernel_ep1.T))
-            km = dict(zip(_MOE_FIELDS, pre.moe_kernel[idx].T))
             moe_stage = moe_layers_per_stage(model, split)
-            a2a = pre.a2a[idx]
-            add_moe_layers(st, moe_stage, lt, lt_moe, (a2a[:, 0], a2a[:, 1]))
+            a2a = pre.a2a[lt_rows]
+            add_moe_layers(st, moe_stage, _take(pre.layer, lt_rows), _take(pre.layer_moe, lt_rows), (a2a[:, 0], a2a[:, 1]))
             act = [a + n_m * (kmu["act_stored"] - ku["act_stored"]) for a, n_m in zip(act, moe_stage)]
-            working_layer = np.maximum(k["act_working"], km["act_working"])
         n_stages = pp * v
         last = n_stages - 1
-        tau = cm["p2p"]
-        working = pick(rc != RECOMPUTE.index("none"), working_layer, 0.0)
+        tau = pre.tau[lt_rows]
         te_inv = pre.te_inv[idx]
         te_vals = pre.te_vals
-        by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv]  # noqa: E731
+        by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv[state_where]]  # noqa: E731
         mesh_where, mesh_inv = _distinct(pre.mesh_inv[idx])
         mesh_rows = pre.mesh_rows[pre.mesh_inv[idx][mesh_where]].tolist()
+        # a class's model state, buffers and optimizer step depend on the plan's mesh row and kernel
+        # row only (not on its schedule within the shape or on TP overlap): once per distinct pair
+        state_where, state_inv = _distinct(mesh_inv * len(kernel) + kid)
+        n_state = len(state_where)
 
         # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
         # order) have the same model state, buffers and stage times to the bit: once per class
@@ -570,7 +600,7 @@ class Engine:
         # per-class arrays are (classes × plans): a class's entries are contiguous, and the maxima
         # over classes run down short columns elementwise
         busy_c, after_c = np.empty((n_cls, G)), np.empty((n_cls, G))
-        params_c, experts_c = np.empty((n_cls, G), dtype=np.int64), np.zeros((n_cls, G), dtype=np.int64)
+        params_c, experts_c = np.empty((n_cls, n_state), dtype=np.int64), np.zeros((n_cls, n_state), dtype=np.int64)
         pg_c, head_c = np.empty((n_cls, G)), np.zeros(n_cls, dtype=bool)
         # per class: its stages other than the pipeline's first, and other than its last
         not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
@@ -589,8 +619,8 @@ class Engine:
                 itertools.chain.from_iterable(self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows),
                 dtype=float, count=2 * len(mesh_rows),
             ).reshape(len(mesh_rows), 2)[mesh_inv]
-            last_bwd = sum(st.bwd[j] for j in mine)
-            first_fwd = sum(st.fwd[j] for j in mine)
+            last_bwd = sum(st.bwd[j] for j in mine)[lt_inv]
+            first_fwd = sum(st.fwd[j] for j in mine)[lt_inv]
             after, pg = after_pipeline(
                 grad_comm=sync[:, 0], param_gather=sync[:, 1], last_bwd=last_bwd, first_fwd=first_fwd,
                 n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
@@ -600,30 +630,39 @@ class Engine:
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
         # the classes' model state, buffers and optimizer step, in one call over (classes × plans),
         # or for many plans one for the classes without the LM head and one for those with it
-        fixed, other_total, opt_pg = np.empty((n_cls, G)), np.empty((n_cls, G)), np.empty((n_cls, G))
+        fixed, other_total, opt = np.empty((n_cls, n_state)), np.empty((n_cls, n_state)), np.empty((n_cls, n_state))
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
-        messages = pp_buffer_messages(base.pp_buffers, m[None, :], not_first[:, None], not_last[:, None])
-        for rows_ in [np.arange(n_cls)] if G * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
+        messages = pp_buffer_messages(base.pp_buffers, m[state_where][None, :], not_first[:, None], not_last[:, None])
+        at = np.arange(idx.start, idx.stop)[state_where]
+        k_at = {"head_act": kernel[kid[state_where], _KERNEL_FIELDS.index("head_act")]}
+        mb_at = pre.mb[pre.mb_inv[at]]
+        cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
+        for rows_ in [np.arange(n_cls)] if n_state * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
-                fixed[rows_], other_total[rows_], opt_pg[rows_] = self._rank_state(
-                    T, pre, idx, k, cm, pp, head_c[rows_], params_c[rows_], experts_c[rows_], pg_c[rows_],
+                fixed[rows_], other_total[rows_], opt[rows_] = self._rank_state(
+                    T, pre, at, k_at, cm_at, pp, head_c[rows_], params_c[rows_], experts_c[rows_],
                     messages[rows_] if isinstance(messages, np.ndarray) else messages)
+        opt_pg = opt[:, state_inv] + pg_c  # the optimizer step + the exposed weight gather
 
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
         act_mat = np.stack(act, axis=1)  # (distinct kernel rows, stages)
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
         cls_ranks = [np.flatnonzero(cls_of == ci) for ci in range(n_cls)]
-        working = np.broadcast_to(working, (G,))
+        working = pre.working[pre.lt_inv[idx]]
         peak, worst = np.empty(G), np.empty(G, dtype=np.int64)
         cuts = (np.flatnonzero(schedule[1:] != schedule[:-1]) + 1).tolist()  # the plans are sorted by schedule
         for lo, hi in zip([0, *cuts], [*cuts, G]):
             code, sub = int(schedule[lo]), slice(lo, hi)
             m_eff = _memory_microbatches(SCHEDULE_NAMES[code], pp, m[sub])
-            first, pair_inv = _distinct(m_eff * len(kernel) + kid[sub])  # the distinct (m, kernel row) pairs
+            # within one schedule a plan's memory depends on its state row only: once per distinct row
+            mem_where, mem_inv = _distinct(state_inv[sub])
+            mem_rows = state_inv[sub][mem_where]
+            m_eff = m_eff[mem_where]
+            first, pair_inv = _distinct(m_eff * len(kernel) + kid[sub][mem_where])  # the distinct (m, kernel row) pairs
             m_where, m_inv = _distinct(m_eff[first])  # the live counts of every micro-batch count at once
             rows = state_rows_many(SCHEDULE_NAMES[code], pp, m_eff[first][m_where], v)
-            act_pairs = act_mat[kid[sub][first]][:, chunks]
+            act_pairs = act_mat[kid[sub][mem_where][first]][:, chunks]
             # the counts as doubles (exact: small integers) before they are gathered per pair, so that
             # the products do not convert them again
             if rows.shape[2] * len(first) * pp * v <= _ONE_CALL:  # small: every pair at once
@@ -638,9 +677,10 @@ class Engine:
                 for i in range(len(m_where)):
                     sel = np.flatnonzero(m_inv == i) if len(m_where) > 1 else slice(None)
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
-            peak[sub], worst[sub] = _peak_rank(
-                stored_u, pair_inv, cls_of, cls_ranks, fixed[:, sub], working[sub], other_total[:, sub],
+            peak_u, worst_u = _peak_rank(
+                stored_u, pair_inv, cls_of, cls_ranks, fixed[:, mem_rows], working[sub][mem_where], other_total[:, mem_rows],
             )
+            peak[sub], worst[sub] = peak_u[mem_inv], worst_u[mem_inv]
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
         # stage for the last micro-batch (the gradient chain of the module docstring)
         chain = _UNSPLIT_MASK[schedule]
@@ -650,14 +690,16 @@ class Engine:
         # busy time and exposed communication, so (σ_r + busy) + a and (σ_r + busy) + chain_r,
         # rounded sums monotone in σ_r and chain_r, are largest on the class's last rank: the
         # bound's maxima over ranks are those over the classes' last ranks, to the bit.
-        start, chain_b = np.empty((n_cls, G)), np.empty((n_cls, G))
-        run_f, run_b = np.zeros(G), np.zeros(G)
+        # Both depend on the layer-time row only: summed per row, gathered per plan.
+        start, chain_b = np.empty((n_cls, n_lt)), np.empty((n_cls, n_lt))
+        run_f, run_b = np.zeros(n_lt), np.zeros(n_lt)
         at_rank = {r: np.flatnonzero(cls_last == r) for r in set(cls_last.tolist())}
         for r in range(int(cls_last.max()) + 1):
             if r in at_rank:
                 start[at_rank[r]], chain_b[at_rank[r]] = run_f, run_b
             run_f = run_f + st.fwd[r] + tau
             run_b = run_b + st.bwd[r] + tau
+        start, chain_b = start[:, lt_inv], chain_b[:, lt_inv]
         reach = start + busy_c
         lb_finish = reach + after_c
         lb_span = np.max(np.where(chain, reach + chain_b, reach), axis=0, initial=0.0)
@@ -665,21 +707,23 @@ class Engine:
         # the slowest rank's optimizer step + weight gather
         return peak, worst, (lb_pipe + opt_pg.max(axis=0)) * (1 - 1e-12)
 
-    def _rank_state(self, T: PlanTable, pre: "_Terms", idx: slice, k: dict, cm: dict, pp: int, head: np.ndarray, params: np.ndarray,
-                    experts: np.ndarray, pg: np.ndarray, pp_messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For the plans ``idx`` of one shape and its classes of ranks, ``head`` (classes) saying
-        which hold the LM head, with ``params``, ``experts`` (routed-expert parameters) and ``pg``
-        (exposed weight gather) and ``pp_messages`` (:func:`pp_buffer_messages`) as (classes × plans): the model state w + g + o, the other items'
-        total and the optimizer step + ``pg``, through the functions ``estimate`` uses. Per-plan
+    def _rank_state(self, T: PlanTable, pre: "_Terms", at: np.ndarray, k: dict, cm: dict, pp: int, head: np.ndarray,
+                    params: np.ndarray, experts: np.ndarray, pp_messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the plans ``at`` (indices into ``T``) of one shape, with their kernel and collective
+        columns ``k`` and ``cm`` (``head_act``, ``act_msg``, ``p2p_bytes``), and its classes of
+        ranks, ``head`` (classes) saying which hold the LM head, with ``params``, ``experts``
+        (routed-expert parameters) and ``pp_messages`` (:func:`pp_buffer_messages`) as (classes ×
+        plans): the model state w + g + o, the other items' total and the optimizer step, through
+        the functions ``estimate`` uses. Per-plan
         terms are rows broadcast over the classes: elementwise, so every entry is the one-plan
         value. With classes of both kinds the buffers are those of a rank with the LM head, whose
         head terms (loss gradient, head activations and parameters) are 0 on the classes without
         it: each such item is then ±0, as the rank without the head lists, and adds nothing to the
         positive total."""
         model, base, rec = self.model, self.base, self.rec
-        row = lambda x: x[idx][None, :]  # noqa: E731
+        row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T[:, pre.te_inv[idx]]
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T[:, pre.te_inv[at]]
         logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
         if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
             expert_shard = row(T.dp) // row(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
@@ -708,29 +752,7 @@ class Engine:
             local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
         # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
         fixed = state.weights + state.gradients + state.optimizer
-        return fixed, np.broadcast_to(total_of(other), fixed.shape), optimizer_step_time(local, rec, self.cluster.gpu, self.cal) + pg
-
-    def _plan_columns(self, T: PlanTable, pre: "_Terms", shapes: list[tuple[int, int]]) -> Iterator[tuple]:
-        """Per shape (``shapes``: its slice bounds in ``T``, sorted by shape), its plans' kernel
-        and collective columns and layer times (:meth:`_layer_times`), computed for runs of
-        consecutive shapes of up to :data:`_RUN` plans at once (fewer calls on small shapes, arrays
-        that stay in cache on large ones; a tied embedding, kept by the plans with pp = 1, ends a
-        run) and sliced per shape (views), one run at a time (a run's arrays are freed before the
-        next is computed)."""
-        parts: list[list] = []
-        for lo, hi in shapes:
-            kept = self.model.tied_embeddings and int(T.pp[lo]) == 1
-            if parts and parts[-1][2] == kept and hi - parts[-1][0] <= _RUN:
-                parts[-1][1] = hi
-            else:
-                parts.append([lo, hi, kept])
-        for plo, phi, kept in parts:
-            k, cm = _columns(pre, slice(plo, phi))
-            # the LM head reuses a tied embedding's weight when both sit on the one stage
-            lt, lt_moe = self._layer_times(T, pre, slice(plo, phi), k, cm, kept)
-            for lo, hi in shapes:
-                if plo <= lo < phi:
-                    yield _cut_columns((k, cm, lt, lt_moe), lo - plo, hi - plo)
+        return fixed, np.broadcast_to(total_of(other), fixed.shape), optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
 
     def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
         """Peak memory, worst rank and step lower bound of every plan of ``T``; ``progress`` is
@@ -747,11 +769,10 @@ class Engine:
             return Screen(peak, worst, lb)
         S = T.take(order)  # sorted by shape: each shape's plans are a slice
         pre = self._terms(S)
-        shapes = list(zip([0, *bounds.tolist()], [*bounds.tolist(), n]))
-        for (lo, hi), cols in zip(shapes, self._plan_columns(S, pre, shapes)):
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), n]):
             style = stage_style(SCHEDULE_NAMES[int(S.schedule[lo])])
             mine = order[lo:hi]
-            peak[mine], worst[mine], lb[mine] = self._group(int(S.pp[lo]), int(S.vpp[lo]), style, S, pre, slice(lo, hi), cols)
+            peak[mine], worst[mine], lb[mine] = self._group(int(S.pp[lo]), int(S.vpp[lo]), style, S, pre, slice(lo, hi))
             if progress:
                 progress(hi - lo)
         return Screen(peak, worst, lb)
