@@ -89,6 +89,23 @@ def test_trivial_groups_cost_nothing():
     assert collective_time("all_reduce", 0.0, one_node(8), c, HOPPER) == 0.0
 
 
+def test_collective_time_is_the_cost_of_the_faster_algorithm():
+    """``collective_time`` computes the time without building the cost: the same bits as
+    ``collective_cost(...).time`` for every op, on one tier, across tiers (hierarchical) and across
+    oversubscribed pods, where the tree wins (small buffers) and where the ring does."""
+    c = ClusterSpec.of(H100, 16384, pod_size=3072, oversubscription=7)
+    groups = [one_node(8), GroupPlacement(16, 1, 16, 1), GroupPlacement(64, 8, 8, 1), GroupPlacement(4096, 8, 512, 2),
+              GroupPlacement(3, 2, 2, 1)]
+    picked = set()
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"):
+        for pl in groups:
+            for nbytes in (64.0, 3e4, 1e6, 7.5e8, 4e10):
+                cost = collective_cost(op, nbytes, pl, c, HOPPER)
+                assert collective_time(op, nbytes, pl, c, HOPPER) == cost.time, (op, pl, nbytes)
+                picked.add(cost.algorithm)
+    assert picked == {"ring", "tree"}
+
+
 def test_tree_for_tiny_ring_for_big():
     """Ring: 14α + 1.75·S/B; tree: 6α + 2·S/B over 8 GPUs. They cross at S = 32·α·B; auto picks
     the faster (NCCL's tuner does the same)."""

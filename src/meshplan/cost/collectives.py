@@ -163,13 +163,21 @@ def collective_cost(
             tree = collective_cost(op, nbytes, pl, cluster, cal, "tree")
             return ring if ring.time <= tree.time else tree
         algorithm = "ring"
+    S = float(nbytes)
+    lat, bw = _latency_bandwidth(op, S, pl, cluster, cal, algorithm)
+    return CollectiveCost(op, S, pl.size, algorithm, lat + bw, lat)
+
+
+def _latency_bandwidth(op: str, S: float, pl: GroupPlacement, cluster: ClusterSpec, cal: Calibration,
+                       algorithm: str) -> tuple[float, float]:
+    """(latency part, bandwidth part) of ``op`` on ``S`` bytes over the group ``pl`` with
+    ``algorithm`` (ring or tree), across the tiers it spans (module docstring)."""
     n, k, g = pl.size, pl.per_node, pl.nodes
     up_a, up_bw = cluster.scale_up.latency, cluster.scale_up.bandwidth * cal.scale_up_efficiency
     out_a = cluster.scale_out.latency
     out_bw = cluster.scale_out.bandwidth * cal.scale_out_efficiency
     if pl.pods > 1:
         out_bw *= min(1.0, g / (cluster.oversubscription * pl.pods))
-    S = float(nbytes)
     if op == "send_recv":
         lat, bw = _single(op, S, 2, out_a if g > 1 else up_a, out_bw if g > 1 else up_bw, algorithm)
     elif g == 1:
@@ -192,14 +200,22 @@ def collective_cost(
         l1, b1 = _single(op, S, g, out_a, out_bw, algorithm)
         l2, b2 = _single(op, S, k, up_a, up_bw, algorithm)
         lat, bw = l1 + l2, b1 + b2
-    return CollectiveCost(op, S, n, algorithm, lat + bw, lat)
+    return lat, bw
 
 
 def collective_time(op: str, nbytes: float, pl: GroupPlacement, cluster: ClusterSpec, cal: Calibration) -> float:
-    """Seconds for one collective with NCCL's faster algorithm (ring or tree)."""
+    """Seconds for one collective with NCCL's faster algorithm (ring or tree): the time of
+    ``collective_cost(op, nbytes, pl, cluster, cal)``, without building it (the search evaluates
+    thousands)."""
     if pl.size <= 1 or nbytes <= 0:
         return 0.0
-    return collective_cost(op, nbytes, pl, cluster, cal).time
+    S = float(nbytes)
+    lat, bw = _latency_bandwidth(op, S, pl, cluster, cal, "ring")
+    ring = lat + bw
+    if op in ("all_reduce", "broadcast", "reduce"):
+        lat, bw = _latency_bandwidth(op, S, pl, cluster, cal, "tree")
+        return ring if ring <= lat + bw else lat + bw
+    return ring
 
 
 def wire(op: str, nbytes: float, n: int, algorithm: str = "ring") -> tuple[int, float]:

@@ -244,10 +244,10 @@ def _peak_rank(stored: np.ndarray, pair_inv: np.ndarray, cls_of: np.ndarray, cls
             gap = np.minimum(gap, top[ci] - np.where(part < top[ci], part, -np.inf).max(axis=0))
         else:
             first[ci] = ranks[0]
-    inner = fixed + (top[:, pair_inv] + working)
+    inner = fixed + (np.take(top, pair_inv, axis=1) + working)
     totals = inner + other
     peak = totals.max(axis=0)
-    worst = np.where(totals == peak, first[:, pair_inv], len(cls_of)).min(axis=0)
+    worst = np.where(totals == peak, np.take(first, pair_inv, axis=1), len(cls_of)).min(axis=0)
     # inner sums non-negative terms: its largest entry is the largest intermediate magnitude
     close = np.flatnonzero(gap[pair_inv] <= 8 * np.spacing(np.maximum(peak, inner.max(axis=0))))
     if len(close):
@@ -297,6 +297,11 @@ def _op_fields(k: dict) -> dict:
     """The op-time arguments of :func:`layer_times` from gathered kernel terms."""
     names = ("fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute")
     return {name: k[name] for name in names}
+
+
+# Gathers along the plans of a (classes × plans) array use ``np.take(x, i, axis=1)``: ``x[:, i]``
+# returns a Fortran-ordered array, on which every later reduction over the classes runs about 30×
+# slower, and is itself about twice as slow.
 
 
 def _take(lt: LayerTimes, rows) -> LayerTimes:
@@ -615,14 +620,15 @@ class Engine:
             params_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
             if model.is_moe:
                 experts_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
+            # (gradient sync, weight gather) per mesh row, each gathered per plan as a contiguous array
             sync = np.fromiter(
                 itertools.chain.from_iterable(self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows),
                 dtype=float, count=2 * len(mesh_rows),
-            ).reshape(len(mesh_rows), 2)[mesh_inv]
+            ).reshape(len(mesh_rows), 2).T.copy()
             last_bwd = sum(st.bwd[j] for j in mine)[lt_inv]
             first_fwd = sum(st.fwd[j] for j in mine)[lt_inv]
             after, pg = after_pipeline(
-                grad_comm=sync[:, 0], param_gather=sync[:, 1], last_bwd=last_bwd, first_fwd=first_fwd,
+                grad_comm=sync[0][mesh_inv], param_gather=sync[1][mesh_inv], last_bwd=last_bwd, first_fwd=first_fwd,
                 n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
                 overlap_param_gather=base.overlap_param_gather, nccl_share=self.nccl_share,
             )
@@ -642,7 +648,7 @@ class Engine:
                 fixed[rows_], other_total[rows_], opt[rows_] = self._rank_state(
                     T, pre, at, k_at, cm_at, pp, head_c[rows_], params_c[rows_], experts_c[rows_],
                     messages[rows_] if isinstance(messages, np.ndarray) else messages)
-        opt_pg = opt[:, state_inv] + pg_c  # the optimizer step + the exposed weight gather
+        opt_pg = np.take(opt, state_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
 
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
@@ -662,7 +668,7 @@ class Engine:
             first, pair_inv = _distinct(m_eff * len(kernel) + kid[sub][mem_where])  # the distinct (m, kernel row) pairs
             m_where, m_inv = _distinct(m_eff[first])  # the live counts of every micro-batch count at once
             rows = state_rows_many(SCHEDULE_NAMES[code], pp, m_eff[first][m_where], v)
-            act_pairs = act_mat[kid[sub][mem_where][first]][:, chunks]
+            act_pairs = np.take(act_mat[kid[sub][mem_where][first]], chunks, axis=1)
             # the counts as doubles (exact: small integers) before they are gathered per pair, so that
             # the products do not convert them again
             if rows.shape[2] * len(first) * pp * v <= _ONE_CALL:  # small: every pair at once
@@ -678,7 +684,8 @@ class Engine:
                     sel = np.flatnonzero(m_inv == i) if len(m_where) > 1 else slice(None)
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
             peak_u, worst_u = _peak_rank(
-                stored_u, pair_inv, cls_of, cls_ranks, fixed[:, mem_rows], working[sub][mem_where], other_total[:, mem_rows],
+                stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, mem_rows, axis=1), working[sub][mem_where],
+                np.take(other_total, mem_rows, axis=1),
             )
             peak[sub], worst[sub] = peak_u[mem_inv], worst_u[mem_inv]
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
@@ -699,7 +706,7 @@ class Engine:
                 start[at_rank[r]], chain_b[at_rank[r]] = run_f, run_b
             run_f = run_f + st.fwd[r] + tau
             run_b = run_b + st.bwd[r] + tau
-        start, chain_b = start[:, lt_inv], chain_b[:, lt_inv]
+        start, chain_b = np.take(start, lt_inv, axis=1), np.take(chain_b, lt_inv, axis=1)
         reach = start + busy_c
         lb_finish = reach + after_c
         lb_span = np.max(np.where(chain, reach + chain_b, reach), axis=0, initial=0.0)
@@ -723,7 +730,7 @@ class Engine:
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T[:, pre.te_inv[at]]
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T.take(pre.te_inv[at], axis=1)
         logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
         if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
             expert_shard = row(T.dp) // row(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
