@@ -322,7 +322,7 @@ class _Terms:
     kernel: np.ndarray  # (kernel rows, _KERNEL_FIELDS)
     kid: np.ndarray
     mb: np.ndarray  # (micro-batch collective rows, _MB_FIELDS)
-    mb_inv: np.ndarray
+    mb_of_lt: np.ndarray  # per layer-time row, its row of ``mb``
     te_vals: list
     te_inv: np.ndarray
     mesh_rows: np.ndarray
@@ -488,38 +488,44 @@ class Engine:
         # the shard group of per-layer ZeRO-3 (dp_shard; 0 where weights are not sharded per layer)
         fsdp = np.where((zero == 3) & (ds * c > 1), ds, 0)
         D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=T.tpo.astype(np.int64)))
-        kernel, kid = _gather_distinct(self._kernel, [t, c, b, sp, rc], len(_KERNEL_FIELDS), D.rows("t c b sp rc"))
+        # the layer-time rows: the distinct (pp, tp, cp, micro-batch, SP, recompute, per-layer shard
+        # group, TP overlap[, ep]); the kernel rows, micro-batch collectives and ZeRO-3 unit
+        # collectives depend on parts of these only, so their keys are taken over the layer-time rows
+        at, lt_inv = D.rows("p t c b sp rc fsdp tpo" + (" ep" if self.model.is_moe else ""))
+        row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp).items()}
+        cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
+        kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc"), len(_KERNEL_FIELDS))
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
-        mb, mb_inv = _gather_distinct(self._comm, [t, c, p, d, b, sp], len(_MB_FIELDS), D.rows("t c p b sp"))
-        units, units_inv = _gather_distinct(self._units, [t, c, p, d, fsdp], len(_UNIT_FIELDS), D.rows("t c p fsdp"))
-        te_where, te_inv = D.rows("t ep")
+        mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
+        units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
         mesh = np.stack([t, c, d, ds, ep, zero], axis=1)
         mesh_where, mesh_inv = D.rows("t c d ds ep zero")
-        # the layer-time rows: the distinct (kernel row, micro-batch collectives, units, TP overlap[,
-        # ep]), i.e. (pp, tp, cp, micro-batch, SP, recompute, per-layer shard group, TP overlap[, ep])
-        at, lt_inv = D.rows("p t c b sp rc fsdp tpo" + (" ep" if self.model.is_moe else ""))
-        row_pp = p[at]  # increasing
+        te_where, te_of_mesh = _distinct_rows([mesh[mesh_where, 0], mesh[mesh_where, 4]])  # (t, ep) of the mesh rows
+        row_pp = row["p"]  # increasing
         cuts = np.flatnonzero(np.diff(row_pp)) + 1
         lt_pp = {int(row_pp[lo]): slice(lo, hi) for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(at)])}
         # one contiguous array per field
-        k = dict(zip(_KERNEL_FIELDS, np.ascontiguousarray(kernel[kid[at]].T)))
-        cm = (dict(zip(_MB_FIELDS, np.ascontiguousarray(mb[mb_inv[at]].T)))
-              | dict(zip(_UNIT_FIELDS, np.ascontiguousarray(units[units_inv[at]].T))))
+        k = dict(zip(_KERNEL_FIELDS, np.ascontiguousarray(kernel[kernel_of_lt].T)))
+        cm = (dict(zip(_MB_FIELDS, np.ascontiguousarray(mb[mb_of_lt].T)))
+              | dict(zip(_UNIT_FIELDS, np.ascontiguousarray(units[units_of_lt].T))))
         working = k["act_working"]
         moe = {}
         if self.model.is_moe:
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
-            moe["ep1"] = _gather_distinct(self._moe_kernel, [t, c, b, sp, rc, np.ones_like(t)], len(_MOE_FIELDS))[0]
-            cols = lambda *names: [x[at] for x in names]  # noqa: E731
-            full = (rc == RECOMPUTE.index("full")).astype(np.int64)
-            moe["kernel"] = _gather(self._moe_kernel, cols(t, c, b, sp, rc, ep), len(_MOE_FIELDS))
-            moe["comm"] = _gather(self._moe_comm, cols(t, c, p, d, ds, ep, zero), 2)
-            moe["a2a"] = _gather(self._a2a, cols(t, c, p, d, ep, b, sp, full), 2)
+            kernel_rows = np.empty(len(kernel), dtype=np.int64)
+            kernel_rows[kernel_of_lt] = np.arange(len(at))
+            ones = np.ones(len(kernel), dtype=np.int64)
+            moe["ep1"] = _gather(self._moe_kernel, [x[kernel_rows] for x in cols("t c b sp rc")] + [ones], len(_MOE_FIELDS))
+            row["full"] = (row["rc"] == RECOMPUTE.index("full")).astype(np.int64)
+            moe["kernel"] = _gather(self._moe_kernel, cols("t c b sp rc ep"), len(_MOE_FIELDS))
+            moe["comm"] = _gather(self._moe_comm, cols("t c p d ds ep zero"), 2)
+            moe["a2a"] = _gather(self._a2a, cols("t c p d ep b sp full"), 2)
             working = np.maximum(working, moe["kernel"][:, _MOE_FIELDS.index("act_working")])
         lt, lt_moe = self._layer_times(T, at, k, cm, moe)
         return _Terms(
-            kernel=kernel, kid=kid, mb=mb, mb_inv=mb_inv,
-            te_vals=np.stack([t, ep], axis=1)[te_where].tolist(), te_inv=te_inv, mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
+            kernel=kernel, kid=kernel_of_lt[lt_inv], mb=mb, mb_of_lt=mb_of_lt,
+            te_vals=np.stack([t, ep], axis=1)[mesh_where[te_where]].tolist(), te_inv=te_of_mesh[mesh_inv],
+            mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
             layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
             working=pick(rc[at] != RECOMPUTE.index("none"), working, 0.0),
             a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
@@ -641,7 +647,7 @@ class Engine:
         messages = pp_buffer_messages(base.pp_buffers, m[state_where][None, :], not_first[:, None], not_last[:, None])
         at = np.arange(idx.start, idx.stop)[state_where]
         k_at = {"head_act": kernel[kid[state_where], _KERNEL_FIELDS.index("head_act")]}
-        mb_at = pre.mb[pre.mb_inv[at]]
+        mb_at = pre.mb[pre.mb_of_lt[pre.lt_inv[at]]]
         cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
         for rows_ in [np.arange(n_cls)] if n_state * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
