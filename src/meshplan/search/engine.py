@@ -163,8 +163,8 @@ def _digit(col: np.ndarray) -> tuple[np.ndarray, int]:
     low = int(col.min(initial=0))
     span = int(col.max(initial=0)) - low + 1
     if span <= 64:
-        return col - low, span
-    return _ranks(col - low)
+        return (col - low if low else col), span
+    return _ranks(col - low if low else col)
 
 
 def _code_rows(digits: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -178,7 +178,11 @@ def _code_rows(digits: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.nda
     for digit, size in digits:
         if radix > 1 and radix * size > table:  # renumber the codes so far: a table pass, not a sort
             code, radix = _ranks(code)
-        code = code * size + digit if radix > 1 else digit
+        if radix > 1:
+            code *= size  # in place: code is this function's own array
+            code += digit
+        else:
+            code = digit.astype(np.int64, copy=True)
         radix *= size
     return _distinct(code)
 
@@ -491,16 +495,20 @@ class Engine:
         # the layer-time rows: the distinct (pp, tp, cp, micro-batch, SP, recompute, per-layer shard
         # group, TP overlap[, ep]); the kernel rows, micro-batch collectives and ZeRO-3 unit
         # collectives depend on parts of these only, so their keys are taken over the layer-time rows
-        at, lt_inv = D.rows("p t c b sp rc fsdp tpo" + (" ep" if self.model.is_moe else ""))
+        mesh_where, mesh_inv = D.rows("t c d ds ep zero")
+        mesh = np.stack([x[mesh_where] for x in (t, c, d, ds, ep, zero)], axis=1)
+        # (pp, tp, cp, per-layer shard group[, ep]) is a function of the mesh row: its rank among
+        # the mesh rows' is one digit of the layer-time key (pp first: a pp's rows are a slice)
+        outer = [p[mesh_where], mesh[:, 0], mesh[:, 1], fsdp[mesh_where]] + ([mesh[:, 4]] if self.model.is_moe else [])
+        _, outer_of_mesh = _distinct_rows(outer)
+        at, lt_inv = _code_rows([(outer_of_mesh[mesh_inv], int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"), D.digit("tpo")])
         row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp).items()}
         cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
         kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc"), len(_KERNEL_FIELDS))
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
         mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
         units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
-        mesh = np.stack([t, c, d, ds, ep, zero], axis=1)
-        mesh_where, mesh_inv = D.rows("t c d ds ep zero")
-        te_where, te_of_mesh = _distinct_rows([mesh[mesh_where, 0], mesh[mesh_where, 4]])  # (t, ep) of the mesh rows
+        te_where, te_of_mesh = _distinct_rows([mesh[:, 0], mesh[:, 4]])  # (t, ep) of the mesh rows
         row_pp = row["p"]  # increasing
         cuts = np.flatnonzero(np.diff(row_pp)) + 1
         lt_pp = {int(row_pp[lo]): slice(lo, hi) for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(at)])}
@@ -524,8 +532,7 @@ class Engine:
         lt, lt_moe = self._layer_times(T, at, k, cm, moe)
         return _Terms(
             kernel=kernel, kid=kernel_of_lt[lt_inv], mb=mb, mb_of_lt=mb_of_lt,
-            te_vals=np.stack([t, ep], axis=1)[mesh_where[te_where]].tolist(), te_inv=te_of_mesh[mesh_inv],
-            mesh_rows=mesh[mesh_where], mesh_inv=mesh_inv,
+            te_vals=mesh[te_where][:, [0, 4]].tolist(), te_inv=te_of_mesh[mesh_inv], mesh_rows=mesh, mesh_inv=mesh_inv,
             layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
             working=pick(rc[at] != RECOMPUTE.index("none"), working, 0.0),
             a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
