@@ -592,13 +592,14 @@ class Engine:
         tau = pre.tau[lt_rows]
         te_inv = pre.te_inv[idx]
         te_vals = pre.te_vals
-        by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv[state_where]]  # noqa: E731
+        by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv[mesh_where]]  # noqa: E731
         mesh_where, mesh_inv = _distinct(pre.mesh_inv[idx])
         mesh_rows = pre.mesh_rows[pre.mesh_inv[idx][mesh_where]].tolist()
-        # a class's model state, buffers and optimizer step depend on the plan's mesh row and kernel
-        # row only (not on its schedule within the shape or on TP overlap): once per distinct pair
+        # a class's model state and optimizer step depend on the plan's mesh row only, its buffers on
+        # the mesh row and kernel row only (not on its schedule within the shape or on TP overlap):
+        # once per distinct mesh row and per distinct pair (a state row)
         state_where, state_inv = _distinct(mesh_inv * len(kernel) + kid)
-        n_state = len(state_where)
+        n_state, state_mesh = len(state_where), mesh_inv[state_where]
 
         # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
         # order) have the same model state, buffers and stage times to the bit: once per class
@@ -618,7 +619,7 @@ class Engine:
         # per-class arrays are (classes × plans): a class's entries are contiguous, and the maxima
         # over classes run down short columns elementwise
         busy_c, after_c = np.empty((n_cls, G)), np.empty((n_cls, G))
-        params_c, experts_c = np.empty((n_cls, n_state), dtype=np.int64), np.zeros((n_cls, n_state), dtype=np.int64)
+        params_c, experts_c = np.empty((n_cls, len(mesh_rows)), dtype=np.int64), np.zeros((n_cls, len(mesh_rows)), dtype=np.int64)
         pg_c, head_c = np.empty((n_cls, G)), np.zeros(n_cls, dtype=bool)
         # per class: its stages other than the pipeline's first, and other than its last
         not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
@@ -647,21 +648,24 @@ class Engine:
             )
             busy_c[ci] = m * (last_bwd + first_fwd)
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
-        # the classes' model state, buffers and optimizer step, in one call over (classes × plans),
-        # or for many plans one for the classes without the LM head and one for those with it
-        fixed, other_total, opt = np.empty((n_cls, n_state)), np.empty((n_cls, n_state)), np.empty((n_cls, n_state))
+        # the classes' model state and optimizer step per mesh row, over (classes × mesh rows)
+        fixed, opt = self._model_state(T, np.arange(idx.start, idx.stop)[mesh_where], params_c, experts_c)
+        # their other items per state row, in one call over (classes × state rows), or for many
+        # rows one for the classes without the LM head and one for those with it
+        other_total = np.empty((n_cls, n_state))
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
         messages = pp_buffer_messages(base.pp_buffers, m[state_where][None, :], not_first[:, None], not_last[:, None])
         at = np.arange(idx.start, idx.stop)[state_where]
         k_at = {"head_act": kernel[kid[state_where], _KERNEL_FIELDS.index("head_act")]}
         mb_at = pre.mb[pre.mb_of_lt[pre.lt_inv[at]]]
         cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
+        params_s = np.take(params_c, state_mesh, axis=1)
         for rows_ in [np.arange(n_cls)] if n_state * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
-                fixed[rows_], other_total[rows_], opt[rows_] = self._rank_state(
-                    T, pre, at, k_at, cm_at, pp, head_c[rows_], params_c[rows_], experts_c[rows_],
+                other_total[rows_] = self._rank_other(
+                    T, pre, at, k_at, cm_at, pp, head_c[rows_], params_s[rows_],
                     messages[rows_] if isinstance(messages, np.ndarray) else messages)
-        opt_pg = np.take(opt, state_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
+        opt_pg = np.take(opt, mesh_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
 
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
@@ -697,7 +701,7 @@ class Engine:
                     sel = np.flatnonzero(m_inv == i) if len(m_where) > 1 else slice(None)
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
             peak_u, worst_u = _peak_rank(
-                stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, mem_rows, axis=1), working[sub][mem_where],
+                stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, state_mesh[mem_rows], axis=1), working[sub][mem_where],
                 np.take(other_total, mem_rows, axis=1),
             )
             peak[sub], worst[sub] = peak_u[mem_inv], worst_u[mem_inv]
@@ -727,24 +731,13 @@ class Engine:
         # the slowest rank's optimizer step + weight gather
         return peak, worst, (lb_pipe + opt_pg.max(axis=0)) * (1 - 1e-12)
 
-    def _rank_state(self, T: PlanTable, pre: "_Terms", at: np.ndarray, k: dict, cm: dict, pp: int, head: np.ndarray,
-                    params: np.ndarray, experts: np.ndarray, pp_messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For the plans ``at`` (indices into ``T``) of one shape, with their kernel and collective
-        columns ``k`` and ``cm`` (``head_act``, ``act_msg``, ``p2p_bytes``), and its classes of
-        ranks, ``head`` (classes) saying which hold the LM head, with ``params``, ``experts``
-        (routed-expert parameters) and ``pp_messages`` (:func:`pp_buffer_messages`) as (classes ×
-        plans): the model state w + g + o, the other items' total and the optimizer step, through
-        the functions ``estimate`` uses. Per-plan
-        terms are rows broadcast over the classes: elementwise, so every entry is the one-plan
-        value. With classes of both kinds the buffers are those of a rank with the LM head, whose
-        head terms (loss gradient, head activations and parameters) are 0 on the classes without
-        it: each such item is then ±0, as the rank without the head lists, and adds nothing to the
-        positive total."""
-        model, base, rec = self.model, self.base, self.rec
+    def _model_state(self, T: PlanTable, at: np.ndarray, params: np.ndarray, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For the plans ``at`` (indices into ``T``) and the classes of ranks holding ``params``
+        parameters, of which ``experts`` routed-expert ones ((classes × plans)): the model state
+        w + g + o and the optimizer step, through the functions ``estimate`` uses, elementwise."""
+        model, rec = self.model, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
-        zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T.take(pre.te_inv[at], axis=1)
-        logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
+        zero, shard, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.cp)
         if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
             expert_shard = row(T.dp) // row(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
             state = model_state_bytes(params - experts, rec, zero, shard)
@@ -752,6 +745,29 @@ class Engine:
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         else:
             state = model_state_bytes(params, rec, zero, shard)
+        local = params / pick(zero >= 1, shard, 1)
+        if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
+            local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
+        # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
+        return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
+
+    def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, k: dict, cm: dict, pp: int, head: np.ndarray,
+                    params: np.ndarray, pp_messages) -> np.ndarray:
+        """For the plans ``at`` (indices into ``T``) of one shape, with their kernel and collective
+        columns ``k`` and ``cm`` (``head_act``, ``act_msg``, ``p2p_bytes``), and its classes of
+        ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
+        ``pp_messages`` (:func:`pp_buffer_messages`) as (classes × plans): the total of the other
+        items (:func:`rank_other_items`), as ``estimate`` adds them. Per-plan terms are rows
+        broadcast over the classes: elementwise, so every entry is the one-plan value. With classes
+        of both kinds the buffers are those of a rank with the LM head, whose head terms (loss
+        gradient, head activations and parameters) are 0 on the classes without it: each such
+        item is then ±0, as the rank without the head lists, and adds nothing to the positive
+        total."""
+        model, base, rec = self.model, self.base, self.rec
+        row = lambda x: x[at][None, :]  # noqa: E731
+        zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T.take(pre.te_inv[at], axis=1)
+        logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
         holds_head = bool(head.all())
         if head.any() and not holds_head:
@@ -767,12 +783,7 @@ class Engine:
             once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages,
         )
-        local = params / pick(zero >= 1, shard, 1)
-        if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
-            local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
-        # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
-        fixed = state.weights + state.gradients + state.optimizer
-        return fixed, np.broadcast_to(total_of(other), fixed.shape), optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
+        return np.broadcast_to(total_of(other), (len(head), len(at)))
 
     def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
         """Peak memory, worst rank and step lower bound of every plan of ``T``; ``progress`` is
