@@ -265,11 +265,22 @@ def stage_activations(split: tuple[int, ...], layer: Num, embedding: Num, head: 
     on every stage but the last: the stage's output message, which torch.distributed.pipelining
     keeps until the micro-batch's backward (``fwd_cache``; :func:`pp_buffer_messages`) and
     Megatron-LM frees once sent (``output`` 0)."""
+    table = stage_activation_table(split, layer, embedding, head, output)
+    if table.ndim == 1:  # one plan: numbers
+        return table.tolist()
+    return list(table.T)
+
+
+def stage_activation_table(split: tuple[int, ...], layer: Num, embedding: Num, head: Num, output: Num = 0.0) -> np.ndarray:
+    """:func:`stage_activations` as one array: (stages,) for numbers, (rows, stages) for arrays
+    over rows, each entry ((n_k·layer + embedding on stage 0) + head on the last stage) + output
+    on the others (0.0 where a term does not apply), the same sum in the same order."""
+    k = np.arange(len(split))
     last = len(split) - 1
-    return [
-        n_l * layer + (embedding if k == 0 else 0.0) + (head if k == last else 0.0) + (output if k != last else 0.0)
-        for k, n_l in enumerate(split)
-    ]
+    col = (lambda x: x) if np.ndim(layer) == 0 else (lambda x: np.asarray(x, dtype=float)[..., None])  # noqa: E731
+    return (
+        (np.asarray(split) * col(layer) + np.where(k == 0, col(embedding), 0.0)) + np.where(k == last, col(head), 0.0)
+    ) + np.where(k != last, col(output), 0.0)
 
 
 def pp_buffer_messages(kind: str, m: Num, not_first: Num, not_last: Num) -> Num:

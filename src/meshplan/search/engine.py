@@ -74,7 +74,7 @@ from meshplan.cost.compose import (
     pick,
     pp_buffer_messages,
     rank_other_items,
-    stage_activations,
+    stage_activation_table,
     StageTimes,
     stage_times,
     total_of,
@@ -308,6 +308,12 @@ def _op_fields(k: dict) -> dict:
 # slower, and is itself about twice as slow.
 
 
+def _slices_by(values: np.ndarray) -> dict:
+    """Per value of the sorted ``values``, the slice of its entries."""
+    cuts = (np.flatnonzero(np.diff(values)) + 1).tolist()
+    return {int(values[lo]): slice(lo, hi) for lo, hi in zip([0, *cuts], [*cuts, len(values)])}
+
+
 def _take(lt: LayerTimes, rows) -> LayerTimes:
     """The entries ``rows`` (a slice: views) of layer times over many rows (scalars kept as they are)."""
     return LayerTimes(**{f: x[rows] if isinstance(x, np.ndarray) and x.ndim else x for f, x in vars(lt).items()})
@@ -328,9 +334,11 @@ class _Terms:
     mb: np.ndarray  # (micro-batch collective rows, _MB_FIELDS)
     mb_of_lt: np.ndarray  # per layer-time row, its row of ``mb``
     te_vals: list
-    te_inv: np.ndarray
-    mesh_rows: np.ndarray
+    te_of_mesh: np.ndarray  # per mesh row, its (tp, ep) row of ``te_vals``
+    mesh_rows: np.ndarray  # (tp, cp, dp, dp_shard, ep, zero), sorted by pp first
+    mesh_where: np.ndarray  # per mesh row, a plan holding it
     mesh_inv: np.ndarray
+    mesh_pp: dict  # pp → the slice of its mesh rows
     layer: LayerTimes  # over the layer-time rows
     layer_moe: Optional[LayerTimes]  # an MoE layer's (None for a dense model)
     tau: np.ndarray
@@ -495,7 +503,7 @@ class Engine:
         # the layer-time rows: the distinct (pp, tp, cp, micro-batch, SP, recompute, per-layer shard
         # group, TP overlap[, ep]); the kernel rows, micro-batch collectives and ZeRO-3 unit
         # collectives depend on parts of these only, so their keys are taken over the layer-time rows
-        mesh_where, mesh_inv = D.rows("t c d ds ep zero")
+        mesh_where, mesh_inv = D.rows("p t c ds ep zero")  # (t, c, p) fix d; pp first: a pp's rows are a slice
         mesh = np.stack([x[mesh_where] for x in (t, c, d, ds, ep, zero)], axis=1)
         # (pp, tp, cp, per-layer shard group[, ep]) is a function of the mesh row: its rank among
         # the mesh rows' is one digit of the layer-time key (pp first: a pp's rows are a slice)
@@ -509,9 +517,7 @@ class Engine:
         mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
         units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
         te_where, te_of_mesh = _distinct_rows([mesh[:, 0], mesh[:, 4]])  # (t, ep) of the mesh rows
-        row_pp = row["p"]  # increasing
-        cuts = np.flatnonzero(np.diff(row_pp)) + 1
-        lt_pp = {int(row_pp[lo]): slice(lo, hi) for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(at)])}
+        lt_pp = _slices_by(row["p"])
         # one contiguous array per field
         k = dict(zip(_KERNEL_FIELDS, np.ascontiguousarray(kernel[kernel_of_lt].T)))
         cm = (dict(zip(_MB_FIELDS, np.ascontiguousarray(mb[mb_of_lt].T)))
@@ -532,7 +538,8 @@ class Engine:
         lt, lt_moe = self._layer_times(T, at, k, cm, moe)
         return _Terms(
             kernel=kernel, kid=kernel_of_lt[lt_inv], mb=mb, mb_of_lt=mb_of_lt,
-            te_vals=mesh[te_where][:, [0, 4]].tolist(), te_inv=te_of_mesh[mesh_inv], mesh_rows=mesh, mesh_inv=mesh_inv,
+            te_vals=mesh[te_where][:, [0, 4]].tolist(), te_of_mesh=te_of_mesh, mesh_rows=mesh, mesh_where=mesh_where,
+            mesh_inv=mesh_inv, mesh_pp=_slices_by(p[mesh_where]),
             layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
             working=pick(rc[at] != RECOMPUTE.index("none"), working, 0.0),
             a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
@@ -579,22 +586,23 @@ class Engine:
         st = _shared_stage_times(split, _take(pre.layer, lt_rows))
         # stage activations depend on the kernel row only: once per distinct row
         ku = dict(zip(_KERNEL_FIELDS, kernel.T))
-        act = stage_activations(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"])
+        act_mat = stage_activation_table(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"])  # (kernel rows, stages)
         if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
             kmu = dict(zip(_MOE_FIELDS, pre.moe_kernel_ep1.T))
             moe_stage = moe_layers_per_stage(model, split)
             a2a = pre.a2a[lt_rows]
             add_moe_layers(st, moe_stage, _take(pre.layer, lt_rows), _take(pre.layer_moe, lt_rows), (a2a[:, 0], a2a[:, 1]))
-            act = [a + n_m * (kmu["act_stored"] - ku["act_stored"]) for a, n_m in zip(act, moe_stage)]
+            act_mat = act_mat + np.asarray(moe_stage) * (kmu["act_stored"] - ku["act_stored"])[:, None]
         n_stages = pp * v
         last = n_stages - 1
         tau = pre.tau[lt_rows]
-        te_inv = pre.te_inv[idx]
-        te_vals = pre.te_vals
-        by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_inv[mesh_where]]  # noqa: E731
-        mesh_where, mesh_inv = _distinct(pre.mesh_inv[idx])
-        mesh_rows = pre.mesh_rows[pre.mesh_inv[idx][mesh_where]].tolist()
+        # the mesh rows of the shape's pp (a slice of them)
+        mesh_s = pre.mesh_pp[pp]
+        mesh_inv = pre.mesh_inv[idx] - mesh_s.start
+        mesh_rows = pre.mesh_rows[mesh_s].tolist()
+        te_of_mesh, te_vals = pre.te_of_mesh[mesh_s], pre.te_vals
+        by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_of_mesh]  # noqa: E731
         # a class's model state and optimizer step depend on the plan's mesh row only, its buffers on
         # the mesh row and kernel row only (not on its schedule within the shape or on TP overlap):
         # once per distinct mesh row and per distinct pair (a state row)
@@ -649,7 +657,7 @@ class Engine:
             busy_c[ci] = m * (last_bwd + first_fwd)
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
         # the classes' model state and optimizer step per mesh row, over (classes × mesh rows)
-        fixed, opt = self._model_state(T, np.arange(idx.start, idx.stop)[mesh_where], params_c, experts_c)
+        fixed, opt = self._model_state(T, pre.mesh_where[mesh_s], params_c, experts_c)
         # their other items per state row, in one call over (classes × state rows), or for many
         # rows one for the classes without the LM head and one for those with it
         other_total = np.empty((n_cls, n_state))
@@ -663,13 +671,12 @@ class Engine:
         for rows_ in [np.arange(n_cls)] if n_state * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
                 other_total[rows_] = self._rank_other(
-                    T, pre, at, k_at, cm_at, pp, head_c[rows_], params_s[rows_],
+                    T, pre, at, te_of_mesh[state_mesh], k_at, cm_at, pp, head_c[rows_], params_s[rows_],
                     messages[rows_] if isinstance(messages, np.ndarray) else messages)
         opt_pg = np.take(opt, mesh_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
 
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
         # kernel row): the stage activations depend on nothing else within a pipeline shape
-        act_mat = np.stack(act, axis=1)  # (distinct kernel rows, stages)
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
         cls_ranks = [np.flatnonzero(cls_of == ci) for ci in range(n_cls)]
         working = pre.working[pre.lt_inv[idx]]
@@ -751,9 +758,10 @@ class Engine:
         # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
         return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
 
-    def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, k: dict, cm: dict, pp: int, head: np.ndarray,
-                    params: np.ndarray, pp_messages) -> np.ndarray:
-        """For the plans ``at`` (indices into ``T``) of one shape, with their kernel and collective
+    def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
+                    head: np.ndarray, params: np.ndarray, pp_messages) -> np.ndarray:
+        """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
+        of ``pre.te_vals``, their kernel and collective
         columns ``k`` and ``cm`` (``head_act``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
         ``pp_messages`` (:func:`pp_buffer_messages`) as (classes × plans): the total of the other
@@ -766,7 +774,7 @@ class Engine:
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T.take(pre.te_inv[at], axis=1)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T.take(te, axis=1)
         logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
         holds_head = bool(head.all())
