@@ -331,6 +331,8 @@ class _Terms:
 
     kernel: np.ndarray  # (kernel rows, _KERNEL_FIELDS)
     kid: np.ndarray
+    kernel_buffer_row: np.ndarray  # per kernel row, its (tp, cp, micro-batch, SP) row
+    n_buffer_rows: int
     mb: np.ndarray  # (micro-batch collective rows, _MB_FIELDS)
     mb_of_lt: np.ndarray  # per layer-time row, its row of ``mb``
     te_vals: list
@@ -512,7 +514,10 @@ class Engine:
         at, lt_inv = _code_rows([(outer_of_mesh[mesh_inv], int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"), D.digit("tpo")])
         row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp).items()}
         cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
-        kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc"), len(_KERNEL_FIELDS))
+        kernel_rows = _distinct_rows(cols("t c b sp rc"))
+        kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc"), len(_KERNEL_FIELDS), kernel_rows)
+        # a rank's buffers depend on its kernel row's (tp, cp, micro-batch, SP), not on the recompute mode
+        _, kernel_buffer_row = _distinct_rows([x[kernel_rows[0]] for x in cols("t c b sp")])
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
         mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
         units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
@@ -538,6 +543,7 @@ class Engine:
         lt, lt_moe = self._layer_times(T, at, k, cm, moe)
         return _Terms(
             kernel=kernel, kid=kernel_of_lt[lt_inv], mb=mb, mb_of_lt=mb_of_lt,
+            kernel_buffer_row=kernel_buffer_row, n_buffer_rows=int(kernel_buffer_row.max(initial=-1)) + 1,
             te_vals=mesh[te_where][:, [0, 4]].tolist(), te_of_mesh=te_of_mesh, mesh_rows=mesh, mesh_where=mesh_where,
             mesh_inv=mesh_inv, mesh_pp=_slices_by(p[mesh_where]),
             layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
@@ -607,7 +613,7 @@ class Engine:
         # the mesh row and kernel row only (not on its schedule within the shape or on TP overlap):
         # once per distinct mesh row and per distinct pair (a state row)
         state_where, state_inv = _distinct(mesh_inv * len(kernel) + kid)
-        n_state, state_mesh = len(state_where), mesh_inv[state_where]
+        state_mesh = mesh_inv[state_where]
 
         # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
         # order) have the same model state, buffers and stage times to the bit: once per class
@@ -658,20 +664,23 @@ class Engine:
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
         # the classes' model state and optimizer step per mesh row, over (classes × mesh rows)
         fixed, opt = self._model_state(T, pre.mesh_where[mesh_s], params_c, experts_c)
-        # their other items per state row, in one call over (classes × state rows), or for many
-        # rows one for the classes without the LM head and one for those with it
-        other_total = np.empty((n_cls, n_state))
+        # their other items (buffers) do not depend on the recompute mode: once per buffer row, a
+        # distinct (mesh row, kernel row without the recompute mode), in one call over (classes ×
+        # buffer rows), or for many rows one for the classes without the LM head and one for those with it
+        buf_where, buf_of_state = _distinct(state_mesh * pre.n_buffer_rows + pre.kernel_buffer_row[kid[state_where]])
+        buf_mesh, buf_plans = state_mesh[buf_where], state_where[buf_where]
+        other_buf = np.empty((n_cls, len(buf_where)))
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
-        messages = pp_buffer_messages(base.pp_buffers, m[state_where][None, :], not_first[:, None], not_last[:, None])
-        at = np.arange(idx.start, idx.stop)[state_where]
-        k_at = {"head_act": kernel[kid[state_where], _KERNEL_FIELDS.index("head_act")]}
+        messages = pp_buffer_messages(base.pp_buffers, m[buf_plans][None, :], not_first[:, None], not_last[:, None])
+        at = np.arange(idx.start, idx.stop)[buf_plans]
+        k_at = {"head_act": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_act")]}
         mb_at = pre.mb[pre.mb_of_lt[pre.lt_inv[at]]]
         cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
-        params_s = np.take(params_c, state_mesh, axis=1)
-        for rows_ in [np.arange(n_cls)] if n_state * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
+        params_b = np.take(params_c, buf_mesh, axis=1)
+        for rows_ in [np.arange(n_cls)] if len(buf_where) * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
-                other_total[rows_] = self._rank_other(
-                    T, pre, at, te_of_mesh[state_mesh], k_at, cm_at, pp, head_c[rows_], params_s[rows_],
+                other_buf[rows_] = self._rank_other(
+                    T, pre, at, te_of_mesh[buf_mesh], k_at, cm_at, pp, head_c[rows_], params_b[rows_],
                     messages[rows_] if isinstance(messages, np.ndarray) else messages)
         opt_pg = np.take(opt, mesh_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
 
@@ -709,7 +718,7 @@ class Engine:
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
             peak_u, worst_u = _peak_rank(
                 stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, state_mesh[mem_rows], axis=1), working[sub][mem_where],
-                np.take(other_total, mem_rows, axis=1),
+                np.take(other_buf, buf_of_state[mem_rows], axis=1),
             )
             peak[sub], worst[sub] = peak_u[mem_inv], worst_u[mem_inv]
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
