@@ -183,6 +183,30 @@ def test_screen_does_not_depend_on_how_plans_are_batched(name, gpus, monkeypatch
     assert (table.pp == 1).any() and (table.pp > 1).any() and len(table) > 1000
 
 
+@pytest.mark.parametrize("buffers", ["in-flight", "per-micro-batch"])
+def test_screen_of_several_global_batches_is_each_batch_s_own(buffers):
+    """With ``--batch-range`` the table holds several global batches: plans that differ only in
+    the batch share every term but the micro-batch count (the live activations, per-micro-batch
+    pipeline buffers, busy time), so the engine must keep them apart. Each plan's memory, worst
+    rank and bound equal those of the same plan screened in its own batch's table, and
+    ``estimate``'s memory on a sample."""
+    model, cluster = load_model("llama3-8b"), ClusterSpec.of(H100, 16)
+    base = TrainingPlan(global_batch=64, seq_len=4096, pp_buffers=buffers)
+    limits = SearchLimits(max_micro_batch=2, max_vpp=3, hsdp=True, tp_comm_overlap=BOTH)
+    table = enumerate_plans(model, 16, cluster.gpus_per_node, 4096, (32, 64, 128), limits)
+    assert set(table.global_batch.tolist()) == {32, 64, 128}
+    both = Engine(model, cluster, base).evaluate(table)
+    for gb in (32, 64, 128):
+        mine = np.flatnonzero(table.global_batch == gb)
+        alone = Engine(model, cluster, base).evaluate(table.take(mine))
+        assert np.array_equal(both.peak_bytes[mine], alone.peak_bytes)
+        assert np.array_equal(both.worst_rank[mine], alone.worst_rank)
+        assert np.array_equal(both.step_lower_bound[mine], alone.step_lower_bound)
+    for i in np.random.default_rng(4).choice(len(table), 12, replace=False).tolist():
+        est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+        assert both.peak_bytes[i] == est.peak_bytes and both.step_lower_bound[i] <= est.time.step_s, table.row(i)
+
+
 def test_peak_and_worst_rank_from_class_maxima_equal_the_maximum_over_ranks():
     """The peak total and the first rank holding it, taken from each class's largest activations,
     equal the plain maximum over every rank's total, also where ranks tie exactly and where their

@@ -341,6 +341,7 @@ class _Terms:
     mesh_where: np.ndarray  # per mesh row, a plan holding it
     mesh_inv: np.ndarray
     mesh_pp: dict  # pp → the slice of its mesh rows
+    batch: Optional[tuple]  # each plan's global batch as a digit, and its radix (None: one batch)
     layer: LayerTimes  # over the layer-time rows
     layer_moe: Optional[LayerTimes]  # an MoE layer's (None for a dense model)
     tau: np.ndarray
@@ -546,6 +547,7 @@ class Engine:
             kernel_buffer_row=kernel_buffer_row, n_buffer_rows=int(kernel_buffer_row.max(initial=-1)) + 1,
             te_vals=mesh[te_where][:, [0, 4]].tolist(), te_of_mesh=te_of_mesh, mesh_rows=mesh, mesh_where=mesh_where,
             mesh_inv=mesh_inv, mesh_pp=_slices_by(p[mesh_where]),
+            batch=_digit(T.global_batch) if T.global_batch.min(initial=0) != T.global_batch.max(initial=0) else None,
             layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
             working=pick(rc[at] != RECOMPUTE.index("none"), working, 0.0),
             a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
@@ -609,10 +611,13 @@ class Engine:
         mesh_rows = pre.mesh_rows[mesh_s].tolist()
         te_of_mesh, te_vals = pre.te_of_mesh[mesh_s], pre.te_vals
         by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_of_mesh]  # noqa: E731
-        # a class's model state and optimizer step depend on the plan's mesh row only, its buffers on
-        # the mesh row and kernel row only (not on its schedule within the shape or on TP overlap):
-        # once per distinct mesh row and per distinct pair (a state row)
-        state_where, state_inv = _distinct(mesh_inv * len(kernel) + kid)
+        # a class's model state and optimizer step depend on the plan's mesh row only, its buffers
+        # and activations on the mesh row, kernel row and micro-batch count only (not on its schedule
+        # within the shape or on TP overlap): once per distinct mesh row and per distinct (mesh row,
+        # kernel row[, global batch]), a state row (the batch fixes the count with the two others)
+        with_batch = (lambda code, at: code) if pre.batch is None else (  # noqa: E731
+            lambda code, at: code * pre.batch[1] + pre.batch[0][idx][at])
+        state_where, state_inv = _distinct(with_batch(mesh_inv * len(kernel) + kid, slice(None)))
         state_mesh = mesh_inv[state_where]
 
         # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
@@ -667,7 +672,7 @@ class Engine:
         # their other items (buffers) do not depend on the recompute mode: once per buffer row, a
         # distinct (mesh row, kernel row without the recompute mode), in one call over (classes ×
         # buffer rows), or for many rows one for the classes without the LM head and one for those with it
-        buf_where, buf_of_state = _distinct(state_mesh * pre.n_buffer_rows + pre.kernel_buffer_row[kid[state_where]])
+        buf_where, buf_of_state = _distinct(with_batch(state_mesh * pre.n_buffer_rows + pre.kernel_buffer_row[kid[state_where]], state_where))
         buf_mesh, buf_plans = state_mesh[buf_where], state_where[buf_where]
         other_buf = np.empty((n_cls, len(buf_where)))
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
