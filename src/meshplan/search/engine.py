@@ -143,7 +143,7 @@ def _ranks(code: np.ndarray) -> tuple[np.ndarray, int]:
     present = np.zeros(top, dtype=bool)
     present[code] = True
     number = np.cumsum(present, dtype=np.int64)
-    return (number - 1)[code], int(number[-1]) if top else 0
+    return (number - 1).take(code), int(number[-1]) if top else 0
 
 
 def _distinct(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -512,7 +512,7 @@ class Engine:
         # the mesh rows' is one digit of the layer-time key (pp first: a pp's rows are a slice)
         outer = [p[mesh_where], mesh[:, 0], mesh[:, 1], fsdp[mesh_where]] + ([mesh[:, 4]] if self.model.is_moe else [])
         _, outer_of_mesh = _distinct_rows(outer)
-        at, lt_inv = _code_rows([(outer_of_mesh[mesh_inv], int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"), D.digit("tpo")])
+        at, lt_inv = _code_rows([(outer_of_mesh.take(mesh_inv), int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"), D.digit("tpo")])
         row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp).items()}
         cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
         kernel_rows = _distinct_rows(cols("t c b sp rc"))
@@ -543,7 +543,7 @@ class Engine:
             working = np.maximum(working, moe["kernel"][:, _MOE_FIELDS.index("act_working")])
         lt, lt_moe = self._layer_times(T, at, k, cm, moe)
         return _Terms(
-            kernel=kernel, kid=kernel_of_lt[lt_inv], mb=mb, mb_of_lt=mb_of_lt,
+            kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
             kernel_buffer_row=kernel_buffer_row, n_buffer_rows=int(kernel_buffer_row.max(initial=-1)) + 1,
             te_vals=mesh[te_where][:, [0, 4]].tolist(), te_of_mesh=te_of_mesh, mesh_rows=mesh, mesh_where=mesh_where,
             mesh_inv=mesh_inv, mesh_pp=_slices_by(p[mesh_where]),
@@ -658,10 +658,10 @@ class Engine:
                 itertools.chain.from_iterable(self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows),
                 dtype=float, count=2 * len(mesh_rows),
             ).reshape(len(mesh_rows), 2).T.copy()
-            last_bwd = sum(st.bwd[j] for j in mine)[lt_inv]
-            first_fwd = sum(st.fwd[j] for j in mine)[lt_inv]
+            last_bwd = sum(st.bwd[j] for j in mine).take(lt_inv)
+            first_fwd = sum(st.fwd[j] for j in mine).take(lt_inv)
             after, pg = after_pipeline(
-                grad_comm=sync[0][mesh_inv], param_gather=sync[1][mesh_inv], last_bwd=last_bwd, first_fwd=first_fwd,
+                grad_comm=sync[0].take(mesh_inv), param_gather=sync[1].take(mesh_inv), last_bwd=last_bwd, first_fwd=first_fwd,
                 n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
                 overlap_param_gather=base.overlap_param_gather, nccl_share=self.nccl_share,
             )
@@ -693,7 +693,7 @@ class Engine:
         # kernel row): the stage activations depend on nothing else within a pipeline shape
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
         cls_ranks = [np.flatnonzero(cls_of == ci) for ci in range(n_cls)]
-        working = pre.working[pre.lt_inv[idx]]
+        working = pre.working.take(pre.lt_inv[idx])
         peak, worst = np.empty(G), np.empty(G, dtype=np.int64)
         cuts = (np.flatnonzero(schedule[1:] != schedule[:-1]) + 1).tolist()  # the plans are sorted by schedule
         for lo, hi in zip([0, *cuts], [*cuts, G]):
@@ -725,7 +725,7 @@ class Engine:
                 stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, state_mesh[mem_rows], axis=1), working[sub][mem_where],
                 np.take(other_buf, buf_of_state[mem_rows], axis=1),
             )
-            peak[sub], worst[sub] = peak_u[mem_inv], worst_u[mem_inv]
+            peak[sub], worst[sub] = peak_u.take(mem_inv), worst_u.take(mem_inv)
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
         # stage for the last micro-batch (the gradient chain of the module docstring)
         chain = _UNSPLIT_MASK[schedule]

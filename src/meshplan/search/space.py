@@ -108,7 +108,11 @@ class PlanTable:
         return self.global_batch // (self.micro_batch * self.dp)
 
     def take(self, idx: np.ndarray) -> "PlanTable":
-        cols = {name: getattr(self, name)[idx] for name in COLUMNS}
+        """The plans ``idx`` (indices, or a mask over the plans), in that order."""
+        idx = np.asarray(idx)
+        if idx.dtype == bool:
+            idx = np.flatnonzero(idx)
+        cols = {name: getattr(self, name).take(idx) for name in COLUMNS}
         return PlanTable(**cols, rejected=dict(self.rejected))
 
     def row(self, i: int) -> dict:
@@ -329,7 +333,7 @@ def enumerate_plans(
         arrays[name] = np.repeat(np.concatenate(parts), reps) if parts else empty
     rows = np.concatenate(inner_rows) if inner_rows else empty
     for name in _INNER:  # the inner columns keep their dtypes (SP and TP overlap are booleans)
-        arrays[name] = np.concatenate([part[name] for part in inner_parts])[rows] if inner_parts else (
+        arrays[name] = np.concatenate([part[name] for part in inner_parts]).take(rows) if inner_parts else (
             np.zeros(0, dtype=bool) if name in _BOOL_COLUMNS else empty)
     arrays = {name: arrays[name] for name in COLUMNS}
     return PlanTable(**arrays, rejected=reject)
