@@ -8,24 +8,29 @@ uses (:mod:`meshplan.cost.compose`, :mod:`meshplan.cost.comm`,
 :func:`meshplan.cost.memory.model_state_bytes`, :func:`meshplan.pipeline.simulate.peak_bytes`). What
 cannot be vectorized — the GEMM and attention time of a layer, the placement of a group, the time
 of one collective — is computed once per distinct argument over the whole table
-(:meth:`Engine._terms`). So are the layer times: they depend on a plan's (pp, tp, cp, micro-batch,
-SP, recompute, per-layer shard group, TP overlap) only, 18,144 layer-time rows for the 584,016
-plans of the GPT-3 benchmark's whole space. Per shape (its plans sorted by schedule): the stage
-times of its pp's layer-time rows, gathered per plan where the bound needs them, each schedule's
-live micro-batch counts for all its micro-batch counts
-and ranks at once (:func:`meshplan.pipeline.inflight.state_rows_many`, closed forms; repeated rows
-dropped where many plans share them, :func:`~meshplan.pipeline.inflight.distinct_state_rows`) and
-the activation peak of every rank per distinct (micro-batch count, kernel terms) pair
-(:func:`meshplan.pipeline.simulate.padded_peak_bytes`).
+(:meth:`Engine._terms`). Every other term is computed once per distinct row of what it depends on
+and gathered (the same expression on the same operands: the same bits), with rows numbered pp
+first so that a shape's rows are the slice of its pp:
+
+* layer times: (pp, tp, cp, micro-batch, SP, recompute, per-layer shard group, TP overlap[, ep]),
+  a layer-time row (18,144 for the 584,016 plans of the GPT-3 benchmark's whole space), and a
+  shape's stage times on its pp's rows;
+* a rank class's model state and optimizer step: the mesh row (tp, cp, dp, shard group, ep, ZeRO
+  stage); its buffers: the mesh row and the kernel row without the recompute mode
+  (:meth:`Engine._rank_other`); its activations and peak: the mesh row, kernel row and micro-batch
+  count, i.e. (mesh row, kernel row[, global batch]) within one schedule.
+
+Per shape (its plans sorted by schedule): each schedule's live micro-batch counts for all its
+micro-batch counts and ranks at once (:func:`meshplan.pipeline.inflight.state_rows_many`, closed
+forms; repeated rows dropped where many plans share them,
+:func:`~meshplan.pipeline.inflight.distinct_state_rows`) and the activation peak of every rank per
+distinct (micro-batch count, kernel terms) pair (:func:`meshplan.pipeline.simulate.padded_peak_bytes`).
 Ranks that hold the same stages (all interior ranks; the ranks with the embedding or the LM head
 differ) form a class with the same model state, buffers, stage times and optimizer step: a shape's
-classes are evaluated together as (classes × plans) arrays, in one call (for many plans one for
-the classes with the LM head and one for the others; :meth:`Engine._rank_state`), once per
-distinct (mesh, kernel row) of the shape: they depend on nothing else. A rank's total
-grows with its activations, so each class's largest total is that of its largest activations:
-the peak and the worst rank come from the classes' maxima per (micro-batch count, kernel row)
-pair (:func:`_peak_rank`), once per distinct (mesh, kernel row) of each schedule, not from
-(plans × ranks) arrays. Every operation is elementwise and in
+classes are evaluated together as (classes × rows) arrays. A rank's total grows with its
+activations, so each class's largest total is that of its largest activations: the peak and the
+worst rank come from the classes' maxima per (micro-batch count, kernel row) pair
+(:func:`_peak_rank`), not from (plans × ranks) arrays. Every operation is elementwise and in
 ``estimate``'s order, so the peak memory of every plan is ``estimate``'s to the last bit (tests
 assert it).
 
