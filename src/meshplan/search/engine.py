@@ -298,7 +298,7 @@ _MOE_FIELDS = (
 )
 
 
-#: (classes × state rows) whose model state and buffers are computed in one call (:meth:`Engine._group`)
+#: (classes × buffer rows) whose buffers are computed in one call (:meth:`Engine._group`)
 _RUN = 8192
 
 
@@ -508,13 +508,15 @@ class Engine:
         # the shard group of per-layer ZeRO-3 (dp_shard; 0 where weights are not sharded per layer)
         fsdp = np.where((zero == 3) & (ds * c > 1), ds, 0)
         D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=T.tpo.astype(np.int64)))
-        # the layer-time rows: the distinct (pp, tp, cp, micro-batch, SP, recompute, per-layer shard
-        # group, TP overlap[, ep]); the kernel rows, micro-batch collectives and ZeRO-3 unit
-        # collectives depend on parts of these only, so their keys are taken over the layer-time rows
-        mesh_where, mesh_inv = D.rows("p t c ds ep zero")  # (t, c, p) fix d; pp first: a pp's rows are a slice
+        # the mesh rows: the distinct (tp, cp, dp, shard group, ep, ZeRO stage), pp first, so that a
+        # pp's rows are a slice ((t, c, p) fix d)
+        mesh_where, mesh_inv = D.rows("p t c ds ep zero")
         mesh = np.stack([x[mesh_where] for x in (t, c, d, ds, ep, zero)], axis=1)
-        # (pp, tp, cp, per-layer shard group[, ep]) is a function of the mesh row: its rank among
-        # the mesh rows' is one digit of the layer-time key (pp first: a pp's rows are a slice)
+        # the layer-time rows: the distinct (pp, tp, cp, per-layer shard group[, ep], micro-batch, SP,
+        # recompute, TP overlap). The first four (five with ep) are a function of the mesh row: their rank
+        # among the mesh rows' is one digit (pp first: a pp's rows are a slice). The kernel rows,
+        # micro-batch collectives and ZeRO-3 unit collectives depend on parts of these only, so
+        # their keys are taken over the layer-time rows
         outer = [p[mesh_where], mesh[:, 0], mesh[:, 1], fsdp[mesh_where]] + ([mesh[:, 4]] if self.model.is_moe else [])
         _, outer_of_mesh = _distinct_rows(outer)
         at, lt_inv = _code_rows([(outer_of_mesh.take(mesh_inv), int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"), D.digit("tpo")])
@@ -537,10 +539,8 @@ class Engine:
         moe = {}
         if self.model.is_moe:
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
-            kernel_rows = np.empty(len(kernel), dtype=np.int64)
-            kernel_rows[kernel_of_lt] = np.arange(len(at))
             ones = np.ones(len(kernel), dtype=np.int64)
-            moe["ep1"] = _gather(self._moe_kernel, [x[kernel_rows] for x in cols("t c b sp rc")] + [ones], len(_MOE_FIELDS))
+            moe["ep1"] = _gather(self._moe_kernel, [x[kernel_rows[0]] for x in cols("t c b sp rc")] + [ones], len(_MOE_FIELDS))
             row["full"] = (row["rc"] == RECOMPUTE.index("full")).astype(np.int64)
             moe["kernel"] = _gather(self._moe_kernel, cols("t c b sp rc ep"), len(_MOE_FIELDS))
             moe["comm"] = _gather(self._moe_comm, cols("t c p d ds ep zero"), 2)
@@ -620,9 +620,13 @@ class Engine:
         # and activations on the mesh row, kernel row and micro-batch count only (not on its schedule
         # within the shape or on TP overlap): once per distinct mesh row and per distinct (mesh row,
         # kernel row[, global batch]), a state row (the batch fixes the count with the two others)
-        with_batch = (lambda code, at: code) if pre.batch is None else (  # noqa: E731
-            lambda code, at: code * pre.batch[1] + pre.batch[0][idx][at])
-        state_where, state_inv = _distinct(with_batch(mesh_inv * len(kernel) + kid, slice(None)))
+        batch = None if pre.batch is None else (pre.batch[0][idx], pre.batch[1])
+
+        def with_batch(code: np.ndarray, rows=slice(None)) -> np.ndarray:
+            """``code`` with the plans' (``rows``') global batch as a last digit, when they differ."""
+            return code if batch is None else code * batch[1] + batch[0][rows]
+
+        state_where, state_inv = _distinct(with_batch(mesh_inv * len(kernel) + kid))
         state_mesh = mesh_inv[state_where]
 
         # ranks holding the same stages (layer counts, embedding, head, MoE layers, in the same
@@ -698,7 +702,7 @@ class Engine:
         # kernel row): the stage activations depend on nothing else within a pipeline shape
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
         cls_ranks = [np.flatnonzero(cls_of == ci) for ci in range(n_cls)]
-        working = pre.working.take(pre.lt_inv[idx])
+        working = pre.working.take(pre.lt_inv[idx])  # per plan (it depends on the layer-time row)
         peak, worst = np.empty(G), np.empty(G, dtype=np.int64)
         cuts = (np.flatnonzero(schedule[1:] != schedule[:-1]) + 1).tolist()  # the plans are sorted by schedule
         for lo, hi in zip([0, *cuts], [*cuts, G]):
