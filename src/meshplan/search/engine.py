@@ -546,7 +546,7 @@ class Engine:
             moe["comm"] = _gather(self._moe_comm, cols("t c p d ds ep zero"), 2)
             moe["a2a"] = _gather(self._a2a, cols("t c p d ep b sp full"), 2)
             working = np.maximum(working, moe["kernel"][:, _MOE_FIELDS.index("act_working")])
-        lt, lt_moe = self._layer_times(T, at, k, cm, moe)
+        lt, lt_moe = self._layer_times(T, at, row["fsdp"] > 0, k, cm, moe)
         return _Terms(
             kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
             kernel_buffer_row=kernel_buffer_row, n_buffer_rows=int(kernel_buffer_row.max(initial=-1)) + 1,
@@ -558,18 +558,18 @@ class Engine:
             a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
         )
 
-    def _layer_times(self, T: PlanTable, at: np.ndarray, k: dict, cm: dict, moe: dict) -> tuple:
-        """:func:`layer_times` of the plans ``at`` (indices into ``T``), and of their MoE layers
-        (None for a dense model), from their kernel and collective columns ``k``, ``cm`` and the
-        MoE layer's kernel terms and ZeRO-3 collectives ``moe`` (``kernel``, ``comm``)."""
+    def _layer_times(self, T: PlanTable, at: np.ndarray, per_layer: np.ndarray, k: dict, cm: dict, moe: dict) -> tuple:
+        """:func:`layer_times` of the plans ``at`` (indices into ``T``), whose weights are sharded
+        per layer where ``per_layer``, and of their MoE layers (None for a dense model), from their
+        kernel and collective columns ``k``, ``cm`` and the MoE layer's kernel terms and ZeRO-3
+        collectives ``moe`` (``kernel``, ``comm``)."""
         model, base = self.model, self.base
-        c, zero, rc = T.cp[at], T.zero[at], T.recompute[at]
-        shard = T.dp_shard[at] * c
+        c, rc = T.cp[at], T.recompute[at]
         lt_args = dict(
             full_recompute=rc == RECOMPUTE.index("full"),
             emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
             tp_one=cm["tp_one"], sp=T.sp[at], tp_comm_overlap=T.tpo[at], cp=c, cp_comm=(cm["cp_kv"], cm["cp_dkv"]), kernels=base.kernels,
-            fsdp_per_layer=(zero == 3) & (shard > 1), all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
+            fsdp_per_layer=per_layer, all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
             # the LM head reuses a tied embedding's weight when both sit on the one stage
@@ -702,20 +702,18 @@ class Engine:
         # kernel row): the stage activations depend on nothing else within a pipeline shape
         chunks = np.array([sorted(stages_of_rank(r, pp, v, style)) for r in range(pp)], dtype=np.int64)
         cls_ranks = [np.flatnonzero(cls_of == ci) for ci in range(n_cls)]
-        working = pre.working.take(pre.lt_inv[idx])  # per plan (it depends on the layer-time row)
+        working = pre.working[lt_rows]  # per layer-time row of the shape's pp
         peak, worst = np.empty(G), np.empty(G, dtype=np.int64)
-        cuts = (np.flatnonzero(schedule[1:] != schedule[:-1]) + 1).tolist()  # the plans are sorted by schedule
-        for lo, hi in zip([0, *cuts], [*cuts, G]):
-            code, sub = int(schedule[lo]), slice(lo, hi)
+        for code, sub in _slices_by(schedule).items():  # the plans are sorted by schedule
             m_eff = _memory_microbatches(SCHEDULE_NAMES[code], pp, m[sub])
             # within one schedule a plan's memory depends on its state row only: once per distinct row
             mem_where, mem_inv = _distinct(state_inv[sub])
-            mem_rows = state_inv[sub][mem_where]
+            mem_rows, mem_kid = state_inv[sub][mem_where], kid[sub][mem_where]
             m_eff = m_eff[mem_where]
-            first, pair_inv = _distinct(m_eff * len(kernel) + kid[sub][mem_where])  # the distinct (m, kernel row) pairs
+            first, pair_inv = _distinct(m_eff * len(kernel) + mem_kid)  # the distinct (m, kernel row) pairs
             m_where, m_inv = _distinct(m_eff[first])  # the live counts of every micro-batch count at once
             rows = state_rows_many(SCHEDULE_NAMES[code], pp, m_eff[first][m_where], v)
-            act_pairs = np.take(act_mat[kid[sub][mem_where][first]], chunks, axis=1)
+            act_pairs = np.take(act_mat[mem_kid[first]], chunks, axis=1)
             # the counts as doubles (exact: small integers) before they are gathered per pair, so that
             # the products do not convert them again
             if rows.shape[2] * len(first) * pp * v <= _ONE_CALL:  # small: every pair at once
@@ -731,7 +729,7 @@ class Engine:
                     sel = np.flatnonzero(m_inv == i) if len(m_where) > 1 else slice(None)
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
             peak_u, worst_u = _peak_rank(
-                stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, state_mesh[mem_rows], axis=1), working[sub][mem_where],
+                stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, state_mesh[mem_rows], axis=1), working.take(lt_inv[sub][mem_where]),
                 np.take(other_buf, buf_of_state[mem_rows], axis=1),
             )
             peak[sub], worst[sub] = peak_u.take(mem_inv), worst_u.take(mem_inv)
@@ -826,16 +824,15 @@ class Engine:
         key = (T.pp * 64 + T.vpp) * 2 + v_style[T.schedule]
         # within a shape by schedule: each schedule's plans are a slice of the shape's
         order = np.argsort(key * len(SCHEDULE_NAMES) + T.schedule, kind="stable")
-        bounds = np.flatnonzero(np.diff(key[order])) + 1
         if not n:
             return Screen(peak, worst, lb)
         S = T.take(order)  # sorted by shape: each shape's plans are a slice
         pre = self._terms(S)
-        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), n]):
-            style = stage_style(SCHEDULE_NAMES[int(S.schedule[lo])])
-            mine = order[lo:hi]
-            peak[mine], worst[mine], lb[mine] = self._group(int(S.pp[lo]), int(S.vpp[lo]), style, S, pre, slice(lo, hi))
+        for sub in _slices_by(key.take(order)).values():
+            style = stage_style(SCHEDULE_NAMES[int(S.schedule[sub.start])])
+            mine = order[sub]
+            peak[mine], worst[mine], lb[mine] = self._group(int(S.pp[sub.start]), int(S.vpp[sub.start]), style, S, pre, sub)
             if progress:
-                progress(hi - lo)
+                progress(sub.stop - sub.start)
         return Screen(peak, worst, lb)
 
