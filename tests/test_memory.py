@@ -219,7 +219,7 @@ def test_stage_activations_are_inflight_times_stage_bytes():
     assert emb == 0.0
     expected = [4 * 8 * la.stored, 3 * 8 * la.stored, 2 * 8 * la.stored, 1 * (8 * la.stored + head)]
     assert [s.activation_items["stored"] for s in est.stages] == pytest.approx(expected, rel=1e-12)
-    assert all(s.activation_items["recompute_working_set"] == 0 for s in est.stages)
+    assert all(s.activation_items["backward_working_set"] == 0 for s in est.stages)
 
 
 def test_zero3_gathered_weights():

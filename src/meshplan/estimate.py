@@ -422,7 +422,7 @@ def estimate(
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
     gi = saved_gemm_input_bytes(rec.compute_dtype, plan.kernels, e)
-    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi)
+    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi, kernels=plan.kernels)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
     head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels)
     p2p_bytes = act_msg / (t if sp else 1)
@@ -431,7 +431,9 @@ def estimate(
     stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output)
     working = la.working
     if model.is_moe:
-        la_moe = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi)
+        la_moe = layer_activations(
+            model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi, kernels=plan.kernels
+        )
         stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
         working = max(la.working, la_moe.working)
     p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
@@ -466,7 +468,7 @@ def estimate(
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         act_items = {
             "stored": sim.peak_activation[r],
-            "recompute_working_set": working if plan.recompute != "none" else 0.0,
+            "backward_working_set": working,
         }
         other = rank_other_items(
             reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
@@ -679,11 +681,12 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         fmt_bytes(worst.optimizer), "Rajbhandari et al. 2020; Megatron-LM distributed optimizer"))
     d.append(Derivation(
         f"memory.stages[{worst.rank}].activations", "Activations per GPU (worst stage)",
-        "Σ over in-flight micro-batches of (layers of the stage × per-layer bytes) + recompute working set",
+        "Σ over in-flight micro-batches of (layers of the stage × per-layer bytes) + backward working set "
+        "(what recompute rebuilds; torch's context-parallel ring buffers)",
         (("per layer", f"{fmt_bytes(la.stored)} per micro-batch ({p.recompute} recompute, "
                        f"{'SP' if p.sequence_parallel and p.tp > 1 else 'no SP'}, {p.attention} attention)"),
          ("in flight", f"{worst.peak_inflight} micro-batch chunks at peak ({p.schedule})"),
-         ("working", fmt_bytes(worst.activation_items.get('recompute_working_set', 0.0)))),
+         ("working", fmt_bytes(worst.activation_items.get('backward_working_set', 0.0)))),
         fmt_bytes(worst.activations), "Korthikanti et al. 2022 Table 2, derived from the layer's tensor list"))
     d.append(Derivation(
         "memory.peak_bytes", "Peak memory per GPU", "max over pipeline ranks of weights + gradients + optimizer + activations + other",

@@ -48,13 +48,16 @@ torchtitan's op-level selective checkpointing ("op") keeps the layer input, the 
 other matmul and of the attention kernel, and recomputes the rest (``op_sac_saved``).
 
 Full recompute keeps only the layer input but rebuilds one layer's full set of activations during
-its backward: that working set is reported separately (``working``).
+its backward: that working set is reported separately (``working``), with, under context
+parallelism on the torch stacks, the buffers of torch's ring attention backward
+(:func:`layer_activations`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost.cp_exchange import ring_backward_buffer_bytes
 from meshplan.cost.params import kv_heads_per_rank, layer_matmuls, matmuls_per_rank, padded_vocab
 from meshplan.specs.model import ModelSpec
 
@@ -66,6 +69,14 @@ class LayerActivations:
     stored: float
     working: float  # transient peak while a recomputed layer runs its backward
     items: tuple[tuple[str, float], ...]  # what ``stored`` is made of (for explain)
+
+
+#: A layer's tensors its backward frees before it reaches the attention: the MLP's (dense or MoE)
+#: and the norms' between the attention and the MLP (Gemma's post-attention norm included).
+MLP_SIDE_ITEMS = frozenset({
+    "norm2_input", "post_norm_inputs", "mlp_input", "mlp_hidden", "mlp_dropout_mask",
+    "router_probs", "expert_inputs", "expert_hidden", "expert_outputs", "shared_expert_hidden",
+})
 
 
 def layer_activation_items(
@@ -162,29 +173,49 @@ def layer_activations(
     act_bytes: int = 2,
     moe: bool = False,
     gemm_input_bytes: float | None = None,
+    kernels: str = "fused",
 ) -> LayerActivations:
     """Bytes one layer stores per micro-batch on one GPU under ``recompute`` (table above);
     ``moe`` for a mixture-of-experts layer; ``gemm_input_bytes`` as in
-    :func:`layer_activation_items`."""
+    :func:`layer_activation_items`.
+
+    ``working`` is the layer's transient peak in its backward beyond what it stores: what
+    recompute rebuilds (W_r: the core under selective, what op-level checkpointing did not keep,
+    the whole layer under full), and, with context parallelism on the torch stacks (``kernels``
+    compiled or eager), the ring attention backward's buffers B_ring
+    (:func:`meshplan.cost.cp_exchange.ring_backward_buffer_bytes`). Those come in the attention's
+    backward, after the MLP's (and its norms') tensors M have been freed:
+
+        working = max(W_r, W_r + B_ring − M)"""
     items = layer_activation_items(
         model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes, moe, gemm_input_bytes
     )
     full = sum(b for _, b, _ in items)
+    n = micro_batch * seq_len / cp
+    ring = ring_backward_buffer_bytes(model, n, tp, act_bytes, kernels, cp)
+    if ring:
+        mlp_side = sum(b for name, b, _ in items if name in MLP_SIDE_ITEMS)
+
+        def working(rebuilt: float) -> float:
+            return max(rebuilt, rebuilt + ring - mlp_side)
+    else:
+        def working(rebuilt: float) -> float:
+            return rebuilt
     if recompute == "none":
         kept = [(name, b) for name, b, _ in items]
-        return LayerActivations(full, 0.0, tuple(kept))
+        return LayerActivations(full, working(0.0), tuple(kept))
     if recompute == "selective":
         kept = [(name, b) for name, b, cls in items if cls != "core"]
         core = sum(b for _, b, cls in items if cls == "core")
-        return LayerActivations(full - core, core, tuple(kept))
+        return LayerActivations(full - core, working(core), tuple(kept))
     rep = tp if sequence_parallel else 1
-    layer_input = micro_batch * seq_len / cp * model.hidden * act_bytes / rep
+    layer_input = n * model.hidden * act_bytes / rep
     if recompute == "op":
         kept = [("layer_input", layer_input)] + op_sac_saved(model, micro_batch, seq_len, tp, cp, act_bytes)
         stored = sum(b for _, b in kept)
         # the backward rebuilds what was not kept, from the layer input
-        return LayerActivations(stored, full - stored + layer_input, tuple(kept))
-    return LayerActivations(layer_input, full, (("layer_input", layer_input),))
+        return LayerActivations(stored, working(full - stored + layer_input), tuple(kept))
+    return LayerActivations(layer_input, working(full), (("layer_input", layer_input),))
 
 
 def saved_gemm_input_bytes(compute_dtype: str, kernels: str, act_bytes: int) -> float:

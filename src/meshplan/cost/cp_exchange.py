@@ -66,6 +66,43 @@ def cp_exchange_bytes(model: ModelSpec, tokens: float, tp: int, act_bytes: int, 
     return elems * act_bytes, elems * GRAD_ACCUM_BYTES
 
 
+def ring_backward_buffer_bytes(model: ModelSpec, tokens: float, tp: int, act_bytes: int, kernels: str, cp: int) -> float:
+    """Bytes torch's ring attention backward holds at its peak beyond a plain SDPA backward, per
+    GPU, for one layer and micro-batch (0 for the ``fused`` stack, whose ring is not modelled here,
+    and at c = 1). With N_q = n·a_r·d query elements and N_kv = n·a_r·(d + d_v) K|V elements
+    (a_r = :func:`sdpa_kv_heads`, the repeated heads torch's SDPA gets):
+
+        B_ring = (c + 1/2)·e·N_kv + 4·N_q + 16·N_kv
+
+    read from ``_templated_ring_attention_backward`` (``rotate_method = ALL_GATHER``,
+    ``convert_to_f32 = True``, round-robin load balance) at its peak on ranks 1…c − 1, a step
+    i ≤ rank after the dK|dV exchange is posted:
+
+    * the K|V all-gathered from every rank, kept through the loop, c·e·N_kv, and this step's
+      ``torch.cat`` of K|V, e·N_kv;
+    * the fp32 dQ accumulator, 4·N_q, and dK, dV rebuilt by ``_partial_update``'s ``torch.cat``,
+      4·N_kv;
+    * the fp32 dK|dV concatenated to send, 4·N_kv, and two ``permute_tensor`` (all-to-all)
+      outputs, the one received and the one posted, 8·N_kv;
+    * the step's kernel outputs over half the keys, e·(N_q + N_kv/2), where a plain backward's
+      outputs, e·(N_q + N_kv), are its gradients: the difference is subtracted.
+
+    For 16-bit activations (e = 2, d_v = d) that is (c + 9.5)·B_kv with B_kv = e·N_kv the K|V of
+    one rank (:func:`cp_exchange_bytes`): measured by torch 2.13 on CPU ranks over gloo, the CPU
+    flash kernels in place of the CUDA ones, exactly, at c = 2, 4 and 8
+    (``tests/test_cp_ring_memory.py``; with fp32 activations the peak falls at another step,
+    within 0.5·B_kv of this). The forward's ring (all-gathered K|V and the fp32 merged output)
+    holds less and is not added."""
+    if kernels == "fused" or cp <= 1:
+        return 0.0
+    a_r = sdpa_kv_heads(model, tp, kernels)
+    d_v = model.value_head_dim if model.is_mla else model.head_dim
+    n_q = tokens * a_r * model.head_dim
+    n_kv = tokens * a_r * (model.head_dim + d_v)
+    g = GRAD_ACCUM_BYTES
+    return (cp + 0.5) * act_bytes * n_kv + g * n_q + 4 * g * n_kv
+
+
 def cp_exchange_collectives(
     model: ModelSpec, tokens: float, tp: int, act_bytes: int, kernels: str, cp: int,
     pl_cp: GroupPlacement, cluster: ClusterSpec, cal: Calibration,

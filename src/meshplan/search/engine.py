@@ -409,7 +409,7 @@ class Engine:
         emb, head = self._emb_ops(t, c, b), self._head_ops(t, c, b)
         mode = RECOMPUTE[rec_code]
         gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
-        la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi)
+        la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi, kernels=base.kernels)
         return (
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
             recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
@@ -433,7 +433,9 @@ class Engine:
             self.rec.compute_dtype, e, base.kernels, moe=True, ep=ep,
         )
         gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
-        la = layer_activations(m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True, gemm_input_bytes=gi)
+        la = layer_activations(
+            m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True, gemm_input_bytes=gi, kernels=base.kernels
+        )
         return (ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
                 recompute_time(ops, mode), la.stored, la.working)
 
@@ -554,7 +556,7 @@ class Engine:
             mesh_inv=mesh_inv, mesh_pp=_slices_by(p[mesh_where]),
             batch=_digit(T.global_batch) if T.global_batch.min(initial=0) != T.global_batch.max(initial=0) else None,
             layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
-            working=pick(rc[at] != RECOMPUTE.index("none"), working, 0.0),
+            working=working,
             a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
         )
 

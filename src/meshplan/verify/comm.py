@@ -505,12 +505,17 @@ def _free_port() -> int:
 
 
 def _run_job(model: ModelSpec, plan: TrainingPlan, device: str, task: str) -> dict[str, Any]:
-    """One job on this rank: ``comm`` (the counted step, or the ring attention for cp) or
-    ``memory`` (:func:`meshplan.verify.memory.run_rank`)."""
+    """One job on this rank: ``comm`` (the counted step, or the ring attention for cp),
+    ``memory`` (:func:`meshplan.verify.memory.run_rank`) or ``ring-memory`` (torch's ring
+    attention backward, its buffers measured: :func:`meshplan.verify.ring.torch_ring_backward_rank`)."""
     if task == "memory":
         from meshplan.verify import memory
 
         return memory.run_rank(model, plan, device)
+    if task == "ring-memory":
+        from meshplan.verify import ring
+
+        return ring.torch_ring_backward_rank(model, plan)
     if plan.cp > 1:
         from meshplan.verify import ring
 
@@ -538,7 +543,7 @@ def _worker(rank: int, world: int, port: int, jobs: list[tuple[dict, dict, str]]
         out.put((-1, rank, None, traceback.format_exc()))
 
 
-TASKS = ("comm", "memory")
+TASKS = ("comm", "memory", "ring-memory")
 
 
 def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_TIMEOUT, *, device: str = "cpu",
@@ -546,7 +551,8 @@ def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_
     """Run every (model, plan) job on one set of spawned workers, one per rank (all jobs need the
     same world size): CPU processes on gloo, or with ``device="cuda"`` one process per GPU on NCCL
     (:mod:`meshplan.verify.device`). ``task``, for all jobs or one per job, is ``comm`` (collectives
-    counted) or ``memory`` (the memory trackers on real tensors). Per job, the result of every rank
+    counted), ``memory`` (the memory trackers on real tensors) or ``ring-memory`` (torch's ring
+    attention backward measured, CPU only). Per job, the result of every rank
     in rank order. Raises RuntimeError on a worker error or after ``timeout`` seconds, killing the
     workers it started."""
     import multiprocessing as mp
@@ -565,6 +571,10 @@ def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_
             from meshplan.verify.memory import check_plan as check_memory_plan
 
             check_memory_plan(m, p)
+        elif task_i == "ring-memory":
+            from meshplan.verify.ring import check_ring_memory_plan
+
+            check_ring_memory_plan(m, p)
         else:
             check_plan(m, p)
     device_mod.check(device, world)

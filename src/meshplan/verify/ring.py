@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.errors import InputError
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
@@ -172,3 +173,72 @@ def _agrees_with_full_attention(q, k, v, out, group) -> bool:
     mine = slice(me * n, (me + 1) * n)
     pairs = [(out, ref), (q.grad, qf.grad), (k.grad, kf.grad), (v.grad, vf.grad)]
     return all(torch.allclose(a, b[:, :, mine], atol=1e-4) for a, b in pairs)
+
+
+# ---- torch's own ring attention backward, its buffers measured ---------------------------------
+
+
+def check_ring_memory_plan(model: ModelSpec, plan: TrainingPlan) -> None:
+    """What :func:`torch_ring_backward_rank` runs: cp ranks alone, torch's stack."""
+    if plan.cp < 2 or plan.tp * plan.pp * plan.dp > 1:
+        raise InputError("cp", "the ring attention memory check runs cp > 1 ranks alone (tp = pp = dp = 1)")
+    if plan.kernels == "fused":
+        raise InputError("kernels", "the ring attention memory check runs torch's ring (kernels compiled or eager)")
+    if plan.seq_len % (2 * plan.cp):
+        raise InputError("seq_len", f"must split into 2·cp = {2 * plan.cp} chunks for torch's round-robin load balance")
+
+
+def _cpu_flash_forward(q, k, v, is_causal=False, **_):
+    """torch's CPU flash kernel in the place of the CUDA one the ring calls: (out, log-sum-exp)."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal)
+
+
+def _cpu_flash_backward(query, key, value, out, logsumexp, is_causal=False, grad_out=None, **_):
+    """The CPU flash kernel's backward in the place of the CUDA one: (dQ, dK, dV)."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, logsumexp, 0.0, is_causal)
+
+
+def torch_ring_backward_rank(model: ModelSpec, plan: TrainingPlan) -> dict[str, Any]:
+    """Inside an initialised gloo group of cp ranks: torch's own ring attention
+    (``_templated_ring_attention`` and ``_templated_ring_attention_backward`` of
+    ``torch.distributed.tensor.experimental._context_parallel._attention``, with its defaults:
+    all-gather rotation, fp32 accumulation, round-robin load balance; causal) on this rank's
+    b·s/c tokens over the a/t repeated heads of the model, in the plan's 16-bit activation dtype,
+    the CPU flash kernels in the place of the CUDA ones. ``MemTracker`` measures the backward's
+    peak above its inputs (Q, K, V, the output, its log-sum-exp and gradient), and the same for
+    a plain flash backward of the local chunk: ``ring`` and ``plain``, bytes."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
+
+    from meshplan.cost.cp_exchange import sdpa_kv_heads
+
+    dtype = {2: torch.bfloat16, 4: torch.float32}[plan.precision.activation_bytes]
+    heads = sdpa_kv_heads(model, plan.tp, plan.kernels)
+    n = plan.micro_batch * plan.seq_len // plan.cp
+    g = torch.Generator().manual_seed(dist.get_rank())
+    q, k = (torch.randn(plan.micro_batch, heads, n, model.head_dim, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(plan.micro_batch, heads, n, model.value_head_dim, generator=g, dtype=dtype)
+    group = dist.group.WORLD
+    out, lse = cp_attention._templated_ring_attention(group, 2, _cpu_flash_forward, q, k, v, is_causal=True)[:2]
+    dout = torch.randn(out.shape, generator=g, dtype=dtype)
+    inputs = (q, k, v, out, lse, dout)
+
+    def peak(run) -> int:
+        tracker = MemTracker()
+        tracker.track_external(*inputs)
+        with tracker:
+            run()
+        total = sum(d["Total"] for d in tracker.get_tracker_snapshot("peak").values())
+        return total - sum(t.numel() * t.element_size() for t in inputs)
+
+    ring = peak(lambda: cp_attention._templated_ring_attention_backward(
+        group, 2, _cpu_flash_backward, dout, "grad_out", q, k, v, out, lse, True))
+    plain = peak(lambda: _cpu_flash_backward(q, k, v, out, lse, True, grad_out=dout))
+    return {"rank": dist.get_rank(), "ring": ring, "plain": plain}
