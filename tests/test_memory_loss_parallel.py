@@ -3,14 +3,13 @@ four fp32 logits-sized tensors at its peak, one more than torch's plain ``cross_
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from screen_support import sampled_peaks_match
 
 from meshplan.accuracy.validate import runs_of
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.activations import head_activation_bytes, loss_grad_bytes
 from meshplan.estimate import estimate
-from meshplan.search.engine import Engine
 from meshplan.search.space import SearchLimits, enumerate_plans
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
@@ -48,13 +47,7 @@ def test_search_memory_equals_estimate_on_the_torch_stack_with_tp():
     model, cluster = load_model("llama3-70b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 64)
     base = TrainingPlan(global_batch=64, seq_len=8192, kernels="compiled")
     table = enumerate_plans(model, 64, cluster.gpus_per_node, 8192, (64,), SearchLimits(max_micro_batch=2, max_vpp=2))
-    screen = Engine(model, cluster, base).evaluate(table)
-    rng = np.random.default_rng(5)
-    seen_tp = set()
-    for i in rng.choice(len(table), 40, replace=False).tolist():
-        plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
-        assert screen.peak_bytes[i] == estimate(model, cluster, plan).peak_bytes, table.row(i)
-        seen_tp.add(plan.tp)
+    seen_tp = {plan.tp for plan in sampled_peaks_match(model, cluster, base, table, 40, seed=5)}
     assert 1 in seen_tp and len(seen_tp) > 2
 
 
