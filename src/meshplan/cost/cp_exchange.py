@@ -88,11 +88,12 @@ def ring_backward_buffer_bytes(model: ModelSpec, tokens: float, tp: int, act_byt
       outputs, e·(N_q + N_kv), are its gradients: the difference is subtracted.
 
     For 16-bit activations (e = 2, d_v = d) that is (c + 9.5)·B_kv with B_kv = e·N_kv the K|V of
-    one rank (:func:`cp_exchange_bytes`): measured by torch 2.13 on CPU ranks over gloo, the CPU
-    flash kernels in place of the CUDA ones, exactly, at c = 2, 4 and 8
-    (``tests/test_cp_ring_memory.py``; with fp32 activations the peak falls at another step,
-    within 0.5·B_kv of this). The forward's ring (all-gathered K|V and the fp32 merged output)
-    holds less and is not added."""
+    one rank (:func:`cp_exchange_bytes`): measured exactly by torch 2.13 on CPU ranks over gloo,
+    the CPU flash kernels in place of the CUDA ones (:func:`meshplan.verify.ring.torch_ring_backward_rank`;
+    ``tests/test_cp_ring_memory.py`` at c = 2 and 4, the same function at c = 8; with fp32
+    activations the peak falls at another step, within 0.5·B_kv of this). The forward's ring
+    (all-gathered K|V, the fp32 merged output) peaks lower, about (c + 4.5)·B_kv with its output,
+    measured the same way, and is not added."""
     if kernels == "fused" or cp <= 1:
         return 0.0
     a_r = sdpa_kv_heads(model, tp, kernels)
