@@ -193,14 +193,10 @@ def layer_activations(
     full = sum(b for _, b, _ in items)
     n = micro_batch * seq_len / cp
     ring = ring_backward_buffer_bytes(model, n, tp, act_bytes, kernels, cp)
-    if ring:
-        mlp_side = sum(b for name, b, _ in items if name in MLP_SIDE_ITEMS)
+    mlp_side = sum(b for name, b, _ in items if name in MLP_SIDE_ITEMS)
 
-        def working(rebuilt: float) -> float:
-            return max(rebuilt, rebuilt + ring - mlp_side)
-    else:
-        def working(rebuilt: float) -> float:
-            return rebuilt
+    def working(rebuilt: float) -> float:  # ``rebuilt`` itself when there is no ring (M ≥ 0)
+        return max(rebuilt, rebuilt + ring - mlp_side)
     if recompute == "none":
         kept = [(name, b) for name, b, _ in items]
         return LayerActivations(full, working(0.0), tuple(kept))
