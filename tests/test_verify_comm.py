@@ -173,6 +173,15 @@ def test_fsdp_charges_the_embedding_and_head_units(runs, name):
         assert c.row(f"{where}: dp {key}: count").measured == count == c.row(f"{where}: dp {key}: count").predicted
         assert math.isclose(c.row(f"{where}: dp {key}: bytes").predicted, nbytes, rel_tol=1e-12)
         assert math.isclose(c.row(f"{where}: dp {key}: bytes").measured, nbytes, rel_tol=1e-12)
+    # FSDP2's copies (meshplan.cost.fsdp_copies), counted in torch's own ops: a copy-out with every
+    # all-gather (2·P·w), a copy-in with every reduce-scatter (P·(w + γ)); in fp32 both 8 bytes per parameter
+    copies = {"copy_out forward": "all_gather forward", "copy_out backward": "all_gather backward",
+              "copy_in backward": "reduce_scatter backward"}
+    for key, of in copies.items():
+        count, nbytes = expected[of]
+        for what, value in (("count", count), ("bytes", 2 * nbytes)):
+            row = c.row(f"{where}: fsdp2 {key}: {what}")
+            assert row.measured == value == row.predicted and row.tolerance == 0.0
 
 
 def test_zero1_is_ddp_all_reduce_and_owner_broadcasts(runs):

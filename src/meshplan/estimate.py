@@ -21,6 +21,7 @@ from meshplan.cost.activations import (
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_overlap_ctas
+from meshplan.cost.fsdp_copies import fsdp2_step_copy_times, fsdp2_unit_copy_times, runs_fsdp2
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
@@ -390,12 +391,14 @@ def estimate(
     fsdp_per_layer = plan.zero == 3 and shard > 1 and not once_per_step
     units = fsdp_unit_times(model, t, pp, rec, pl.shard, cluster, cal) if fsdp_per_layer else (0.0,) * 6
     ag, rs = units[0], units[1]
+    fsdp2 = runs_fsdp2(plan.zero, plan.kernels)
+    copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal) if fsdp_per_layer and fsdp2 else (0.0,) * 6
     lt_args = dict(
         full_recompute=plan.recompute == "full",
         emb=(emb_ops.fwd, emb_ops.bwd, emb_ops.bwd_weight), head=(head_ops.fwd, head_ops.bwd, head_ops.bwd_weight),
         tp_one=tp_one, sp=sp, tp_comm_overlap=plan.tp_comm_overlap, cp=c, cp_comm=cp_comm, kernels=plan.kernels,
         fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
-        reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:],
+        reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:], fsdp_copies=copies,
         embedding_kept=model.tied_embeddings and pp == 1,
         nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(plan.tp_overlap_kind), gpu.sm_count),
     )
@@ -411,8 +414,9 @@ def estimate(
         )
         ep_group, edp = expert_placements(cluster, plan)
         moe_units = moe_fsdp_layer_times(model, t, plan.ep, rec, pl.shard, edp, cluster, cal) if fsdp_per_layer else (0.0, 0.0)
+        moe_copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal, moe=True, ep=plan.ep)[:2] if fsdp_per_layer and fsdp2 else (0.0, 0.0)
         lt_moe = layer_times(
-            **(lt_args | {"all_gather": moe_units[0], "reduce_scatter": moe_units[1]}),
+            **(lt_args | {"all_gather": moe_units[0], "reduce_scatter": moe_units[1], "fsdp_copies": (*moe_copies, *copies[2:])}),
             **_op_args(moe_ops, recompute_time(moe_ops, plan.recompute)),
         )
         moe_stage = moe_layers_per_stage(model, split)
@@ -503,6 +507,10 @@ def estimate(
             overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
         )
         a, g = after_pipeline(**dp_args, nccl_share=lt_args["nccl_share"])
+        if once_per_step and fsdp2 and shard > 1:  # FSDP2's copies of the step's one reduce-scatter and all-gather
+            units_here = n_layers + (0 in mine) + (last in mine)
+            copy_in, copy_out = fsdp2_step_copy_times(params, units_here, rec, gpu, cal)
+            a, g = a + copy_in, g + copy_out
         after.append(a)
         pg_times.append(g)
         a0, g0 = after_pipeline(**dp_args)  # without contention: what stays hidden

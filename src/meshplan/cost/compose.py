@@ -57,7 +57,7 @@ class LayerTimes:
     tp_head_bwd: Num
     cp_fwd: Num
     cp_bwd: Num
-    fsdp_fwd: Num
+    fsdp_fwd: Num  # exposed ZeRO-3 collectives, and FSDP2's copies (:mod:`meshplan.cost.fsdp_copies`)
     fsdp_bwd: Num
     fsdp_emb_fwd: Num = 0.0
     fsdp_emb_bwd: Num = 0.0
@@ -109,6 +109,7 @@ def layer_times(
     kernels: str = "fused",
     nccl_share: Num = 0.0,
     tp_share: Num = 0.0,
+    fsdp_copies: tuple[Num, Num, Num, Num, Num, Num] = (0.0,) * 6,
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs.
 
@@ -130,6 +131,11 @@ def layer_times(
       compute only: the embedding gathers again before its backward when weights are resharded
       after forward, unless ``embedding_kept`` (a tied embedding whose weight the LM head uses at
       the end of the forward); the head unit, first in backward, stays gathered after forward.
+    * FSDP2's copies (``fsdp_copies``: copy-out and copy-in of a layer, of the embedding and of
+      the head unit, :func:`meshplan.cost.fsdp_copies.fsdp2_unit_copy_times`; zeros on other
+      stacks) run on the compute stream beside the collectives they serve, one copy-out after
+      every all-gather and one copy-in before every reduce-scatter, charged to the FSDP time in
+      full.
     * Full recompute repeats the forward's TP and CP collectives in the backward.
     * Contention (:mod:`meshplan.cost.contention`): the compute beside each hidden collective
       takes Δ = T_h · n_c/n_SM longer, with ``tp_share`` = n_c/n_SM for the overlapped TP
@@ -161,6 +167,12 @@ def layer_times(
     h_fsdp_bwd = on(hidden_comm(ag_bwd + reduce_scatter, fsdp_bwd))
     h_emb = (on(hidden_comm(emb_ag, fsdp_emb_fwd)), on(hidden_comm(emb_ag_bwd + emb_rs, fsdp_emb_bwd)))
     h_head = (on(hidden_comm(head_ag, fsdp_head_fwd)), on(hidden_comm(head_rs, fsdp_head_bwd)))
+    out, in_, emb_out, emb_in, head_out, head_in = fsdp_copies
+    copies_fwd = on(out)
+    copies_bwd = on((out if reshard_after_forward else 0.0) + in_)
+    emb_again = pick(embedding_kept, 0.0, emb_out) if reshard_after_forward else 0.0
+    emb_copies = (on(emb_out), on(emb_again + emb_in))
+    head_copies = (on(head_out), on(head_in))
     c_fwd = contention_time(h_tp_fwd, tp_share) + contention_time(h_cp_fwd + h_fsdp_fwd, nccl_share)
     c_bwd = contention_time(h_tp_bwd, tp_share) + contention_time(h_cp_bwd + h_fsdp_bwd, nccl_share)
     return LayerTimes(
@@ -182,12 +194,12 @@ def layer_times(
         tp_head_bwd=pick(sp, half, tp_one),
         cp_fwd=cp_fwd,
         cp_bwd=cp_bwd + pick(full_recompute, cp_fwd, 0.0),
-        fsdp_fwd=fsdp_fwd,
-        fsdp_bwd=fsdp_bwd,
-        fsdp_emb_fwd=fsdp_emb_fwd,
-        fsdp_emb_bwd=fsdp_emb_bwd,
-        fsdp_head_fwd=fsdp_head_fwd,
-        fsdp_head_bwd=fsdp_head_bwd,
+        fsdp_fwd=fsdp_fwd + copies_fwd,
+        fsdp_bwd=fsdp_bwd + copies_bwd,
+        fsdp_emb_fwd=fsdp_emb_fwd + emb_copies[0],
+        fsdp_emb_bwd=fsdp_emb_bwd + emb_copies[1],
+        fsdp_head_fwd=fsdp_head_fwd + head_copies[0],
+        fsdp_head_bwd=fsdp_head_bwd + head_copies[1],
         hidden_tp_fwd=h_tp_fwd,
         hidden_tp_bwd=h_tp_bwd,
         hidden_cp_fwd=h_cp_fwd,

@@ -72,6 +72,7 @@ from meshplan.cost.calibration import calibration_for
 from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
+from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, runs_fsdp2
 from meshplan.cost.compose import (
     after_pipeline,
     LayerTimes,
@@ -116,7 +117,8 @@ _KERNEL_FIELDS = (
 #: the collectives of one micro-batch (:meth:`Engine._comm_terms`)
 _MB_FIELDS = ("tp_one", "cp_kv", "cp_dkv", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd")
 #: per-layer ZeRO-3's unit collectives (:meth:`Engine._unit_terms`)
-_UNIT_FIELDS = ("all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather", "head_reduce_scatter")
+_UNIT_FIELDS = ("all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather", "head_reduce_scatter",
+                "copy_out", "copy_in", "emb_copy_out", "emb_copy_in", "head_copy_out", "head_copy_in")
 
 
 @dataclass
@@ -441,12 +443,15 @@ class Engine:
 
     def _moe_comm_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int) -> tuple:
         """ZeRO-3 (all-gather, reduce-scatter) of one MoE layer: its dense part over the shard
-        group, its E/ep experts over the expert data-parallel group."""
+        group, its E/ep experts over the expert data-parallel group; and on torch's stacks FSDP2's
+        (copy-out, copy-in) of the layer."""
         if not (zero == 3 and ds * c > 1):
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0, 0.0
         pl = self._place(t, c, p, d, ds)
         edp = self._expert_place(t, c, p, d, ep)[1]
-        return moe_fsdp_layer_times(self.model, t, ep, self.rec, pl.shard, edp, self.cluster, self.cal)
+        copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, moe=True, ep=ep)[:2]
+                  if runs_fsdp2(zero, self.base.kernels) else (0.0, 0.0))
+        return (*moe_fsdp_layer_times(self.model, t, ep, self.rec, pl.shard, edp, self.cluster, self.cal), *copies)
 
     def _a2a_terms(self, t: int, c: int, p: int, d: int, ep: int, b: int, sp: int, full: int) -> tuple:
         """Exposed (forward, backward) expert all-to-all of one MoE layer and micro-batch."""
@@ -473,11 +478,14 @@ class Engine:
 
     def _unit_terms(self, t: int, c: int, p: int, d: int, fsdp: int) -> tuple:
         """ZeRO-3's per-layer and embedding/head unit collectives over the shard group of ``fsdp``
-        dp indices, which do not depend on the micro-batch (0 when ``fsdp`` is 0: weights not
-        sharded per layer)."""
+        dp indices, and on torch's stacks FSDP2's copies beside them, which do not depend on the
+        micro-batch (0 when ``fsdp`` is 0: weights not sharded per layer)."""
         if not fsdp:
             return (0.0,) * len(_UNIT_FIELDS)
-        return fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, fsdp).shard, self.cluster, self.cal)
+        units = fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, fsdp).shard, self.cluster, self.cal)
+        copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal)
+                  if runs_fsdp2(3, self.base.kernels) else (0.0,) * 6)
+        return units + copies
 
     def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int) -> tuple:
         """(gradient sync, weight all-gather) of a rank holding ``params`` parameters, of which
@@ -545,7 +553,7 @@ class Engine:
             moe["ep1"] = _gather(self._moe_kernel, [x[kernel_rows[0]] for x in cols("t c b sp rc")] + [ones], len(_MOE_FIELDS))
             row["full"] = (row["rc"] == RECOMPUTE.index("full")).astype(np.int64)
             moe["kernel"] = _gather(self._moe_kernel, cols("t c b sp rc ep"), len(_MOE_FIELDS))
-            moe["comm"] = _gather(self._moe_comm, cols("t c p d ds ep zero"), 2)
+            moe["comm"] = _gather(self._moe_comm, cols("t c p d ds ep zero"), 4)
             moe["a2a"] = _gather(self._a2a, cols("t c p d ep b sp full"), 2)
             working = np.maximum(working, moe["kernel"][:, _MOE_FIELDS.index("act_working")])
         lt, lt_moe = self._layer_times(T, at, row["fsdp"] > 0, k, cm, moe)
@@ -574,6 +582,7 @@ class Engine:
             fsdp_per_layer=per_layer, all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
+            fsdp_copies=tuple(cm[name] for name in _UNIT_FIELDS[6:]),
             # the LM head reuses a tied embedding's weight when both sit on the one stage
             embedding_kept=model.tied_embeddings & (T.pp[at] == 1), nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
@@ -584,7 +593,8 @@ class Engine:
             return lt, None
         km = dict(zip(_MOE_FIELDS, moe["kernel"].T))
         mc = moe["comm"]
-        return lt, layer_times(**(lt_args | {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1]}), **_op_fields(km))
+        moe_args = {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1], "fsdp_copies": (mc[:, 2], mc[:, 3], *lt_args["fsdp_copies"][2:])}
+        return lt, layer_times(**(lt_args | moe_args), **_op_fields(km))
 
     # ---- one pipeline shape -------------------------------------------------------------------
     def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: "_Terms", idx: slice) -> tuple:

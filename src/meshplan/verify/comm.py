@@ -71,6 +71,12 @@ OP_KIND = {
     "c10d.send": "send",
     "c10d.recv_": "recv",
 }
+#: FSDP2's copies beside its collectives (:mod:`meshplan.cost.fsdp_copies`): aten op name -> kind,
+#: counted under the axis ``fsdp2`` with the bytes they read and write
+COPY_KIND = {
+    "fsdp.split_with_sizes_copy": "copy_out",
+    "fsdp.chunk_cat": "copy_in",
+}
 SCHEDULES = {
     "gpipe": "ScheduleGPipe",
     "1f1b": "Schedule1F1B",
@@ -175,7 +181,8 @@ def _collective_bytes(kind: str, name: str, args: tuple, kwargs: dict, out: Any)
 
 
 def make_counter(axis_of: dict[tuple[int, ...], str]):
-    """A TorchDispatchMode recording (kind, axis, phase, bytes) of every collective."""
+    """A TorchDispatchMode recording (kind, axis, phase, bytes) of every collective, and of FSDP2's
+    copy-out and copy-in (:data:`COPY_KIND`, bytes read and written)."""
     import torch
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -192,6 +199,11 @@ def make_counter(axis_of: dict[tuple[int, ...], str]):
                 return NotImplemented  # let DTensor unwrap: its collectives come back as plain tensors
             out = func(*args, **kwargs)
             name = f"{func.namespace}.{func._schema.name.split('::')[-1]}"
+            if name in COPY_KIND:  # the tensors it reads (args) and writes (out=)
+                self.records.append({
+                    "kind": COPY_KIND[name], "op": name, "axis": "fsdp2", "phase": self._phase(),
+                    "bytes": _nbytes(list(args)) + _nbytes(list(kwargs.values())),
+                })
             kind = OP_KIND.get(name)
             if kind is not None:
                 ranks = None
@@ -203,12 +215,15 @@ def make_counter(axis_of: dict[tuple[int, ...], str]):
                 if kind in ("send", "recv") and axis == "pp":  # the schedule sends gradients after their backward
                     phase = "pipeline"
                 else:
-                    phase = self.phase_override or ("backward" if torch._C._current_graph_task_id() != -1 else "forward")
+                    phase = self._phase()
                 self.records.append({
                     "kind": kind, "op": name, "axis": axis, "phase": phase,
                     "bytes": _collective_bytes(kind, name, args, kwargs, out),
                 })
             return out
+
+        def _phase(self) -> str:
+            return self.phase_override or ("backward" if torch._C._current_graph_task_id() != -1 else "forward")
 
     return CollectiveCounter()
 
@@ -332,14 +347,16 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int, device: str
 
 
 def torch_plan(plan: TrainingPlan) -> TrainingPlan:
-    """The meshplan plan a torch run of ``plan`` is compared with. torch's ZeRO-2 — FSDP2 with
+    """The meshplan plan a torch run of ``plan`` is compared with: on torch's eager stack
+    (``kernels = "eager"``: its cross-entropy, FSDP2 for ZeRO-3). torch's ZeRO-2 — FSDP2 with
     ``reshard_after_forward=False``, FSDP1's ``SHARD_GRAD_OP`` — shards weights at rest and keeps
     them gathered from each unit's forward to its backward: meshplan's ZeRO-3 with weights kept
     gathered. (meshplan's ZeRO-2, whole weights at rest as in DeepSpeed and Megatron, has no
     torch-native form.)"""
+    update: dict = {"kernels": "eager"}
     if plan.dp > 1 and plan.zero == 2:
-        return plan.model_copy(update={"zero": 3, "reshard_after_forward": False})
-    return plan
+        update |= {"zero": 3, "reshard_after_forward": False}
+    return plan.model_copy(update=update)
 
 
 def dp_mesh(mesh, plan: TrainingPlan):

@@ -310,7 +310,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
     check_plan(model, plan)
     got = measured if measured is not None else measure(model, plan, device)
     peak, state = got["peak"], got["state"]
-    mplan = torch_plan(plan).model_copy(update={"kernels": "eager"})  # torch's eager cross-entropy
+    mplan = torch_plan(plan)  # torch's eager stack: its cross-entropy
     st = estimate(model, cluster, mplan).stages[0]
     fsdp = plan.dp > 1 and plan.zero >= 2
     key = {

@@ -1,4 +1,5 @@
-"""The collectives meshplan's model charges for one step, per pipeline rank, as a list.
+"""The collectives meshplan's model charges for one step, per pipeline rank, as a list (with
+FSDP2's copies beside them).
 
 :func:`meshplan.estimate.estimate` composes communication *times*; this module lists the same
 collectives it times, with the same sizes from the same cost functions, so that they can be counted
@@ -26,6 +27,10 @@ dp, ZeRO-3      all-gather (P_layer·w) forward, again in        every micro-bat
                 (P_emb, first stage) and the final norm + LM
                 head unit (P_head, last stage, kept gathered
                 after forward: no backward all-gather)
+fsdp2           on the torch stacks, FSDP2's copy-out (2·P·w,   with each all-gather and
+                bytes read and written) and copy-in             reduce-scatter above
+                (P·(w + γ)) of each unit
+                (:mod:`meshplan.cost.fsdp_copies`)
 pp              send + recv of the activation (n·h·e, ÷t with   every micro-batch, both ways,
                 SP) at every stage boundary between ranks       at each stage boundary
 cp              ring attention: c − 1 sends + recvs of K and    every micro-batch, per layer
@@ -42,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost.cp_exchange import cp_exchange_bytes
+from meshplan.cost.fsdp_copies import copy_in_bytes, copy_out_bytes, runs_fsdp2
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from meshplan.pipeline.schedules import stage_style
 from meshplan.pipeline.stages import layer_split, stages_of_rank
@@ -124,11 +130,17 @@ def predicted(model: ModelSpec, plan: TrainingPlan, rank: int) -> list[Collectiv
             units.append((embedding_params_per_rank(model, t), 1, plan.reshard_after_forward and not kept))
         if last_here:
             units.append((head_params_per_rank(model, t, plan.pp), 1, False))
+        fsdp2 = runs_fsdp2(plan.zero, plan.kernels)
         for p_unit, n, again in units:
             out.append(Collective(shard_axis, "all_gather", "forward", p_unit * rec.weight_bytes, m * n))
             if again:
                 out.append(Collective(shard_axis, "all_gather", "backward", p_unit * rec.weight_bytes, m * n))
             out.append(Collective(shard_axis, "reduce_scatter", "backward", p_unit * rec.grad_bytes, m * n))
+            if fsdp2:  # a copy-out after every all-gather, a copy-in before every reduce-scatter
+                out.append(Collective("fsdp2", "copy_out", "forward", copy_out_bytes(p_unit, rec), m * n))
+                if again:
+                    out.append(Collective("fsdp2", "copy_out", "backward", copy_out_bytes(p_unit, rec), m * n))
+                out.append(Collective("fsdp2", "copy_in", "backward", copy_in_bytes(p_unit, rec), m * n))
     if hsdp(plan) and plan.zero >= 1:
         out.append(Collective("dp_rep", "all_reduce", "backward", params * rec.grad_bytes / plan.shard_degree, 1))
     if plan.cp > 1:  # ring attention per layer: c − 1 K/V steps forward, K/V and dK/dV backward
@@ -241,7 +253,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
     asked, plan = plan, torch_plan(plan)
     device = results[0].get("device", "cpu") if results else "cpu"
     group = "NCCL process group (one GPU per rank)" if device == "cuda" else "gloo CPU process group"
-    c = Comparison("comm", f"Collectives of one step ({plan.grad_accum} micro-batches of {plan.micro_batch} x {plan.seq_len} tokens)")
+    c = Comparison("comm", f"Collectives (and FSDP2's copies) of one step ({plan.grad_accum} micro-batches of {plan.micro_batch} x {plan.seq_len} tokens)")
     groups: dict[int, list[dict]] = {}
     for res in results:
         groups.setdefault(res["pp_rank"], []).append(res)
@@ -265,7 +277,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
             notes = names.get(key, [])
             tag = " ".join(key)
             c.add(Row(f"{where}: {tag}: count", g[0], p[0], EXACT, "ops", known=k[0], notes=tuple(n.name for n in notes)), *notes)
-            c.add(Row(f"{where}: {tag}: bytes", g[1], p[1], COLLECTIVE_BYTES, "B", known=k[1],
+            c.add(Row(f"{where}: {tag}: bytes", g[1], p[1], EXACT if key[0] == "fsdp2" else COLLECTIVE_BYTES, "B", known=k[1],
                       notes=tuple(n.name for n in notes)), *notes)
     c.setup = {
         "model": model.name, "tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp, "zero": asked.zero, "dp_shard": plan.dp_shard,
@@ -273,7 +285,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
         "sequence_parallel": plan.sequence_parallel and plan.tp > 1, "schedule": plan.schedule if plan.pp > 1 else None,
         "micro_batches": plan.grad_accum, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len,
         "device": device,
-        "how": f"{group}, one counted step after two warm-up steps, TorchDispatchMode on c10d ops",
+        "how": f"{group}, one counted step after two warm-up steps, TorchDispatchMode on c10d ops and FSDP2's copy ops",
     }
     if plan.cp > 1:
         c.setup["cp"] = plan.cp

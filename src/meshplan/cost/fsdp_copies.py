@@ -1,0 +1,82 @@
+"""FSDP2's copies on the compute stream: the all-gather copy-out and the reduce-scatter copy-in.
+
+torch's FSDP2 (``fully_shard``), which the torch stacks (``kernels`` compiled or eager) run for
+ZeRO-3, all-gathers a unit's shards into one flat buffer and does not compute on it: before the
+unit runs it copies the buffer out into each parameter's unsharded tensor
+(``FSDPParamGroup.wait_for_unshard`` → ``foreach_all_gather_copy_out``, one
+``torch.ops.fsdp.split_with_sizes_copy`` on the current stream). After the unit's backward it
+copies the unsharded gradients into one flat reduce-scatter input in the reduce dtype
+(``foreach_reduce`` → ``foreach_reduce_scatter_copy_in``, one ``torch.ops.fsdp.chunk_cat``): on
+the current stream in later builds, and in the 2024 ones on the reduce-scatter stream with the
+current stream waiting for it at once ("Only after the copy-in finishes can we free the
+gradients"). Either way both copies stand on the compute stream's path, where no collective hides
+them. Megatron's and DeepSpeed's ZeRO-3 gather into buffers their parameters are views of, and are
+not charged.
+
+Per unit of P parameters on a rank (after TP), w weight bytes as gathered, γ gradient bytes as
+reduced, each copy reading and writing (bytes moved):
+
+=====================  =================  ==============================================
+copy                   bytes              when
+=====================  =================  ==============================================
+copy-out               2·P·w              after every all-gather of the unit
+copy-in, per layer     P·(w + γ)          every reduce-scatter: gradients in the
+                                          parameters' dtype (w) into the reduce dtype (γ)
+copy-in, once a step   2·P·γ              gradients accumulated unsharded in the reduce
+                                          dtype (``fsdp_accumulate_unsharded``)
+=====================  =================  ==============================================
+
+each a memory-bound kernel (:func:`meshplan.cost.compute.memory_time`). ``meshplan verify comm``
+counts both ops of a real FSDP2 step on gloo and matches these bytes exactly
+(``tests/test_verify_comm.py``).
+"""
+
+from __future__ import annotations
+
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.compute import memory_time
+from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from meshplan.specs.hardware import GPUSpec
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import PrecisionRecipe
+
+
+def runs_fsdp2(zero: int, kernels: str) -> bool:
+    """Whether a plan's ZeRO-3 is torch's FSDP2: ZeRO-3 on a torch stack (``kernels`` compiled or
+    eager); the fused (Megatron/Transformer Engine) stack's is not."""
+    return zero == 3 and kernels != "fused"
+
+
+def copy_out_bytes(params: float, rec: PrecisionRecipe) -> float:
+    """2·P·w: the gathered buffer read and the unsharded parameters written."""
+    return 2 * params * rec.weight_bytes
+
+
+def copy_in_bytes(params: float, rec: PrecisionRecipe, accumulated: bool = False) -> float:
+    """P·(w + γ) per micro-batch (gradients in the parameters' dtype, written in the reduce
+    dtype), or 2·P·γ from gradients accumulated unsharded in the reduce dtype."""
+    return params * (2 * rec.grad_bytes if accumulated else rec.weight_bytes + rec.grad_bytes)
+
+
+def fsdp2_unit_copy_times(
+    model: ModelSpec, tp: int, pp: int, rec: PrecisionRecipe, gpu: GPUSpec, cal: Calibration, moe: bool = False, ep: int = 1
+) -> tuple[float, float, float, float, float, float]:
+    """Seconds of one copy-out and one copy-in per micro-batch of each FSDP unit, in the order of
+    :func:`meshplan.cost.comm.fsdp_unit_times`: (layer copy-out, layer copy-in, embedding
+    copy-out, embedding copy-in, head copy-out, head copy-in); with ``moe`` the layer is a
+    mixture-of-experts layer holding E/ep experts (one copy each way for the whole layer)."""
+    layer = layer_params_per_rank(model, tp, moe=moe, ep=ep)
+    out: list[float] = []
+    for p in (layer, embedding_params_per_rank(model, tp), head_params_per_rank(model, tp, pp)):
+        out.append(memory_time(copy_out_bytes(p, rec), gpu, cal))
+        out.append(memory_time(copy_in_bytes(p, rec), gpu, cal))
+    return tuple(out)  # type: ignore[return-value]
+
+
+def fsdp2_step_copy_times(params: float, units: int, rec: PrecisionRecipe, gpu: GPUSpec, cal: Calibration) -> tuple[float, float]:
+    """(copy-in, copy-out) seconds of a rank whose FSDP2 units (``units`` of them, ``params`` in
+    all) keep weights gathered and gradients unsharded through the step: each unit copied out once
+    before its first forward and its accumulated gradients copied in once after its last backward."""
+    overheads = (units - 1) * cal.kernel_overhead  # memory_time charges one kernel
+    return (memory_time(copy_in_bytes(params, rec, accumulated=True), gpu, cal) + overheads,
+            memory_time(copy_out_bytes(params, rec), gpu, cal) + overheads)

@@ -1,0 +1,132 @@
+"""FSDP2's copy-out and copy-in on the compute stream (meshplan.cost.fsdp_copies): their bytes
+against torch's own ops, and what they add to a step on the torch stacks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import meshplan.estimate as estimate_mod
+from meshplan.accuracy import map_runs
+from meshplan.catalog import load_gpu, load_model
+from meshplan.cost.calibration import calibration_for
+from meshplan.cost.compute import memory_time
+from meshplan.cost.fsdp_copies import copy_in_bytes, copy_out_bytes, fsdp2_step_copy_times, fsdp2_unit_copy_times, runs_fsdp2
+from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from meshplan.estimate import estimate
+from meshplan.search.engine import Engine
+from meshplan.search.space import SearchLimits, enumerate_plans
+from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
+
+BF16 = PrecisionRecipe(precision="bf16", grad_dtype="fp32")  # torchtitan's: bf16 parameters, fp32 reduction
+
+
+def test_copy_bytes_of_a_llama3_8b_layer():
+    m = load_model("llama3-8b")
+    p = layer_params_per_rank(m, 1)
+    assert p == 4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096 == 218_112_000
+    assert copy_out_bytes(p, BF16) == 872_448_000  # the gathered bf16 buffer read, the parameters written
+    assert copy_in_bytes(p, BF16) == 1_308_672_000  # bf16 gradients read, fp32 written
+    assert copy_in_bytes(p, BF16, accumulated=True) == 1_744_896_000  # fp32 accumulated gradients read
+    gpu = load_gpu("h100-sxm-80gb")
+    cal = calibration_for(gpu)
+    times = fsdp2_unit_copy_times(m, 1, 1, BF16, gpu, cal)
+    assert times[:2] == (memory_time(872_448_000, gpu, cal), memory_time(1_308_672_000, gpu, cal))
+    assert times[2] == memory_time(2 * embedding_params_per_rank(m, 1) * 2, gpu, cal)
+    assert times[4] == memory_time(2 * head_params_per_rank(m, 1, 1) * 2, gpu, cal)
+    copy_in, copy_out = fsdp2_step_copy_times(10 * p, 10, BF16, gpu, cal)
+    assert copy_out == memory_time(10 * 872_448_000, gpu, cal) + 9 * cal.kernel_overhead
+
+
+def test_only_torch_zero3_is_fsdp2():
+    assert runs_fsdp2(3, "compiled") and runs_fsdp2(3, "eager")
+    assert not runs_fsdp2(3, "fused") and not runs_fsdp2(1, "eager") and not runs_fsdp2(2, "compiled")
+
+
+def test_torch_fsdp2_copies_are_the_costed_bytes():
+    """torch's own FSDP2 under torchtitan's mixed precision on two gloo ranks: per unit of P = 8,192
+    parameters, each all-gather's copy-out moves 2·P·2 bytes and each reduce-scatter's copy-in
+    P·(2 + 4), forward and backward (weights resharded after forward)."""
+    pytest.importorskip("torch")
+    import multiprocessing as mp
+
+    from fsdp_copy_support import WIDTHS, copy_records
+
+    from meshplan.verify.comm import _free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=copy_records, args=(r, 2, port, out), daemon=True) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        ranks = [out.get(timeout=120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    units = [a * b for a, b in zip(WIDTHS, WIDTHS[1:])]
+    assert units == [8192, 8192]
+    expected = sorted([("copy_out", "forward", copy_out_bytes(p, BF16)) for p in units]
+                      + [("copy_out", "backward", copy_out_bytes(p, BF16)) for p in units]
+                      + [("copy_in", "backward", copy_in_bytes(p, BF16)) for p in units])
+    assert expected[0] == ("copy_in", "backward", 49_152) and expected[-1] == ("copy_out", "forward", 32_768)
+    for records in ranks:
+        assert sorted(records) == expected
+
+
+def _without_copies(monkeypatch):
+    monkeypatch.setattr(estimate_mod, "fsdp2_unit_copy_times", lambda *a, **k: (0.0,) * 6)
+    monkeypatch.setattr(estimate_mod, "fsdp2_step_copy_times", lambda *a, **k: (0.0, 0.0))
+
+
+def test_torchtitan_8b_step_gains_each_copy_once_per_gather_and_reduction(monkeypatch):
+    run = {r.id: r for r in map_runs()}["torchtitan_8b_8gpu_fsdp_compile"]
+    model, cluster, plan = run.model, run.cluster, run.plan
+    assert plan.pp == 1 and plan.reshard_after_forward and not model.tied_embeddings
+    with_copies = estimate(model, cluster, plan)
+    _without_copies(monkeypatch)
+    without = estimate(model, cluster, plan)
+    co, ci, e_co, e_ci, h_co, h_ci = fsdp2_unit_copy_times(model, 1, 1, plan.precision, cluster.gpu, calibration_for(cluster.gpu))
+    # every layer and the embedding gather forward and again backward; the head unit gathers once
+    per_micro_batch = model.n_layers * (2 * co + ci) + 2 * e_co + e_ci + h_co + h_ci
+    added = plan.grad_accum * per_micro_batch
+    assert math.isclose(with_copies.time.fsdp_comm_s - without.time.fsdp_comm_s, added, rel_tol=1e-9)
+    assert math.isclose(with_copies.time.step_s - without.time.step_s, added, rel_tol=1e-9)
+    assert 0.055 < added < 0.060  # 3.05 GB per layer at 80 % of the 2.4 TB/s: 2.7 % of the step
+    # the fused stack's ZeRO-3 makes no such copies
+    fused = plan.model_copy(update={"kernels": "fused"})
+    assert estimate(model, cluster, fused).time.fsdp_comm_s == without.time.fsdp_comm_s
+
+
+def test_once_per_step_copies_on_the_405b_pipeline_rows(monkeypatch):
+    run = {r.id: r for r in map_runs()}["torchtitan_405b_512gpu_3d_1f1b"]
+    model, cluster, plan = run.model, run.cluster, run.plan
+    assert plan.fsdp_accumulate_unsharded and not plan.overlap_grad_reduce
+    with_copies = estimate(model, cluster, plan)
+    _without_copies(monkeypatch)
+    without = estimate(model, cluster, plan)
+    assert with_copies.time.fsdp_comm_s == without.time.fsdp_comm_s  # nothing per micro-batch
+    assert 0.0 < with_copies.time.step_s - without.time.step_s < 0.1
+
+
+@pytest.mark.parametrize("name,gpus", [("llama3-8b", 16), ("mixtral-8x7b", 32)])
+def test_search_step_equals_estimate_on_torch_fsdp2(name, gpus):
+    """Without a pipeline the screen's step bound is the step: on the compiled stack it carries the
+    same copies as ``estimate`` (the MoE layers' their own, over E/ep experts)."""
+    model, cluster = load_model(name), ClusterSpec.of(load_gpu("h100-sxm-80gb"), gpus)
+    base = TrainingPlan(global_batch=32, seq_len=8192, kernels="compiled")
+    table = enumerate_plans(model, gpus, cluster.gpus_per_node, 8192, (32,), SearchLimits(max_micro_batch=2, max_tp=2, max_pp=1))
+    screen = Engine(model, cluster, base).evaluate(table)
+    rows = [i for i in range(len(table)) if table.zero[i] == 3 and table.pp[i] == 1]
+    if model.is_moe:
+        assert {int(table.ep[i]) for i in rows} > {1}
+    assert len(rows) >= 8
+    for i in np.random.default_rng(5).choice(rows, 8, replace=False).tolist():
+        plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+        assert screen.step_lower_bound[i] == pytest.approx(estimate(model, cluster, plan).time.step_s, rel=1e-9), table.row(i)
