@@ -130,3 +130,16 @@ def test_search_step_equals_estimate_on_torch_fsdp2(name, gpus):
     for i in np.random.default_rng(5).choice(rows, 8, replace=False).tolist():
         plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
         assert screen.step_lower_bound[i] == pytest.approx(estimate(model, cluster, plan).time.step_s, rel=1e-9), table.row(i)
+
+
+def test_explain_shows_the_copies_on_the_torch_stack_only():
+    run = {r.id: r for r in map_runs()}["torchtitan_8b_8gpu_fsdp_compile"]
+    for kernels, shown in (("compiled", True), ("fused", False)):
+        est = estimate(run.model, run.cluster, run.plan.model_copy(update={"kernels": kernels}))
+        d = next(x for x in est.derivations if x.key == "time.fsdp")
+        symbols = dict(d.symbols)
+        assert ("copies" in symbols) is shown and ("FSDP2" in d.formula) is shown
+        assert symbols["P"].startswith("218,112,000 parameters")
+        assert d.value.startswith(f"{est.time.fsdp_comm_s * 1e3:.2f} ms")
+    ddp = estimate(run.model, run.cluster, run.plan.model_copy(update={"zero": 1}))
+    assert not any(x.key == "time.fsdp" for x in ddp.derivations)

@@ -553,7 +553,7 @@ def estimate(
         contention=_contention_per_step(hidden, lt_args["nccl_share"], lt_args["tp_share"]),
     )
     est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
-    derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt, cp_comm))
+    derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt, cp_comm, (ag, rs, copies)))
     return est
 
 
@@ -625,9 +625,36 @@ def _cp_rows(p: TrainingPlan, cp_comm: tuple[float, float], lt) -> tuple[tuple[s
     )
 
 
+def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple) -> list[Derivation]:
+    """The ``time.fsdp`` derivation of per-layer ZeRO-3: a layer's all-gather and reduce-scatter
+    before overlap, FSDP2's copies on the torch stacks (:mod:`meshplan.cost.fsdp_copies`) and what
+    is exposed; none when weights are not sharded per layer."""
+    p = est.plan
+    if not (p.zero == 3 and p.shard_degree > 1 and not p.fsdp_accumulate_unsharded):
+        return []
+    ag, rs, copies = fsdp_terms
+    again = " (and again backward)" if p.reshard_after_forward else ""
+    symbols = [("P", f"{layer_params_per_rank(est.model, p.tp):,} parameters per layer and GPU (TP {p.tp})"),
+               ("AG, RS", f"{fmt_seconds(ag)} all-gather of P·w{again}, {fmt_seconds(rs)} reduce-scatter of P·γ, "
+                          f"over N = {p.shard_degree}")]
+    ag_bwd = "AG + RS" if p.reshard_after_forward else "RS"
+    formula = f"max(AG − forward, 0) forward, max({ag_bwd} − backward, 0) backward: a layer's collectives behind a layer's compute"
+    if runs_fsdp2(p.zero, p.kernels):
+        symbols.append(("copies", f"{fmt_seconds(copies[0])} copy-out (2·P·w) per all-gather, {fmt_seconds(copies[1])} "
+                                  "copy-in (P·(w + γ)) per reduce-scatter, on the compute stream"))
+        formula += " + FSDP2's copies"
+    symbols.append(("per layer", f"{fmt_seconds(lt.fsdp_fwd)} / {fmt_seconds(lt.fsdp_bwd)} forward / backward"))
+    return [Derivation(
+        "time.fsdp", "ZeRO-3 / FSDP time per layer and micro-batch", formula, tuple(symbols),
+        f"{fmt_seconds(est.time.fsdp_comm_s)} per step on the critical rank (the embedding and head units included)",
+        "Rajbhandari et al. 2020 Sec. 7.2.2" + ("; torch FSDP2's foreach_all_gather_copy_out and foreach_reduce_scatter_copy_in "
+                                                 "(meshplan.cost.fsdp_copies)" if runs_fsdp2(p.zero, p.kernels) else ""))]
+
+
 def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
-                 cp_comm: tuple[float, float]) -> list[Derivation]:
-    """Formula, symbols and values of the headline figures (what ``meshplan explain`` shows)."""
+                 cp_comm: tuple[float, float], fsdp_terms: tuple) -> list[Derivation]:
+    """Formula, symbols and values of the headline figures (what ``meshplan explain`` shows);
+    ``fsdp_terms``: a layer's ZeRO-3 (all-gather, reduce-scatter, FSDP2 copies)."""
     m, p, pc, f = est.model, est.plan, est.params, est.flops
     tok = p.tokens_per_step
     worst = max(est.stages, key=lambda st: st.total)
@@ -712,6 +739,7 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         + _cp_rows(p, cp_comm, lt),
         f"{fmt_seconds(ops.fwd)} / {fmt_seconds(ops.bwd)}",
         "meshplan.cost.compute" + ("; meshplan.cost.cp_exchange" if p.cp > 1 else "")))
+    d.extend(_fsdp_rows(est, lt, fsdp_terms))
     t = est.time
     gpu = est.cluster.gpu
     ctas = tp_overlap_ctas(p.tp_overlap_kind)
