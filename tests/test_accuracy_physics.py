@@ -17,6 +17,7 @@ from meshplan.cli.app import main
 from meshplan.cost.activations import loss_grad_bytes
 from meshplan.cost.calibration import HOPPER, calibration_for, power_capped
 from meshplan.cost.compute import elementwise_bytes, layer_op_times, memory_time
+from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times
 from meshplan.errors import InputError
 from meshplan.estimate import estimate
 from meshplan.specs.hardware import ClusterSpec
@@ -103,9 +104,14 @@ def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     est = {k: estimate(model, cluster, p) for k, p in plans.items()}
     assert est["compiled"].peak_bytes - est["fused"].peak_bytes == 8_405_385_216
     # same fused kernels; the torch stack adds the GQA K/V copy forward, backward and in the
-    # op-level recompute of each of the 32 layers (one micro-batch per step)
+    # op-level recompute of each of the 32 layers, and FSDP2's copies: every layer and the
+    # embedding copied out forward and backward, the head unit forward, each copied in once
+    # (one micro-batch per step)
     rep = _repeat_kv(cluster.gpu)
-    assert est["compiled"].time.step_s - est["fused"].time.step_s == pytest.approx(32 * 3 * rep, rel=1e-6)
+    co, ci, e_co, e_ci, h_co, h_ci = fsdp2_unit_copy_times(model, 1, 1, plans["compiled"].precision, cluster.gpu, calibration_for(cluster.gpu))
+    copies = 32 * (2 * co + ci) + 2 * e_co + e_ci + h_co + h_ci
+    assert est["compiled"].time.step_s - est["fused"].time.step_s == pytest.approx(32 * 3 * rep + copies, rel=1e-6)
+    assert est["compiled"].time.fsdp_comm_s - est["fused"].time.fsdp_comm_s == pytest.approx(copies, rel=1e-9)
 
 
 def test_unknown_kernels_value_is_refused():
