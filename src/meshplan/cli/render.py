@@ -25,7 +25,7 @@ BREAKDOWN_LABELS = {
     "recompute": "recompute",
     "tp_comm": "TP communication (exposed)",
     "cp_comm": "CP communication (exposed)",
-    "fsdp_comm": "FSDP weight/grad communication (exposed)",
+    "fsdp_comm": "FSDP weight/grad communication (exposed) + FSDP2 copies",
     "pipeline_bubble": "pipeline bubble (idle)",
     "dp_comm": "DP gradient sync (exposed)",
     "optimizer": "optimizer step",
