@@ -168,14 +168,16 @@ def test_userbuffers_tp_is_charged_at_its_sm_share(rows):
 
 def test_scale_out_fsdp_slows_more_than_in_node_but_less_than_measured(rows):
     """torchtitan's 8B runs on 8 and 128 GPUs differ only in the FSDP group: measured 1.028x
-    (2.923 / 2.843 s); the contention of the longer cross-node collectives separates them, and by
-    less than the measurement (the HBM share is not modelled)."""
+    (2.923 / 2.843 s). Before the optimizer step, whose shard is 16x smaller on 128 GPUs (torch's
+    foreach AdamW: 48 ms against 3 ms), the contention of the longer cross-node collectives
+    separates them, and by less than the measurement (the HBM share is not modelled)."""
     one = estimate(rows["torchtitan_8b_8gpu_fsdp"].model, rows["torchtitan_8b_8gpu_fsdp"].cluster,
                    rows["torchtitan_8b_8gpu_fsdp"].plan).time
     many = estimate(rows["torchtitan_8b_128gpu_fsdp"].model, rows["torchtitan_8b_128gpu_fsdp"].cluster,
                     rows["torchtitan_8b_128gpu_fsdp"].plan).time
     assert many.contention_s > 2 * one.contention_s
-    assert 1.0 < many.step_s / one.step_s < 2.923 / 2.843
+    assert one.optimizer_s == pytest.approx(16 * many.optimizer_s, rel=1e-9)
+    assert 1.0 < (many.step_s - many.optimizer_s) / (one.step_s - one.optimizer_s) < 2.923 / 2.843
 
 
 def test_explain_shows_the_contention(rows):

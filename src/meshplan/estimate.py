@@ -518,7 +518,7 @@ def estimate(
         local = params / (shard if plan.zero >= 1 else 1)
         if experts and plan.zero >= 1:
             local = (params - experts) / shard + experts / expert_shard
-        opt_times.append(optimizer_step_time(local, rec, gpu, cal))
+        opt_times.append(optimizer_step_time(local, rec, gpu, cal, plan.kernels))
 
     # ---- step time and its breakdown on the critical rank ------------------------------------
     ends = [sim.finish[r] + after[r] for r in range(pp)]

@@ -789,7 +789,7 @@ class Engine:
         if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
             local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
         # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
-        return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal)
+        return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal, self.base.kernels)
 
     def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
                     head: np.ndarray, params: np.ndarray, pp_messages) -> np.ndarray:
