@@ -553,7 +553,7 @@ def estimate(
         contention=_contention_per_step(hidden, lt_args["nccl_share"], lt_args["tp_share"]),
     )
     est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
-    derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt, cp_comm, (ag, rs, copies)))
+    derivs.extend(_derivations(est, ops, la, tp_one, p2p, lt, cp_comm, (ag, rs, copies) if fsdp_per_layer else None))
     return est
 
 
@@ -625,13 +625,13 @@ def _cp_rows(p: TrainingPlan, cp_comm: tuple[float, float], lt) -> tuple[tuple[s
     )
 
 
-def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple) -> list[Derivation]:
+def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple | None) -> list[Derivation]:
     """The ``time.fsdp`` derivation of per-layer ZeRO-3: a layer's all-gather and reduce-scatter
     before overlap, FSDP2's copies on the torch stacks (:mod:`meshplan.cost.fsdp_copies`) and what
-    is exposed; none when weights are not sharded per layer."""
-    p = est.plan
-    if not (p.zero == 3 and p.shard_degree > 1 and not p.fsdp_accumulate_unsharded):
+    is exposed; none when weights are not sharded per layer (``fsdp_terms`` None)."""
+    if fsdp_terms is None:
         return []
+    p = est.plan
     ag, rs, copies = fsdp_terms
     again = " (and again backward)" if p.reshard_after_forward else ""
     symbols = [("P", f"{layer_params_per_rank(est.model, p.tp):,} parameters per layer and GPU (TP {p.tp})"),
@@ -652,9 +652,10 @@ def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple) -> list[Derivation]:
 
 
 def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
-                 cp_comm: tuple[float, float], fsdp_terms: tuple) -> list[Derivation]:
+                 cp_comm: tuple[float, float], fsdp_terms: tuple | None) -> list[Derivation]:
     """Formula, symbols and values of the headline figures (what ``meshplan explain`` shows);
-    ``fsdp_terms``: a layer's ZeRO-3 (all-gather, reduce-scatter, FSDP2 copies)."""
+    ``fsdp_terms``: a layer's ZeRO-3 (all-gather, reduce-scatter, FSDP2 copies) when weights are
+    sharded per layer, else None."""
     m, p, pc, f = est.model, est.plan, est.params, est.flops
     tok = p.tokens_per_step
     worst = max(est.stages, key=lambda st: st.total)
