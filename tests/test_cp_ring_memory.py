@@ -36,15 +36,24 @@ def test_ring_buffers_of_the_405b_rows():
 @pytest.mark.parametrize("recompute", ["none", "selective", "op", "full"])
 def test_ring_buffers_come_after_the_mlp_is_freed(recompute):
     m = load_model("llama3-405b")
-    args = (m, 1, 8 * 32768, 8, 8, True, recompute, "flash", 2)
-    torch_stack, fused = layer_activations(*args, kernels="compiled"), layer_activations(*args)
-    items = layer_activation_items(m, 1, 8 * 32768, 8, 8, True, "flash", 2)
+    n = 32768
+    args = (m, 1, 8 * n, 8, 8, True, recompute, "flash", 2)
+    torch_stack = layer_activations(*args, kernels="compiled")
+    items = layer_activation_items(m, 1, 8 * n, 8, 8, True, "flash", 2, kernels="compiled")
     mlp = sum(b for name, b, _ in items if name in MLP_SIDE_ITEMS)
-    assert mlp == 32768 * 16384 * 2 / 8 * 2 + 3 * 32768 * 53248 / 8 * 2  # norm 2 and MLP inputs, gate|up and down input
-    ring = ring_backward_buffer_bytes(m, 32768, 8, 2, "compiled", 8)
-    assert torch_stack.stored == fused.stored and torch_stack.items == fused.items
-    assert torch_stack.working == max(fused.working, fused.working + ring - mlp)
-    assert torch_stack.working > fused.working  # 4.7 GB of ring buffers against 1.6 GB of MLP tensors
+    # norm 2's input (its SP shard), the MLP input as torch gathered it, gate|up and down input
+    assert mlp == n * 16384 * 2 / 8 + n * 16384 * 2 + 3 * n * 53248 / 8 * 2
+    full = sum(b for _, b, _ in items)
+    layer_input = n * 16384 * 2 / 8
+    rebuilt = {  # what recompute rebuilds in the layer's backward, W_r
+        "none": 0.0,
+        "selective": sum(b for _, b, cls in items if cls == "core"),
+        "op": full - torch_stack.stored + layer_input,
+        "full": full,
+    }[recompute]
+    ring = ring_backward_buffer_bytes(m, n, 8, 2, "compiled", 8)
+    assert torch_stack.working == max(rebuilt, rebuilt + ring - mlp)
+    assert torch_stack.working > rebuilt  # 4.7 GB of ring buffers against 2.5 GB of MLP-side tensors
 
 
 def test_405b_cp_rows_gain_the_ring_buffers():
@@ -61,8 +70,9 @@ def test_405b_cp_rows_gain_the_ring_buffers():
     # as published (75.3, 75.9, 77.1, 84.9 GiB), by the ring buffers the working set gained
     assert peaks[1] < peaks[2] < peaks[4] < peaks[8]
     m, n = runs["torchtitan_405b_512gpu_4d_cp8_seq262144"].model, 32768
-    mlp = sum(b for name, b, _ in layer_activation_items(m, 1, 8 * n, 8, 8, True, "flash", 2) if name in MLP_SIDE_ITEMS)
-    assert working[8] - working[1] == ring_backward_buffer_bytes(m, n, 8, 2, "compiled", 8) - mlp  # 3.12 GB
+    items = layer_activation_items(m, 1, 8 * n, 8, 8, True, "flash", 2, kernels="compiled")
+    mlp = sum(b for name, b, _ in items if name in MLP_SIDE_ITEMS)
+    assert working[8] - working[1] == ring_backward_buffer_bytes(m, n, 8, 2, "compiled", 8) - mlp  # 2.18 GB
     assert peaks[8] - peaks[1] == pytest.approx((working[8] - working[1]) / GiB, rel=1e-9)
 
 

@@ -319,3 +319,21 @@ def test_fsdp_accumulate_unsharded_needs_zero3():
 
     with pytest.raises(ValidationError, match="zero = 3"):
         TrainingPlan(dp=8, zero=2, global_batch=8, seq_len=1024, fsdp_accumulate_unsharded=True)
+
+
+def test_backward_working_set_counts_at_the_layer_moment_only():
+    """A recomputed layer's working set W lives in its backward, after the loss's: at the head
+    moment it is taken off again, at the layer moment it adds to what the head freed."""
+    from meshplan.cost.compose import rank_other_items
+
+    common = dict(reserve=0.0, holds_head=True, head_act=10.0, zero=0, shard=1, params=100, layer_params=10, head_params=5,
+                  kept_embedding_params=0, weight_bytes=2, grad_bytes=4, reshard_after_forward=True, once_per_step=False,
+                  tp=1, act_msg=1.0, pp=1, p2p_bytes=1.0)
+    head = rank_other_items(logits_grad=50.0, working=20.0, **common)  # 50 > 20 − 10
+    assert head["logits_grad"] == 50.0 and head["working_set_not_yet_built"] == -20.0
+    assert "head_activations_freed" not in head
+    layer = rank_other_items(logits_grad=5.0, working=20.0, **common)  # 5 < 20 − 10
+    assert layer["logits_grad"] == 0.0 and layer["head_activations_freed"] == -10.0
+    assert "working_set_not_yet_built" not in layer
+    # with W counted among the activations: A + W + other = A + max(50, W − 10) and A + max(5, W − 10)
+    assert 20.0 + sum(head.values()) == 50.0 and 20.0 + sum(layer.values()) == 10.0

@@ -428,7 +428,7 @@ def estimate(
     gi = saved_gemm_input_bytes(rec.compute_dtype, plan.kernels, e)
     la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi, kernels=plan.kernels)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
-    head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels)
+    head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels, plan.kernels)
     p2p_bytes = act_msg / (t if sp else 1)
     # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers)
     kept_output = p2p_bytes if plan.pp_buffers == "per-micro-batch" else 0.0
@@ -481,6 +481,7 @@ def estimate(
             grad_bytes=rec.grad_bytes, reshard_after_forward=plan.reshard_after_forward,
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
             pp_messages=pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine)),
+            working=working,
         )
         stages.append(
             StageMemory(

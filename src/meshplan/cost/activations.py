@@ -9,20 +9,35 @@ parallelism shards them (÷t); "tp" tensors are split by TP (÷t).
 tensor                 bytes                               split  kept under recompute
 =====================  ==================================  =====  ===========================
 norm 1 input           n·h·e                               rep    none, selective
-Q/K/V input (normed)   n·h·e                               rep    none, selective
-Q, K, V                n·(a + 2g)·d·e                      tp     none, selective
+Q/K/V input (normed)   n·h·e                               rep†   none, selective
+Q, K, V                n·(a + 2g)·d·e (g = a on torch)     tp     none, selective
 attention scores       b·a·(s/c)·s·e (softmax output)      tp     none (materialized only)
  + dropout mask/out    b·a·(s/c)·s·(1 + e)                 tp     none (materialized, dropout)
 flash softmax stats    4·n·a  (fp32 log-sum-exp)           tp     none (flash only)
 out-proj input         n·a·d·e                             tp     none, selective
 attention dropout mask n·h                                 rep    none, selective (dropout)
 norm 2 input           n·h·e (not with parallel residual)  rep    none, selective
-MLP input (normed)     n·h·e                               rep    none, selective
+MLP input (normed)     n·h·e                               rep†   none, selective
 MLP hidden             3·n·f·e gated (gate|up, product)    tp     none, selective
                        2·n·f·e (GeLU input, fc2 input)
 MLP dropout mask       n·h                                 rep    none, selective (dropout)
 layer input            n·h·e                               rep    full (the only one kept)
 =====================  ==================================  =====  ===========================
+
+† On the torch stacks (``kernels`` compiled or eager) with sequence parallelism, the column-parallel
+linears save the input torch's ``PrepareModuleInput`` all-gathered, n·h·e, where Megatron saves its
+n·h·e/t shard and gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2). The torch
+stacks also hand SDPA K and V repeated to the query heads (torchtitan's ``repeat_kv``), which it
+saves: g = a there (:func:`meshplan.cost.cp_exchange.sdpa_kv_heads`). Both measured: the saved
+tensors of a torchtitan block, eager and ``torch.compile``'d (tests/test_eager_activations.py), and
+Hugging Face's layers under torch's MemTracker (``meshplan verify memory``).
+
+The eager stack (``kernels`` eager) keeps more (:func:`eager_activation_items`): an RMSNorm written
+as torchtitan and Hugging Face write it (``x.float()``, ``x * rsqrt(mean(x²) + ε)``, cast back, times
+the weight) saves its fp32 input and fp32 reciprocal RMS besides the normalized copy, 4·n·h + 4·n
+per norm beyond the fused kernel's input (÷t under SP); SiLU saves its output for the gated
+product, n·f·e more (÷t). torch's LayerNorm is one native op and a GeLU MLP saves what the table
+lists, so GPT-style layers keep no more in eager mode.
 
 For GPT (MHA, 4h GeLU MLP, dropout, materialized attention, e = 2) the list sums to Korthikanti
 et al. 2022, Table 2: ``sbh(34 + 5as/h)`` without parallelism, ``sbh(10 + 24/t + 5as/(ht))`` with
@@ -57,8 +72,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.cp_exchange import ring_backward_buffer_bytes
-from meshplan.cost.params import kv_heads_per_rank, layer_matmuls, matmuls_per_rank, padded_vocab
+from meshplan.cost.cp_exchange import ring_backward_buffer_bytes, sdpa_kv_heads
+from meshplan.cost.params import layer_matmuls, matmuls_per_rank, padded_vocab
 from meshplan.specs.model import ModelSpec
 
 
@@ -76,6 +91,7 @@ class LayerActivations:
 MLP_SIDE_ITEMS = frozenset({
     "norm2_input", "post_norm_inputs", "mlp_input", "mlp_hidden", "mlp_dropout_mask",
     "router_probs", "expert_inputs", "expert_hidden", "expert_outputs", "shared_expert_hidden",
+    "eager_norm2", "eager_silu_output",
 })
 
 
@@ -90,23 +106,27 @@ def layer_activation_items(
     act_bytes: int,
     moe: bool = False,
     gemm_input_bytes: float | None = None,
+    kernels: str = "fused",
 ) -> list[tuple[str, float, str]]:
     """Every tensor a layer saves without recompute: (name, bytes per GPU, recompute class).
     Class ``core`` is dropped by selective recompute; ``layer`` by full recompute too.
     ``moe`` gives a mixture-of-experts layer of an MoE model (:func:`moe_activation_items`);
     MLA keeps its normalized latents and queries/keys of d, values of d_v. ``gemm_input_bytes``
     (default ``act_bytes``) is what a tensor saved only as a GEMM input costs per element
-    (:func:`saved_gemm_input_bytes`)."""
+    (:func:`saved_gemm_input_bytes`). ``kernels`` is the plan's stack: the torch stacks save the
+    gathered inputs under SP and repeated K/V, the eager one its norms' and SiLU's tensors
+    (module docstring)."""
     e = act_bytes
     gi = e if gemm_input_bytes is None else gemm_input_bytes
     n = micro_batch * seq_len / cp
     h, f, d, a = model.hidden, model.ffn_hidden, model.head_dim, model.n_heads
     rep = tp if sequence_parallel else 1
+    gathered = 1 if kernels != "fused" else rep  # torch's column-parallel linears keep the gathered input
     a_r = a / tp
-    g_r = kv_heads_per_rank(model, tp)
+    g_r = sdpa_kv_heads(model, tp, kernels)
     items: list[tuple[str, float, str]] = [
         ("norm1_input", n * h * e / rep, "layer"),
-        ("qkv_input", n * h * gi / rep, "layer"),
+        ("qkv_input", n * h * gi / gathered, "layer"),
         ("q_k_v", n * (a_r + 2 * g_r) * d * e, "layer"),
     ]
     if model.is_mla:  # q and k of d, v of d_v; the latents that feed the up-projections
@@ -129,7 +149,7 @@ def layer_activation_items(
         items.append(("norm2_input", n * h * e / rep, "layer"))
     if model.norms_per_layer == 4:  # Gemma 2/3: the post-attention and post-MLP norms' inputs
         items.append(("post_norm_inputs", 2 * n * h * e / rep, "layer"))
-    items.append(("mlp_input", n * h * gi / rep, "layer"))
+    items.append(("mlp_input", n * h * gi / gathered, "layer"))
     if moe:
         items.extend(moe_activation_items(model, n, tp, e))
     else:
@@ -137,7 +157,41 @@ def layer_activation_items(
         items.append(("mlp_hidden", ((2 if model.gated_mlp else 1) * e + gi) * n * (f / tp), "layer"))
     if model.dropout:
         items.append(("mlp_dropout_mask", n * h / rep, "layer"))
+    if kernels == "eager":
+        items.extend(eager_activation_items(model, n, tp, sequence_parallel, e, moe))
     return items
+
+
+def eager_norm_bytes(model: ModelSpec, n: float, width: int, rep: int = 1) -> float:
+    """What one RMSNorm over ``width`` features of ``n`` tokens keeps in eager mode beyond a fused
+    kernel's input: its fp32 input (``x.float()``; for fp32 activations the input itself, and then
+    the normalized copy instead) and its fp32 reciprocal RMS, ``(4·width + 4)·n / rep`` bytes
+    (``rep`` = t for a sequence-parallel norm). torch's LayerNorm is one native op that keeps its
+    input and statistics, as a fused kernel does: 0."""
+    return (4 * width + 4) * n / rep if model.norm == "rmsnorm" else 0.0
+
+
+def eager_activation_items(
+    model: ModelSpec, n: float, tp: int, sequence_parallel: bool, act_bytes: int, moe: bool = False,
+) -> list[tuple[str, float, str]]:
+    """What a layer's eager PyTorch modules keep beyond the fused kernels' list, per GPU for ``n``
+    tokens (all of class ``layer``): the norms' fp32 tensors (:func:`eager_norm_bytes`; the
+    attention's norm, MLA's latent norms, the MLP's, and Gemma's post-norms), and SiLU's output for
+    the gated product, ``n·f/t·e`` (``n·k·f_e/t·e`` and the shared expert's in an MoE layer)."""
+    rep = tp if sequence_parallel else 1
+    items = [("eager_norm1", eager_norm_bytes(model, n, model.hidden, rep), "layer")]
+    if model.is_mla:
+        latent = eager_norm_bytes(model, n, model.kv_lora_rank) + (eager_norm_bytes(model, n, model.q_lora_rank) if model.q_lora_rank else 0.0)
+        items.append(("eager_latent_norms", latent, "layer"))
+    after = 1 if model.norms_per_layer == 2 else 3  # Gemma: post-attention, pre- and post-MLP norms
+    items.append(("eager_norm2", after * eager_norm_bytes(model, n, model.hidden, rep), "layer"))
+    if model.gated_mlp:
+        if moe:
+            width = model.experts_per_token * model.expert_ffn_hidden + model.shared_expert_ffn_hidden
+        else:
+            width = model.ffn_hidden
+        items.append(("eager_silu_output", n * width / tp * act_bytes, "layer"))
+    return [item for item in items if item[1]]
 
 
 def moe_activation_items(model: ModelSpec, n: float, tp: int, e: int) -> list[tuple[str, float, str]]:
@@ -188,7 +242,7 @@ def layer_activations(
 
         working = max(W_r, W_r + B_ring − M)"""
     items = layer_activation_items(
-        model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes, moe, gemm_input_bytes
+        model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes, moe, gemm_input_bytes, kernels
     )
     full = sum(b for _, b, _ in items)
     n = micro_batch * seq_len / cp
@@ -253,11 +307,14 @@ def compiled_loss(loss_kernels: str, tp: int) -> bool:
 
 def head_activation_bytes(
     model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, sp: bool, act_bytes: int,
-    loss_kernels: str = "fused",
+    loss_kernels: str = "fused", kernels: str = "fused",
 ) -> float:
     """Last stage, outside the layers: final-norm input and LM-head input (n·h·e each, ÷t with SP)
     and what the loss keeps for its backward, with n = b·s/c tokens and V/t vocabulary entries
-    per GPU (V padded to a multiple of t):
+    per GPU (V padded to a multiple of t). On the torch stacks (``kernels`` compiled or eager) the
+    final norm runs eager (torchtitan compiles the transformer blocks only) and keeps its fp32
+    tensors (:func:`eager_norm_bytes`), and under SP the LM head saves the input torch gathered,
+    n·h·e (the layers' column-parallel linears do the same, module docstring). The loss keeps:
 
     * the fp32 logits (or softmax), 4·n·V/t (Korthikanti et al. 2022, Sec. 4.3; torch's eager
       ``cross_entropy`` saves its fp32 log-softmax output, the same bytes);
@@ -268,8 +325,11 @@ def head_activation_bytes(
       bf16 logits, the labels and two (n, 1) fp32 statistics; tests/test_compiled_loss.py)."""
     n = micro_batch * seq_len / cp
     rep = tp if sp else 1
+    torch_stack = kernels != "fused"
+    norm = n * model.hidden * act_bytes / rep + (eager_norm_bytes(model, n, model.hidden, rep) if torch_stack else 0.0)
+    head_input = n * model.hidden * act_bytes / (1 if torch_stack else rep)
     per_entry = act_bytes if compiled_loss(loss_kernels, tp) else 4
-    return 2 * n * model.hidden * act_bytes / rep + per_entry * n * (padded_vocab(model, tp) // tp)
+    return norm + head_input + per_entry * n * (padded_vocab(model, tp) // tp)
 
 
 def loss_grad_bytes(

@@ -336,6 +336,7 @@ def rank_other_items(
     pp: int,
     p2p_bytes: Num,
     pp_messages: Num = 2,
+    working: Num = 0.0,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
@@ -346,8 +347,12 @@ def rank_other_items(
 
     * head moment (last stage, start of backward): A + G + the loss's gradient buffers
       (``logits_grad``: :func:`meshplan.cost.activations.loss_grad_bytes`, 4·n·V/t each);
-    * layer moment (backward of the stage's top layer): A − A_head + G' + B, the LM head's
-      activations A_head already freed (the ``head_activations_freed`` item, negative).
+    * layer moment (backward of the stage's top layer): A − A_head + G' + B + W, the LM head's
+      activations A_head already freed (the ``head_activations_freed`` item, negative) and the
+      layer's backward working set W (``working``: what recompute rebuilds and the ring attention's
+      buffers, :func:`meshplan.cost.activations.layer_activations`) rebuilt. The caller counts W
+      with the activations; at the head moment, before any layer's backward, the
+      ``working_set_not_yet_built`` item takes it off (negative).
 
     G, G' (ZeRO-3 gathered weights): when weights are resharded after forward, the units kept
     gathered from forward to backward, at the head moment the final norm + LM head unit
@@ -375,7 +380,7 @@ def rank_other_items(
     buckets = 2 * layer_params * grad_bytes
     freed = head_act if holds_head else 0.0
     at_head = (logits_grad if holds_head else 0.0) + pick(z3, g_head, 0.0)
-    at_layer = pick(z3, g_layer, 0.0) + pick(z2, buckets, 0.0) - freed
+    at_layer = pick(z3, g_layer, 0.0) + pick(z2, buckets, 0.0) - freed + working
     head_wins = at_head >= at_layer
     items = {
         "runtime_reserve": reserve,
@@ -384,22 +389,26 @@ def rank_other_items(
         "unsharded_gradients": pick(z3, params * grad_bytes * unsharded_part, 0.0) if once_per_step else 0.0,
         "grad_reduce_buckets": pick(np.logical_and(z2, np.logical_not(head_wins)), buckets, 0.0),
         "head_activations_freed": pick(head_wins, 0.0, -freed) if holds_head else 0.0,
+        "working_set_not_yet_built": pick(head_wins, -working, 0.0),
         "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
         "pp_comm_buffers": pp_messages * p2p_bytes if pp > 1 else 0.0,
     }
     if not any(isinstance(x, np.ndarray) for x in (shard, zero, tp)):  # one plan: list what applies
-        items = {k: v for k, v in items.items() if k == "runtime_reserve" or _applies(k, holds_head, z3, once_per_step, zero, sharded, tp, pp)}
+        items = {k: v for k, v in items.items()
+                 if k == "runtime_reserve" or v != 0 or _applies(k, holds_head, z3, once_per_step, zero, sharded, tp, pp)}
     return items
 
 
 def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, sharded: bool, tp: int, pp: int) -> bool:
-    """Whether ``name`` is an item of this (one) plan, so a zero-sized buffer is still listed."""
+    """Whether ``name`` is an item of this (one) plan, so a zero-sized buffer is still listed (a
+    non-zero one always is)."""
     return {
         "logits_grad": holds_head,
         "gathered_weights": bool(z3),
         "unsharded_gradients": bool(z3) and once,
         "grad_reduce_buckets": zero >= 2 and sharded,
         "head_activations_freed": holds_head and zero >= 2 and sharded,
+        "working_set_not_yet_built": False,
         "tp_comm_buffers": tp > 1,
         "pp_comm_buffers": pp > 1,
     }[name]

@@ -338,7 +338,7 @@ class _Terms:
 
     kernel: np.ndarray  # (kernel rows, _KERNEL_FIELDS)
     kid: np.ndarray
-    kernel_buffer_row: np.ndarray  # per kernel row, its (tp, cp, micro-batch, SP) row
+    kernel_buffer_row: np.ndarray  # per kernel row, its buffer row (the kernel row itself)
     n_buffer_rows: int
     mb: np.ndarray  # (micro-batch collective rows, _MB_FIELDS)
     mb_of_lt: np.ndarray  # per layer-time row, its row of ``mb``
@@ -415,7 +415,8 @@ class Engine:
         return (
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
             recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
-            la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp), head_activation_bytes(m, b, s, t, c, sp, e, base.loss_kernels),
+            la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp),
+            head_activation_bytes(m, b, s, t, c, sp, e, base.loss_kernels, base.kernels),
             self._p2p_bytes(t, c, b, sp) if base.pp_buffers == "per-micro-batch" else 0.0,
         )
 
@@ -534,8 +535,9 @@ class Engine:
         cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
         kernel_rows = _distinct_rows(cols("t c b sp rc"))
         kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc"), len(_KERNEL_FIELDS), kernel_rows)
-        # a rank's buffers depend on its kernel row's (tp, cp, micro-batch, SP), not on the recompute mode
-        _, kernel_buffer_row = _distinct_rows([x[kernel_rows[0]] for x in cols("t c b sp")])
+        # a rank's buffers depend on its kernel row: (tp, cp, micro-batch, SP) and, through the
+        # backward working set that decides the peak moment, the recompute mode
+        kernel_buffer_row = np.arange(len(kernel_rows[0]))
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
         mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
         units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
@@ -690,16 +692,16 @@ class Engine:
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
         # the classes' model state and optimizer step per mesh row, over (classes × mesh rows)
         fixed, opt = self._model_state(T, pre.mesh_where[mesh_s], params_c, experts_c)
-        # their other items (buffers) do not depend on the recompute mode: once per buffer row, a
-        # distinct (mesh row, kernel row without the recompute mode), in one call over (classes ×
-        # buffer rows), or for many rows one for the classes without the LM head and one for those with it
+        # their other items (buffers): once per buffer row, a distinct (mesh row, kernel row), in one
+        # call over (classes × buffer rows), or for many rows one for the classes without the LM head
+        # and one for those with it
         buf_where, buf_of_state = _distinct(with_batch(state_mesh * pre.n_buffer_rows + pre.kernel_buffer_row[kid[state_where]], state_where))
         buf_mesh, buf_plans = state_mesh[buf_where], state_where[buf_where]
         other_buf = np.empty((n_cls, len(buf_where)))
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
         messages = pp_buffer_messages(base.pp_buffers, m[buf_plans][None, :], not_first[:, None], not_last[:, None])
         at = np.arange(idx.start, idx.stop)[buf_plans]
-        k_at = {"head_act": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_act")]}
+        k_at = {"head_act": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_act")], "working": pre.working[pre.lt_inv[at]]}
         mb_at = pre.mb[pre.mb_of_lt[pre.lt_inv[at]]]
         cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
         params_b = np.take(params_c, buf_mesh, axis=1)
@@ -795,7 +797,7 @@ class Engine:
                     head: np.ndarray, params: np.ndarray, pp_messages) -> np.ndarray:
         """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
-        columns ``k`` and ``cm`` (``head_act``, ``act_msg``, ``p2p_bytes``), and its classes of
+        columns ``k`` and ``cm`` (``head_act``, ``working``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
         ``pp_messages`` (:func:`pp_buffer_messages`) as (classes × plans): the total of the other
         items (:func:`rank_other_items`), as ``estimate`` adds them. Per-plan terms are rows
@@ -822,7 +824,7 @@ class Engine:
             kept_embedding_params=per_tp[3:4] if model.tied_embeddings and pp == 1 else 0,
             weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
             once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
-            pp_messages=pp_messages,
+            pp_messages=pp_messages, working=k["working"][None, :],
         )
         return np.broadcast_to(total_of(other), (len(head), len(at)))
 

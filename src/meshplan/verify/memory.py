@@ -26,13 +26,18 @@ With ``device="cuda"`` the same functions run on real CUDA tensors, one process 
 ``torch.cuda.max_memory_allocated`` over step 2 (after ``reset_peak_memory_stats``), less what the
 allocator holds at the end of the step beyond the tracked tensors (:func:`allocator_peak`).
 
-Compared with :func:`meshplan.estimate.estimate` for the same plan (eager kernels) on pipeline
-rank 0: weights, gradients and optimizer state exact, activations and the peak within 10 %. Named
-differences: Adam's per-parameter ``step`` counters, the eager Hugging Face kernels' extra saved
-tensors, ZeroRedundancyOptimizer's whole-tensor partition, the replicated gradient of torch's
-vocab-parallel embedding (not under FSDP2, which redistributes it to the weight's row shards before
-reducing it), SP's gathered linear inputs, and the runtime reserve (absent on CPU, outside the
-allocator on CUDA).
+With ``recompute = "full"`` every decoder layer is wrapped in torch's ``checkpoint_wrapper`` (as
+torchtitan does, after TP and before FSDP), so the run shows where a recomputed layer's working set
+lands against the loss's buffers.
+
+Compared with :func:`meshplan.estimate.estimate` for the same plan on torch's eager stack (kernels
+``eager``: its norms' fp32 tensors, SiLU's output, the gathered inputs of sequence-parallel linears)
+on pipeline rank 0: weights, gradients and optimizer state exact, activations live at the peak
+moment and the peak within 10 %. Named differences: Adam's per-parameter ``step`` counters,
+Hugging Face's grouped K/V (torchtitan repeats them), ZeroRedundancyOptimizer's whole-tensor
+partition, the replicated gradient of torch's vocab-parallel embedding (not under FSDP2, which
+redistributes it to the weight's row shards before reducing it), and the runtime reserve (absent on
+CPU, outside the allocator on CUDA).
 """
 
 from __future__ import annotations
@@ -49,13 +54,13 @@ STEP_COUNTERS = KnownDifference(
     "torch's Adam/AdamW keeps each parameter's step count as a 0-d fp32 tensor (4 bytes per parameter "
     "tensor), which meshplan's 8 bytes per parameter of moments do not include.",
 )
-EAGER_KERNELS = KnownDifference(
-    "eager-norm-and-silu",
-    "meshplan's activation list follows Megatron's fused kernels: a fused RMSNorm keeps its input and "
-    "per-token statistics, the fused SwiGLU recomputes SiLU in backward. The Hugging Face eager modules "
-    "also keep RMSNorm's normalized copy before the weight multiply (n·h·e) and its fp32 reciprocal RMS "
-    "(4·n) for every norm, and SiLU's output (n·f·e) for the gated product: per Llama layer "
-    "2·(n·h·e + 4·n) + n·f·e more, and n·h·e + 4·n for the final norm.",
+HF_GROUPED_KV = KnownDifference(
+    "hf-sdpa-grouped-kv",
+    "Hugging Face's SDPA path hands the kernel the g K/V heads with enable_gqa (transformers' use_gqa_in_sdpa: "
+    "no mask, torch >= 2.5), so a layer saves K and V of g/t heads; torchtitan's repeat_kv, which meshplan's torch "
+    "stacks model, saves them repeated to the a/t query heads: 2·n·(a − g)/t·d·e less per layer whose tensors are "
+    "live at the peak (every layer without recompute; under full recompute the one being rebuilt, none at the "
+    "head moment).",
 )
 WHOLE_TENSOR_PARTITION = KnownDifference(
     "zero-redundancy-whole-tensors",
@@ -68,14 +73,6 @@ REPLICATED_EMBEDDING_GRAD = KnownDifference(
     "torch's vocab-parallel embedding (RowwiseParallel on nn.Embedding) gets its weight gradient as a "
     "Replicate DTensor: every TP rank keeps the full V·h gradient where Megatron keeps its V/t rows, "
     "(t − 1)·(V/t)·h·γ more per rank.",
-)
-SP_GATHERED_INPUTS = KnownDifference(
-    "sp-gathered-inputs-saved",
-    "With sequence parallelism torch's PrepareModuleInput all-gathers the norm's sequence-sharded output "
-    "and the column-parallel linears (q, k, v; gate, up; the LM head) save that gathered n·h·e input, "
-    "where Megatron saves its n·h·e/t shard and gathers it again in backward (Korthikanti et al. 2022, "
-    "Sec. 4.2.2), which meshplan models: (1 − 1/t)·n·h·e more per attention and MLP block and for the "
-    "LM head.",
 )
 RESERVE_OUTSIDE_ALLOCATOR = KnownDifference(
     "runtime-reserve-outside-allocator",
@@ -115,8 +112,8 @@ def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("fsdp_accumulate_unsharded", "not run by verify memory")
     if plan.precision.precision != "fp32" or plan.precision.grad_dtype != "fp32":
         raise InputError("precision", "verify memory runs meshplan's fp32 recipe (4 + 4 + 8 bytes per parameter): give --precision fp32")
-    if plan.recompute != "none":
-        raise InputError("recompute", "verify memory runs without recompute")
+    if plan.recompute not in ("none", "full"):
+        raise InputError("recompute", "verify memory runs without recompute or with full recompute (torch's checkpoint_wrapper on every layer)")
     if plan.attention != "flash":
         raise InputError("attention", "verify memory runs torch's SDPA (flash) kernel: --attention flash")
     if plan.grad_accum != 1:
@@ -228,6 +225,11 @@ def _track(model: ModelSpec, plan: TrainingPlan, mesh, device: str, *, fake: boo
             parallelize_module(layer, mesh["tp"], layer_plan)
         parallelize_module(mod, mesh["tp"], top_plan)
         loss_ctx = loss_parallel
+    if plan.recompute == "full":  # torchtitan's full activation checkpointing: after TP, before FSDP
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for name, layer in list(mod.layers.items()):
+            mod.layers[name] = checkpoint_wrapper(layer, preserve_rng_state=False)
     if fsdp:
         # FSDP2 over TP joins the dp and tp meshes (DeviceMesh._concatenate), which locates this rank
         # with a data-dependent nonzero() that FakeTensorMode cannot run: the meshes are real, so the
@@ -286,16 +288,15 @@ def zero1_partition(sizes: list[int], world: int) -> list[list[int]]:
     return out
 
 
-def eager_extra_bytes(model: ModelSpec, plan: TrainingPlan) -> float:
-    """The eager Hugging Face kernels' saved tensors beyond meshplan's fused-kernel list (see
-    :data:`EAGER_KERNELS`), for the whole model on one rank (dp shards nothing of activations):
-    per norm n·h·e + 4·n (÷t on a sequence-parallel norm), SiLU's output n·(f/t)·e per layer."""
+def grouped_kv_bytes(model: ModelSpec, plan: TrainingPlan, live_layers: int) -> float:
+    """What Hugging Face's grouped K/V saves less than torchtitan's repeated K/V (:data:`HF_GROUPED_KV`)
+    over ``live_layers`` layers: 2·n·(a − g)/t·d·e each, n = b·s tokens."""
+    from meshplan.cost.cp_exchange import sdpa_kv_heads
+    from meshplan.cost.params import kv_heads_per_rank
+
     n = plan.micro_batch * plan.seq_len
-    e = plan.precision.activation_bytes
-    rep = plan.tp if (plan.sequence_parallel and plan.tp > 1) else 1
-    per_norm = (n * model.hidden * e + 4 * n) / rep
-    per_layer = 2 * per_norm + (n * (model.ffn_hidden // plan.tp) * e if model.gated_mlp else 0)
-    return model.n_layers * per_layer + per_norm
+    extra_heads = sdpa_kv_heads(model, plan.tp, "eager") - kv_heads_per_rank(model, plan.tp)
+    return live_layers * 2 * n * extra_heads * model.head_dim * plan.precision.activation_bytes
 
 
 def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
@@ -334,12 +335,14 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
     if plan.tp > 1 and not fsdp:  # FSDP2 redistributes it to the weight's Shard(0) before its reduce-scatter
         embed_grad = padded_vocab(model, plan.tp) // plan.tp * (plan.tp - 1) * model.hidden * plan.precision.grad_bytes
         grad_known = (REPLICATED_EMBEDDING_GRAD,)
-    eager = eager_extra_bytes(model, plan)
-    act_known: tuple[KnownDifference, ...] = (EAGER_KERNELS,)
-    if plan.sequence_parallel and plan.tp > 1:
-        n_h_e = plan.micro_batch * plan.seq_len * model.hidden * plan.precision.activation_bytes
-        eager += (1 - 1 / plan.tp) * n_h_e * (2 * model.n_layers + 1)
-        act_known = (EAGER_KERNELS, SP_GATHERED_INPUTS)
+    # the layers whose K/V are live at the peak: all without recompute; under full recompute the
+    # layer being rebuilt at the layer moment, none at the head moment (the working set not yet built)
+    head_moment = "working_set_not_yet_built" in st.other_items
+    live = model.n_layers if plan.recompute == "none" else (0 if head_moment else 1)
+    grouped = -grouped_kv_bytes(model, plan, live)
+    act_known: tuple[KnownDifference, ...] = (HF_GROUPED_KV,) if grouped else ()
+    # at the head moment no layer has rebuilt its working set yet (rank_other_items)
+    moment = st.other_items.get("working_set_not_yet_built", 0.0)
     reserve = st.other_items.get("runtime_reserve", 0.0)
     ranks = {"fake": "fake ranks", "real": "GPUs (NCCL)" if device == "cuda" else "CPU processes (gloo)"}[got["tensors"]]
     dp = f"HSDP dp {plan.dp} (shard groups of {plan.dp_shard})" if hsdp(plan) else f"FSDP2 dp {plan.dp}"
@@ -366,11 +369,11 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
               notes=tuple(k.name for k in grad_known)), *grad_known)
     c.add(Row("optimizer state", state.get(key["optimizer"], 0), st.optimizer, EXACT, "B", known=steps + partition,
               notes=tuple(k.name for k in opt_known)), *opt_known)
-    c.add(Row("activations at the peak", peak.get("Activation", 0), st.activations, ACTIVATIONS, "B", known=eager,
+    c.add(Row("activations at the peak", peak.get("Activation", 0), st.activations + moment, ACTIVATIONS, "B", known=grouped,
               notes=tuple(k.name for k in act_known)), *act_known)
     total = peak.get("Total", sum(v for k, v in peak.items() if k != "Total"))
     notes = (*opt_known, *grad_known, *act_known, NO_RUNTIME if device == "cpu" else RESERVE_OUTSIDE_ALLOCATOR)
-    known_peak = steps + partition + embed_grad + eager - reserve
+    known_peak = steps + partition + embed_grad + grouped - reserve
     c.add(Row("peak", total, st.total, PEAK, "B", known=known_peak, notes=tuple(k.name for k in notes)), *notes)
     if "allocator" in got:
         c.setup["allocator"] = got["allocator"]
