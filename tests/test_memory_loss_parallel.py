@@ -39,7 +39,9 @@ def test_70b_2d_row_peaks_at_the_loss_backward():
     (stage,) = est.stages
     assert stage.other_items["logits_grad"] == 3 * 8_405_385_216
     assert stage.total == est.peak_bytes
-    assert est.peak_bytes / GiB == pytest.approx(66.869, abs=5e-4)
+    # at the loss's backward no layer has rebuilt its working set (full recompute) yet
+    assert stage.other_items["working_set_not_yet_built"] == -stage.activation_items["backward_working_set"] < 0
+    assert est.peak_bytes / GiB == pytest.approx(64.928, abs=5e-4)
 
 
 def test_search_memory_equals_estimate_on_the_torch_stack_with_tp():
