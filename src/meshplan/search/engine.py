@@ -338,8 +338,6 @@ class _Terms:
 
     kernel: np.ndarray  # (kernel rows, _KERNEL_FIELDS)
     kid: np.ndarray
-    kernel_buffer_row: np.ndarray  # per kernel row, its buffer row (the kernel row itself)
-    n_buffer_rows: int
     mb: np.ndarray  # (micro-batch collective rows, _MB_FIELDS)
     mb_of_lt: np.ndarray  # per layer-time row, its row of ``mb``
     te_vals: list
@@ -535,9 +533,6 @@ class Engine:
         cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
         kernel_rows = _distinct_rows(cols("t c b sp rc"))
         kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc"), len(_KERNEL_FIELDS), kernel_rows)
-        # a rank's buffers depend on its kernel row: (tp, cp, micro-batch, SP) and, through the
-        # backward working set that decides the peak moment, the recompute mode
-        kernel_buffer_row = np.arange(len(kernel_rows[0]))
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
         mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
         units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
@@ -561,7 +556,6 @@ class Engine:
         lt, lt_moe = self._layer_times(T, at, row["fsdp"] > 0, k, cm, moe)
         return _Terms(
             kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
-            kernel_buffer_row=kernel_buffer_row, n_buffer_rows=int(kernel_buffer_row.max(initial=-1)) + 1,
             te_vals=mesh[te_where][:, [0, 4]].tolist(), te_of_mesh=te_of_mesh, mesh_rows=mesh, mesh_where=mesh_where,
             mesh_inv=mesh_inv, mesh_pp=_slices_by(p[mesh_where]),
             batch=_digit(T.global_batch) if T.global_batch.min(initial=0) != T.global_batch.max(initial=0) else None,
@@ -692,10 +686,11 @@ class Engine:
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
         # the classes' model state and optimizer step per mesh row, over (classes × mesh rows)
         fixed, opt = self._model_state(T, pre.mesh_where[mesh_s], params_c, experts_c)
-        # their other items (buffers): once per buffer row, a distinct (mesh row, kernel row), in one
-        # call over (classes × buffer rows), or for many rows one for the classes without the LM head
-        # and one for those with it
-        buf_where, buf_of_state = _distinct(with_batch(state_mesh * pre.n_buffer_rows + pre.kernel_buffer_row[kid[state_where]], state_where))
+        # their other items (buffers): once per buffer row, a distinct (mesh row, kernel row: the
+        # backward working set, which decides the peak's moment, depends on the recompute mode too),
+        # in one call over (classes × buffer rows), or for many rows one for the classes without the
+        # LM head and one for those with it
+        buf_where, buf_of_state = _distinct(with_batch(state_mesh * len(kernel) + kid[state_where], state_where))
         buf_mesh, buf_plans = state_mesh[buf_where], state_where[buf_where]
         other_buf = np.empty((n_cls, len(buf_where)))
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)

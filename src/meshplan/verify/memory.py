@@ -335,14 +335,13 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
     if plan.tp > 1 and not fsdp:  # FSDP2 redistributes it to the weight's Shard(0) before its reduce-scatter
         embed_grad = padded_vocab(model, plan.tp) // plan.tp * (plan.tp - 1) * model.hidden * plan.precision.grad_bytes
         grad_known = (REPLICATED_EMBEDDING_GRAD,)
+    # at the head moment no layer has rebuilt its working set yet (rank_other_items: a negative item)
+    moment = st.other_items.get("working_set_not_yet_built", 0.0)
     # the layers whose K/V are live at the peak: all without recompute; under full recompute the
-    # layer being rebuilt at the layer moment, none at the head moment (the working set not yet built)
-    head_moment = "working_set_not_yet_built" in st.other_items
-    live = model.n_layers if plan.recompute == "none" else (0 if head_moment else 1)
+    # layer being rebuilt at the layer moment, none at the head moment
+    live = model.n_layers if plan.recompute == "none" else (0 if moment else 1)
     grouped = -grouped_kv_bytes(model, plan, live)
     act_known: tuple[KnownDifference, ...] = (HF_GROUPED_KV,) if grouped else ()
-    # at the head moment no layer has rebuilt its working set yet (rank_other_items)
-    moment = st.other_items.get("working_set_not_yet_built", 0.0)
     reserve = st.other_items.get("runtime_reserve", 0.0)
     ranks = {"fake": "fake ranks", "real": "GPUs (NCCL)" if device == "cuda" else "CPU processes (gloo)"}[got["tensors"]]
     dp = f"HSDP dp {plan.dp} (shard groups of {plan.dp_shard})" if hsdp(plan) else f"FSDP2 dp {plan.dp}"
