@@ -6,6 +6,7 @@ import numpy as np
 
 from meshplan.estimate import estimate
 from meshplan.search.engine import Engine
+from meshplan.search.run import plan_of
 from meshplan.specs.plan import TrainingPlan
 
 
@@ -15,7 +16,7 @@ def sampled_peaks_match(model, cluster, base: TrainingPlan, table, samples: int,
     screen = Engine(model, cluster, base).evaluate(table)
     plans = []
     for i in np.random.default_rng(seed).choice(len(table), samples, replace=False).tolist():
-        plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+        plan = plan_of(base, table, i)
         assert screen.peak_bytes[i] == estimate(model, cluster, plan).peak_bytes, table.row(i)
         plans.append(plan)
     return plans

@@ -393,3 +393,12 @@ def test_default_global_batch_fits_every_interleaved_schedule():
     for schedule in ("interleaved", "interleaved-zb"):
         d = run_json("--model", "llama3-8b", "--gpus", "48", "--pp", "8", "--schedule", schedule, "--seq-len", "2048")
         assert d["plan"]["grad_accum"] % 8 == 0
+
+
+def test_fsdp_head_in_root_flag_and_its_rule():
+    d = run_json("--zero", "3", "--kernels", "eager", "--seq-len", "2048", "--global-batch", "8", "--fsdp-head-in-root")
+    assert d["plan"]["fsdp_head_in_root"] is True and d["plan"]["bytes_per_param"] == 16  # FSDP2: fp32 shards as master
+    assert "root_gradients_held" in d["memory"]["stages"][0]["other_detail"]
+    code, out, err = run_cli("estimate", "--zero", "1", "--kernels", "eager", "--fsdp-head-in-root")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "fsdp_head_in_root describes torch's FSDP2 units" in err and "Traceback" not in err

@@ -88,19 +88,23 @@ def _without_copies(monkeypatch):
 def test_torchtitan_8b_step_gains_each_copy_once_per_gather_and_reduction(monkeypatch):
     run = {r.id: r for r in map_runs()}["torchtitan_8b_8gpu_fsdp_compile"]
     model, cluster, plan = run.model, run.cluster, run.plan
-    assert plan.pp == 1 and plan.reshard_after_forward and not model.tied_embeddings
-    with_copies = estimate(model, cluster, plan)
-    _without_copies(monkeypatch)
-    without = estimate(model, cluster, plan)
+    assert plan.pp == 1 and plan.reshard_after_forward and not model.tied_embeddings and plan.fsdp_head_in_root
     co, ci, e_co, e_ci, h_co, h_ci = fsdp2_unit_copy_times(model, 1, 1, plan.precision, cluster.gpu, calibration_for(cluster.gpu))
-    # every layer and the embedding gather forward and again backward; the head unit gathers once
-    per_micro_batch = model.n_layers * (2 * co + ci) + 2 * e_co + e_ci + h_co + h_ci
-    added = plan.grad_accum * per_micro_batch
-    assert math.isclose(with_copies.time.fsdp_comm_s - without.time.fsdp_comm_s, added, rel_tol=1e-9)
-    assert math.isclose(with_copies.time.step_s - without.time.step_s, added, rel_tol=1e-9)
+    # every layer gathers forward and again backward; the head unit gathers once, and so does the
+    # embedding in torchtitan's 2024 root unit (never resharded after forward), twice as a unit of its own
+    for head_in_root, embedding_gathers in ((True, 1), (False, 2)):
+        p = plan.model_copy(update={"fsdp_head_in_root": head_in_root})
+        with monkeypatch.context() as m:
+            with_copies = estimate(model, cluster, p)
+            _without_copies(m)
+            without = estimate(model, cluster, p)
+        per_micro_batch = model.n_layers * (2 * co + ci) + embedding_gathers * e_co + e_ci + h_co + h_ci
+        added = p.grad_accum * per_micro_batch
+        assert math.isclose(with_copies.time.fsdp_comm_s - without.time.fsdp_comm_s, added, rel_tol=1e-9)
+        assert math.isclose(with_copies.time.step_s - without.time.step_s, added, rel_tol=1e-9)
     assert 0.055 < added < 0.060  # 3.05 GB per layer at 80 % of the 2.4 TB/s: 2.7 % of the step
-    # the fused stack's ZeRO-3 makes no such copies
-    fused = plan.model_copy(update={"kernels": "fused"})
+    # the fused stack's ZeRO-3 makes no such copies (compared with the last plan: embedding its own unit)
+    fused = plan.model_copy(update={"kernels": "fused", "fsdp_head_in_root": False})
     assert estimate(model, cluster, fused).time.fsdp_comm_s == without.time.fsdp_comm_s
 
 

@@ -158,6 +158,7 @@ def plans(draw):
         PrecisionRecipe(precision="bf16", grad_dtype="bf16"), PrecisionRecipe(master_weights=False, grad_dtype="bf16"),
         PrecisionRecipe(optimizer="sgd"),
     ]))
+    kernels = draw(st.sampled_from(["fused", "compiled", "eager"]))
     return model, TrainingPlan(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, schedule=schedule, layer_split=split, micro_batch=micro,
         global_batch=micro * dp * draw(st.integers(1, 8)), seq_len=draw(st.sampled_from([2048, 4096, 8192])),
@@ -168,8 +169,9 @@ def plans(draw):
         tp_comm_overlap=draw(st.booleans()), tp_overlap_kind=draw(st.sampled_from(["userbuffers", "micro-pipeline"])),
         reshard_after_forward=draw(st.booleans()),
         fsdp_accumulate_unsharded=zero == 3 and draw(st.booleans()),
-        kernels=draw(st.sampled_from(["fused", "compiled", "eager"])), compile_loss=draw(st.booleans()),
+        kernels=kernels, compile_loss=draw(st.booleans()),
         pp_buffers=draw(st.sampled_from(["in-flight", "per-micro-batch"])),
+        fsdp_head_in_root=zero == 3 and pp == 1 and kernels != "fused" and draw(st.booleans()),
     )
 
 

@@ -337,3 +337,83 @@ def test_backward_working_set_counts_at_the_layer_moment_only():
     assert "working_set_not_yet_built" not in layer
     # with W counted among the activations: A + W + other = A + max(50, W − 10) and A + max(5, W − 10)
     assert 20.0 + sum(head.values()) == 50.0 and 20.0 + sum(layer.values()) == 10.0
+
+
+def test_fsdp2_keeps_its_fp32_shards_as_the_master_copy():
+    """torchtitan's bf16 training with fp32 reduction: Megatron and DeepSpeed keep bf16 weights
+    beside an fp32 master (2 + 4 + 12 = 18 bytes a parameter); FSDP2's sharded parameter is the
+    fp32 copy the optimizer steps, cast to bf16 only into the all-gather's input (4 + 4 + 8 = 16)."""
+    from meshplan.cost.memory import state_bytes_per_param
+
+    bf16 = PrecisionRecipe(precision="bf16", grad_dtype="fp32")
+    assert state_bytes_per_param(bf16) == (2, 4, 12) and sum(state_bytes_per_param(bf16)) == bf16.bytes_per_param == 18
+    assert state_bytes_per_param(bf16, True) == (4, 4, 8)
+    # no master copy to fold in: fp32 training, and bf16 weights without a master, are the same on both
+    fp32 = PrecisionRecipe(precision="fp32", grad_dtype="fp32")
+    assert state_bytes_per_param(fp32, True) == state_bytes_per_param(fp32) == (4, 4, 8)
+    pure = PrecisionRecipe(precision="bf16", grad_dtype="bf16", master_weights=False)
+    assert state_bytes_per_param(pure, True) == state_bytes_per_param(pure) == (2, 2, 8)
+    st = model_state_bytes(8_000, bf16, 3, 8, fsdp2=True)
+    assert (st.weights, st.gradients, st.optimizer) == (4_000, 4_000, 8_000)
+    # elementwise over plans, as the search screens them
+    import numpy as np
+
+    zero = np.array([1, 3, 3])
+    st = model_state_bytes(8_000, bf16, zero, 8, fsdp2=(zero == 3) & np.array([True, True, False]))
+    assert st.weights.tolist() == [16_000, 4_000, 2_000] and st.optimizer.tolist() == [12_000, 8_000, 12_000]
+
+
+def test_estimate_counts_fsdp2_state_on_the_torch_stacks_only():
+    model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
+    P = count_params(model).total
+    kw = dict(dp=8, zero=3, global_batch=8, seq_len=2048)
+    for kernels, per_param in (("fused", 18), ("compiled", 16), ("eager", 16)):
+        (st,) = estimate(model, cluster, TrainingPlan(kernels=kernels, **kw)).stages
+        assert st.weights + st.gradients + st.optimizer == per_param * P / 8
+    # ZeRO-1 on the torch stack keeps the recipe's split (no FSDP2)
+    (st,) = estimate(model, cluster, TrainingPlan(kernels="compiled", **(kw | {"zero": 1}))).stages
+    assert st.weights == 2 * P and st.optimizer == 12 * P / 8
+
+
+def test_fsdp2_root_unit_of_2024_holds_embedding_head_and_last_block():
+    """torchtitan's units until pytorch/torchtitan#1094: the root (embedding, final norm, LM head)
+    is never resharded after forward, the last block is kept gathered, and the LM head's bf16
+    gradient waits for the root's post-backward, at the end of the backward."""
+    from meshplan.cost.compose import rank_other_items
+
+    common = dict(reserve=0.0, holds_head=True, head_act=0.0, zero=3, shard=8, params=1_000, layer_params=30,
+                  head_params=50, kept_embedding_params=0, weight_bytes=2, grad_bytes=4, reshard_after_forward=True,
+                  once_per_step=False, tp=1, act_msg=0.0, pp=1, p2p_bytes=0.0, root_embedding_params=40)
+    # head moment (the loss's buffers win): the head unit alone, or the root and the last block
+    own = rank_other_items(logits_grad=1e6, **common)
+    root = rank_other_items(logits_grad=1e6, head_in_root=True, **common)
+    assert own["gathered_weights"] == 2 * 50 and root["gathered_weights"] == 2 * (50 + 40 + 30)
+    assert root["root_gradients_held"] == 0.0 and "root_gradients_held" not in own
+    # layer moment: the layer in use and the prefetched one, plus the root and the head's gradient
+    own = rank_other_items(logits_grad=0.0, **common)
+    root = rank_other_items(logits_grad=0.0, head_in_root=True, **common)
+    assert own["gathered_weights"] == 2 * 2 * 30 and root["gathered_weights"] == 2 * (2 * 30 + 40 + 50)
+    assert root["root_gradients_held"] == 2 * 50 and own["grad_reduce_buckets"] == root["grad_reduce_buckets"] == 2 * 30 * 4
+    # weights kept gathered (ZeRO-2-like) or accumulated unsharded: the root changes nothing
+    for kw in ({"reshard_after_forward": False}, {"once_per_step": True}):
+        assert rank_other_items(logits_grad=0.0, **(common | kw)) == rank_other_items(logits_grad=0.0, head_in_root=True, **(common | kw))
+
+
+def test_root_unit_plan_is_torchs_fsdp2_without_a_pipeline():
+    from pydantic import ValidationError
+
+    ok = dict(dp=8, zero=3, kernels="eager", global_batch=8, seq_len=2048, fsdp_head_in_root=True)
+    TrainingPlan(**ok)
+    for bad in ({"zero": 1}, {"kernels": "fused"}, {"pp": 2, "global_batch": 16}):
+        with pytest.raises(ValidationError, match="fsdp_head_in_root describes torch's FSDP2 units"):
+            TrainingPlan(**(ok | bad))
+    model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
+    # 8,192-token sequences: the loss's fp32 buffers make the head moment the peak either way
+    own, root = (estimate(model, cluster, TrainingPlan(**(ok | {"seq_len": 8192, "fsdp_head_in_root": v}))) for v in (False, True))
+    assert own.stages[0].other_items["logits_grad"] == root.stages[0].other_items["logits_grad"] > 0
+    counts = count_params(model)
+    emb, block = counts.embedding, counts.layer.total
+    # the loss's moment: the embedding and the last block gathered in bf16 beside the head unit
+    assert root.peak_bytes - own.peak_bytes == 2 * (emb + block)
+    # and the embedding is not gathered again before its backward
+    assert root.time.fsdp_comm_s < own.time.fsdp_comm_s

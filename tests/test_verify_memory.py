@@ -74,6 +74,30 @@ def test_fsdp2_on_a_fake_process_group(dp, device):
     assert c.setup["tracker"] == "FSDPMemTracker"
 
 
+@pytest.mark.parametrize("vocab", [32_000, 512])
+def test_fsdp2_root_unit_of_2024_against_its_own_units(vocab):
+    """torchtitan's FSDP2 units until pytorch/torchtitan#1094 (``fsdp_head_in_root``): the embedding,
+    final norm and LM head in the root unit, never resharded after forward, the last block kept
+    gathered. With a 32,000-entry vocabulary the peak is the loss's backward (the root and the last
+    block gathered), with 512 the top layer's (the root gathered and the LM head's gradient held to
+    the root's post-backward): torch's FSDPMemTracker moves by what meshplan adds, within 1,024
+    bytes (a reduce-scatter buffer the separate units hold at the layer moment)."""
+    base = dict(tp=1, dp=2, zero=3, micro_batch=1, seq_len=512, global_batch=2, precision=FP32, kernels="eager")
+    model = model_from_hf_config({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                                  "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": vocab,
+                                  "max_position_embeddings": 1024}, "tiny-llama-4")
+    cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 2)
+    own, root = (memory.compare(model, TrainingPlan(**base, fsdp_head_in_root=v), cluster) for v in (False, True))
+    assert own.ok and root.ok, [r.to_dict() for r in own.failures + root.failures]
+    moved = root.row("peak").measured - own.row("peak").measured
+    added = root.row("peak").predicted - own.row("peak").predicted
+    assert added > 0 and abs(moved - added) <= 1024
+    held = root.setup["meshplan_other_items"].get("root_gradients_held", 0.0)
+    assert (held > 0) == (vocab == 512)
+    if vocab == 32_000:  # the loss's moment: root (embedding, norm, head) and last block, gathered
+        assert root.setup["measured_peak_by_category"]["Unsharded Param"] == root.setup["meshplan_other_items"]["gathered_weights"]
+
+
 def test_fsdp2_peak_with_two_layers_is_the_larger_backward_moment():
     """With 2 layers the FSDP transient buffers are half the model: meshplan's peak is the larger of
     the head moment and the top layer's backward (not their sum) and lands within 10 %; torch's
@@ -234,3 +258,41 @@ def test_cli_memory(tmp_path, capsys):
     assert main(["verify", "memory", "--model", str(cfg), "--tp", "2", "--dp", "2", "--zero", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: zero: verify memory runs tp with dp as FSDP2 over TP (torchtitan's 2-D layout): give --zero 2 or 3"]
+
+
+def test_fsdp2_mixed_precision_keeps_fp32_shards_only():
+    """torchtitan's MixedPrecisionPolicy (bf16 parameters, fp32 reduction): after a step, every
+    persistent tensor FSDP2 and AdamW hold is fp32 — the parameter shard (the master copy), its
+    gradient and the two moments, 16 bytes a parameter (meshplan.cost.memory.state_bytes_per_param);
+    bf16 exists only while a unit is gathered."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from meshplan.cost.memory import state_bytes_per_param
+
+    memory._fake_pg(2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        net = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.Linear(128, 64, bias=False))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in net:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(net, mesh=mesh, mp_policy=policy)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=False)
+        net(torch.randn(4, 64)).sum().backward()
+        opt.step()
+        shards = [p.to_local() for p in net.parameters()]
+        local = sum(t.numel() for t in shards)
+        assert local == 2 * 64 * 128 // 2
+        assert all(t.dtype == torch.float32 for t in shards)
+        assert all(p.grad.to_local().dtype == torch.float32 for p in net.parameters())
+        moments = [t for st in opt.state.values() for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")]
+        held = sum(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
+                   for t in [*net.parameters(), *(p.grad for p in net.parameters()), *moments])
+        recipe = PrecisionRecipe(precision="bf16", grad_dtype="fp32")
+        assert held == sum(state_bytes_per_param(recipe, True)) * local == 16 * local
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -43,7 +43,7 @@ from meshplan.cost.compute import (
     recompute_time,
 )
 from meshplan.cost.flops import StepFlops, step_flops
-from meshplan.cost.memory import ModelState, StageMemory, model_state_bytes
+from meshplan.cost.memory import ModelState, StageMemory, model_state_bytes, state_bytes_per_param
 from meshplan.cost.moe import (
     add_moe_layers,
     alltoall_times,
@@ -291,7 +291,7 @@ class Estimate:
                 "grad_dtype": p.precision.grad_dtype,
                 "master_weights": p.precision.master_weights,
                 "grad_fp32_copy": p.precision.grad_fp32_copy,
-                "bytes_per_param": p.precision.bytes_per_param,
+                "bytes_per_param": sum(state_bytes_per_param(p.precision, runs_fsdp2(p.zero, p.kernels))),
                 "attention": p.attention,
                 "attention_flops": p.attention_flops,
                 "kernels": p.kernels,
@@ -300,6 +300,7 @@ class Estimate:
                 "tp_overlap_kind": p.tp_overlap_kind,
                 "pipeline_runtime": p.pipeline_runtime,
                 "pp_buffers": p.pp_buffers,
+                "fsdp_head_in_root": p.fsdp_head_in_root,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -399,7 +400,7 @@ def estimate(
         tp_one=tp_one, sp=sp, tp_comm_overlap=plan.tp_comm_overlap, cp=c, cp_comm=cp_comm, kernels=plan.kernels,
         fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
         reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:], fsdp_copies=copies,
-        embedding_kept=model.tied_embeddings and pp == 1,
+        embedding_kept=(model.tied_embeddings or plan.fsdp_head_in_root) and pp == 1,
         nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(plan.tp_overlap_kind), gpu.sm_count),
     )
     if plan.tp_overlap_kind == "micro-pipeline":
@@ -460,15 +461,17 @@ def estimate(
         pl_experts = expert_dp_placements(pl, edp)
     # a tied embedding shares its weight with the LM head on one stage: gathered until its backward
     kept_embedding = embedding_params_per_rank(model, t) if model.tied_embeddings and pp == 1 else 0
+    # torchtitan's 2024 FSDP2 units: an untied embedding in the root unit, gathered through the step
+    root_embedding = embedding_params_per_rank(model, t) if plan.fsdp_head_in_root and not model.tied_embeddings else 0
     for r in range(pp):
         mine = stages_of_rank(r, pp, v, style)
         n_layers = sum(split[k] for k in mine)
         n_moe = sum(moe_stage[k] for k in mine) if model.is_moe else 0
         params = rank_params(model, t, pp, n_layers, 0 in mine, last in mine, n_moe, plan.ep)
         experts = rank_expert_params(model, t, plan.ep, n_moe)
-        state = model_state_bytes(params - experts, rec, plan.zero, shard)
+        state = model_state_bytes(params - experts, rec, plan.zero, shard, fsdp2)
         if experts:  # expert weights: E/ep per GPU, ZeRO-sharded over the expert data-parallel group
-            ex = model_state_bytes(experts, rec, plan.zero, expert_shard)
+            ex = model_state_bytes(experts, rec, plan.zero, expert_shard, fsdp2)
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         act_items = {
             "stored": sim.peak_activation[r],
@@ -481,7 +484,7 @@ def estimate(
             grad_bytes=rec.grad_bytes, reshard_after_forward=plan.reshard_after_forward,
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
             pp_messages=pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine)),
-            working=working,
+            working=working, root_embedding_params=root_embedding, head_in_root=plan.fsdp_head_in_root,
         )
         stages.append(
             StageMemory(

@@ -114,9 +114,11 @@ def _numbers(text: Any) -> list[float]:
 def _fsdp_notes(pp: int) -> list[str]:
     return [
         "FSDP2 = ZeRO-3 over dp x cp; torchtitan's mixed precision (bf16 compute, fp32 reduce) as "
-        "meshplan's bf16 + fp32 gradients + fp32 master + Adam (18 B/param sharded; FSDP2 keeps "
-        "fp32 parameters and gradients, 16 B/param)",
-        "reshard after forward: yes" if pp == 1 else
+        "meshplan's bf16 + fp32 gradients + fp32 master + Adam, whose master copy FSDP2's fp32 parameter "
+        "shards are (meshplan.cost.memory.state_bytes_per_param: 4 + 4 + 8 = 16 B/param sharded)",
+        "reshard after forward: yes; torchtitan's FSDP2 units before pytorch/torchtitan#1094 (2025-07): every "
+        "block and the root, which holds the embedding, final norm and LM head and which FSDP2 never "
+        "reshards after forward, the last block kept gathered (meshplan fsdp_head_in_root)" if pp == 1 else
         "reshard after forward: no (torchtitan's default with pipeline parallelism), and torch's "
         "pipeline schedules keep weights gathered and gradients unsharded until the last "
         "micro-batch (meshplan's fsdp_accumulate_unsharded); the gradient reduce-scatters are "
@@ -218,6 +220,7 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
         tp_comm_overlap=async_tp, tp_overlap_kind="micro-pipeline", kernels="compiled" if compiled else "eager",
         pipeline_runtime="lockstep" if vpp > 1 else "dependency", compile_loss=False, pp_buffers="per-micro-batch",
+        fsdp_head_in_root=pp == 1,
     )
     cluster = ClusterSpec.of(h100_96gb(), n)
     if interleaved:
@@ -274,6 +277,7 @@ def map_trainy(r: dict[str, Any]) -> list[MappedRun]:
             where="plan", dp=n, micro_batch=b, global_batch=b * n, seq_len=r["seq_len"],
             recompute="op", sequence_parallel=False, zero=3,
             precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"), kernels="compiled", compile_loss=True,
+            fsdp_head_in_root=True,
         )
         cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), n)
         assumptions = [

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from meshplan.cost.fsdp_copies import runs_fsdp2
+from meshplan.cost.memory import state_bytes_per_param
 from meshplan.estimate import Estimate
 from meshplan.pipeline.lockstep import runs_lockstep
 from meshplan.presets import Preset
@@ -71,11 +73,23 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
         f"memory: ZeRO-{p.zero}" + (f" (dp_shard {p.dp_shard})" if p.dp_shard else "")
         + f"; recompute {p.recompute}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
         f"; {p.attention} attention; {rec.precision} compute, {rec.grad_dtype} gradients, "
-        f"{'fp32 master weights' if rec.master_bytes else 'no master weights'}: {rec.bytes_per_param} bytes per parameter",
+        + _state_words(p),
     ]
     if preset:
         lines.insert(0, f"preset [bold]{preset.name}[/bold]: {preset.description}")
     return lines
+
+
+def _state_words(p) -> str:
+    """The master copy and the persistent bytes per parameter (:func:`meshplan.cost.memory.state_bytes_per_param`)."""
+    rec = p.precision
+    fsdp2 = runs_fsdp2(p.zero, p.kernels)
+    per_param = sum(state_bytes_per_param(rec, fsdp2))
+    if not rec.master_bytes:
+        return f"no master weights: {per_param} bytes per parameter"
+    if fsdp2:
+        return f"FSDP2's fp32 shards as master weights: {per_param} bytes per parameter"
+    return f"fp32 master weights: {per_param} bytes per parameter"
 
 
 def _split(split: tuple[int, ...]) -> str:

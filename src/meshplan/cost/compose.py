@@ -130,7 +130,11 @@ def layer_times(
       embedding reduce-scatter, head all-gather, head reduce-scatter), hidden behind their own
       compute only: the embedding gathers again before its backward when weights are resharded
       after forward, unless ``embedding_kept`` (a tied embedding whose weight the LM head uses at
-      the end of the forward); the head unit, first in backward, stays gathered after forward.
+      the end of the forward, or an embedding in FSDP2's root unit, ``fsdp_head_in_root``, which
+      is never resharded after forward); the head unit, first in backward, stays gathered after
+      forward. (The last block that torchtitan's root-unit layout also keeps gathered is charged
+      its backward all-gather and copy-out like every other: one layer's, hidden but for the
+      copy-out, under 0.1 % of a step.)
     * FSDP2's copies (``fsdp_copies``: copy-out and copy-in of a layer, of the embedding and of
       the head unit, :func:`meshplan.cost.fsdp_copies.fsdp2_unit_copy_times`; zeros on other
       stacks) run on the compute stream beside the collectives they serve, one copy-out after
@@ -337,6 +341,8 @@ def rank_other_items(
     p2p_bytes: Num,
     pp_messages: Num = 2,
     working: Num = 0.0,
+    root_embedding_params: Num = 0.0,
+    head_in_root: bool = False,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
@@ -357,7 +363,14 @@ def rank_other_items(
     G, G' (ZeRO-3 gathered weights): when weights are resharded after forward, the units kept
     gathered from forward to backward, at the head moment the final norm + LM head unit
     (P_head·w) and at the layer moment the layer in use and the prefetched one (2·P_l·w), plus a
-    tied embedding the head reuses (pp = 1); when weights stay gathered, the whole stage (P·w: the
+    tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's FSDP2 units until
+    pytorch/torchtitan#1094, 2025-07: the embedding, final norm and LM head left to the root unit, which FSDP2 never reshards
+    after forward, and the last block kept gathered) the root's P_emb + P_head (the embedding's
+    share ``root_embedding_params``) are gathered at both moments, the last block's P_l at the
+    head moment, and at the layer moment the LM head's unsharded gradients, P_head·w, wait for the
+    root's post-backward at the end of the backward (item ``root_gradients_held``; FSDP2 runs the
+    root's post-backward from its final callback, as the root's inputs, token ids, take no
+    gradient); when weights stay gathered, the whole stage (P·w: the
     gathered copy sits beside the shard, as FSDP2 keeps it), less the head unit at the layer moment;
     when gradients also stay unsharded through the step, P·(1 − 1/N)·w and the unsharded gradients
     P·(1 − 1/N)·γ. B (ZeRO-2/3 reduce-scatter buckets, layer moment only): the layer's gradients and
@@ -372,21 +385,25 @@ def rank_other_items(
     if once_per_step:
         g_head = g_layer = params * weight_bytes * unsharded_part
     elif reshard_after_forward:
-        g_head = (head_here + kept_embedding_params) * weight_bytes
-        g_layer = (2 * layer_params + kept_embedding_params) * weight_bytes
+        root_emb, last_block, head_kept = (root_embedding_params, layer_params, head_here) if head_in_root else (0.0, 0.0, 0.0)
+        g_head = (head_here + kept_embedding_params + root_emb + last_block) * weight_bytes
+        g_layer = (2 * layer_params + kept_embedding_params + root_emb + head_kept) * weight_bytes
     else:
         g_head = params * weight_bytes
         g_layer = (params - head_here) * weight_bytes
     buckets = 2 * layer_params * grad_bytes
     freed = head_act if holds_head else 0.0
+    root_held = head_in_root and reshard_after_forward and not once_per_step
+    held = head_here * weight_bytes if root_held else 0.0
     at_head = (logits_grad if holds_head else 0.0) + pick(z3, g_head, 0.0)
-    at_layer = pick(z3, g_layer, 0.0) + pick(z2, buckets, 0.0) - freed + working
+    at_layer = pick(z3, g_layer + held, 0.0) + pick(z2, buckets, 0.0) - freed + working
     head_wins = at_head >= at_layer
     items = {
         "runtime_reserve": reserve,
         "logits_grad": pick(head_wins, logits_grad, 0.0) if holds_head else 0.0,
         "gathered_weights": pick(z3, pick(head_wins, g_head, g_layer), 0.0),
         "unsharded_gradients": pick(z3, params * grad_bytes * unsharded_part, 0.0) if once_per_step else 0.0,
+        "root_gradients_held": pick(np.logical_and(z3, np.logical_not(head_wins)), held, 0.0),
         "grad_reduce_buckets": pick(np.logical_and(z2, np.logical_not(head_wins)), buckets, 0.0),
         "head_activations_freed": pick(head_wins, 0.0, -freed) if holds_head else 0.0,
         "working_set_not_yet_built": pick(head_wins, -working, 0.0),
@@ -395,17 +412,18 @@ def rank_other_items(
     }
     if not any(isinstance(x, np.ndarray) for x in (shard, zero, tp)):  # one plan: list what applies
         items = {k: v for k, v in items.items()
-                 if k == "runtime_reserve" or v != 0 or _applies(k, holds_head, z3, once_per_step, zero, sharded, tp, pp)}
+                 if k == "runtime_reserve" or v != 0 or _applies(k, holds_head, z3, once_per_step, zero, sharded, tp, pp, root_held)}
     return items
 
 
-def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, sharded: bool, tp: int, pp: int) -> bool:
+def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, sharded: bool, tp: int, pp: int, root_held: bool) -> bool:
     """Whether ``name`` is an item of this (one) plan, so a zero-sized buffer is still listed (a
     non-zero one always is)."""
     return {
         "logits_grad": holds_head,
         "gathered_weights": bool(z3),
         "unsharded_gradients": bool(z3) and once,
+        "root_gradients_held": bool(z3) and root_held and holds_head,
         "grad_reduce_buckets": zero >= 2 and sharded,
         "head_activations_freed": holds_head and zero >= 2 and sharded,
         "working_set_not_yet_built": False,

@@ -78,6 +78,15 @@ def stage_buffers(plan: TrainingPlan, led: Ledger, engine: str, kind: str) -> No
 # ---- plans ----------------------------------------------------------------------------------------
 
 
+def fsdp_root_unit(plan: TrainingPlan, led: Ledger, engine: str) -> None:
+    """Warn when ``plan`` leaves the embedding, final norm and LM head to FSDP2's root unit
+    (``fsdp_head_in_root``: torchtitan's units until pytorch/torchtitan#1094), which no engine's
+    current config can ask for."""
+    if plan.fsdp_head_in_root:
+        led.lose("fsdp_head_in_root", f"{engine} gathers the embedding and the LM head as units of their own, not in "
+                 "FSDP2's root unit (torchtitan's layout until pytorch/torchtitan#1094, 2025-07); exported so")
+
+
 def effective_split(model: Optional[ModelSpec], plan: TrainingPlan) -> Optional[tuple[int, ...]]:
     """Layers per virtual stage that meshplan plans with (the plan's split or the default)."""
     if plan.layer_split is not None:

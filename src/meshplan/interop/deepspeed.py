@@ -33,7 +33,7 @@ import json
 from typing import Any
 
 from meshplan.errors import InputError
-from meshplan.interop.common import DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, choice, dependency_pipeline, stage_buffers
+from meshplan.interop.common import DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, choice, dependency_pipeline, fsdp_root_unit, stage_buffers
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
@@ -76,6 +76,7 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         led.lose("dp_shard", "DeepSpeed has no hybrid sharding in its config (MiCS was removed in 0.19; ZeRO++ hpZ keeps a second copy instead)")
     if p.zero == 3 and not p.reshard_after_forward:
         led.lose("reshard_after_forward", "DeepSpeed ZeRO-3 releases gathered weights after use; exported so")
+    fsdp_root_unit(p, led, "DeepSpeed")
     if p.fsdp_accumulate_unsharded:
         led.lose("fsdp_accumulate_unsharded", "DeepSpeed ZeRO-3 reduce-scatters gradients every micro-batch")
     cfg["zero_optimization"] = zero

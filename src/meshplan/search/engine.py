@@ -500,13 +500,13 @@ class Engine:
 
     def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
         """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
-        layer's parameters, the head's and the kept tied embedding's parameters."""
+        layer's parameters, the head's and the embedding's parameters."""
         model = self.model
         layer = layer_params_per_rank(model, x)
         if model.is_moe:  # ZeRO-3 buffers hold the largest layer
             layer = max(layer, layer_params_per_rank(model, x, moe=True, ep=y))
-        kept = embedding_params_per_rank(model, x) if model.tied_embeddings and pp == 1 else 0
-        return loss_grad_bytes(model, 1, 1, x, 1, self.base.loss_kernels, self.e), layer, head_params_per_rank(model, x, pp), kept
+        return (loss_grad_bytes(model, 1, 1, x, 1, self.base.loss_kernels, self.e), layer, head_params_per_rank(model, x, pp),
+                embedding_params_per_rank(model, x))
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -579,8 +579,8 @@ class Engine:
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
             fsdp_copies=tuple(cm[name] for name in _UNIT_FIELDS[6:]),
-            # the LM head reuses a tied embedding's weight when both sit on the one stage
-            embedding_kept=model.tied_embeddings & (T.pp[at] == 1), nccl_share=self.nccl_share, tp_share=self.tp_share,
+            # the LM head reuses a tied embedding's weight when both sit on the one stage; FSDP2's root unit keeps it gathered
+            embedding_kept=(model.tied_embeddings or base.fsdp_head_in_root) & (T.pp[at] == 1), nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
         if base.tp_overlap_kind == "micro-pipeline":
             lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
@@ -775,13 +775,14 @@ class Engine:
         model, rec = self.model, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.cp)
+        fsdp2 = (zero == 3) & runs_fsdp2(3, self.base.kernels)  # FSDP2's fp32 shards are the master copy
         if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
             expert_shard = row(T.dp) // row(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
-            state = model_state_bytes(params - experts, rec, zero, shard)
-            ex = model_state_bytes(experts, rec, zero, expert_shard)
+            state = model_state_bytes(params - experts, rec, zero, shard, fsdp2)
+            ex = model_state_bytes(experts, rec, zero, expert_shard, fsdp2)
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         else:
-            state = model_state_bytes(params, rec, zero, shard)
+            state = model_state_bytes(params, rec, zero, shard, fsdp2)
         local = params / pick(zero >= 1, shard, 1)
         if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
             local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
@@ -807,6 +808,7 @@ class Engine:
         per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T.take(te, axis=1)
         logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
+        root = base.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
         holds_head = bool(head.all())
         if head.any() and not holds_head:
             head = head[:, None]
@@ -820,6 +822,8 @@ class Engine:
             weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
             once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages, working=k["working"][None, :],
+            root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
+            head_in_root=root,
         )
         return np.broadcast_to(total_of(other), (len(head), len(at)))
 

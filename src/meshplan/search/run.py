@@ -84,8 +84,12 @@ def _score(objective: str, seconds_per_token: np.ndarray | float, num_gpus: int,
     return seconds_per_token * tokens * num_gpus / HOUR * price
 
 
-def _plan(base: TrainingPlan, table: PlanTable, i: int) -> TrainingPlan:
-    return TrainingPlan(**{**base.model_dump(), **table.row(i)})
+def plan_of(base: TrainingPlan, table: PlanTable, i: int) -> TrainingPlan:
+    """The plan of row ``i`` of ``table``: its axes and switches over ``base``."""
+    fields = {**base.model_dump(), **table.row(i)}
+    # torch's FSDP2 root unit (a base setting) describes the plans that run FSDP2 without a pipeline
+    fields["fsdp_head_in_root"] = base.fsdp_head_in_root and fields["zero"] == 3 and fields["pp"] == 1
+    return TrainingPlan(**fields)
 
 
 def search(
@@ -142,7 +146,7 @@ def search(
 
     def run(i: int) -> Ranked:
         if i not in exact:
-            est = estimate(model, cluster, _plan(base, table, i), budget)
+            est = estimate(model, cluster, plan_of(base, table, i), budget)
             exact[i] = Ranked(est, float(_score(objective, est.time.step_s / est.plan.tokens_per_step, cluster.num_gpus, budget)))
             if progress:
                 progress("simulate", len(exact), 0)

@@ -153,6 +153,12 @@ class TrainingPlan(Spec):
     # ZeRO-3/FSDP: keep weights gathered and gradients unsharded across the step's micro-batches,
     # one all-gather and one reduce-scatter per step (torch.distributed.pipelining with FSDP2)
     fsdp_accumulate_unsharded: bool = False
+    # torch's FSDP2 (ZeRO-3 on the compiled or eager stack, pp = 1): the embedding, final norm and
+    # LM head left to the root unit, which FSDP2 never reshards after forward, and the last block
+    # kept gathered (torchtitan's units until pytorch/torchtitan#1094, 2025-07; meshplan.cost.compose.rank_other_items);
+    # off: each a unit of its own (torchtitan since then: the embedding resharded after forward, the final
+    # norm + LM head kept gathered to their backward)
+    fsdp_head_in_root: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingPlan":
@@ -173,6 +179,8 @@ class TrainingPlan(Spec):
             raise ValueError(f"dp_shard ({self.dp_shard}) must divide dp ({self.dp})")
         if self.fsdp_accumulate_unsharded and self.zero != 3:
             raise ValueError("fsdp_accumulate_unsharded applies to ZeRO-3 / FSDP (zero = 3) only")
+        if self.fsdp_head_in_root and (self.zero != 3 or self.kernels == "fused" or self.pp > 1):
+            raise ValueError("fsdp_head_in_root describes torch's FSDP2 units: zero = 3 on the compiled or eager kernels, pp = 1")
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
         if self.layer_split is not None:

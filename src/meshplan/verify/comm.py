@@ -370,12 +370,22 @@ def hsdp(plan: TrainingPlan) -> bool:
 
 def shard_units(mod, plan: TrainingPlan, mesh) -> None:
     """FSDP2 units as torchtitan lays them out: the embedding, every decoder layer, the final norm
-    with the LM head (kept gathered after forward: it is the first to run backward), and the root.
+    with the LM head (kept gathered after forward: it is the first to run backward), and the root;
+    with ``fsdp_head_in_root`` as it did until pytorch/torchtitan#1094: every decoder layer (the
+    last kept gathered after forward) and the root, holding the embedding, final norm and LM head.
     Weights are resharded after forward for ZeRO-3 unless the plan keeps them gathered, never for
     torch's ZeRO-2 (:func:`torch_plan`)."""
     from torch.distributed.fsdp import fully_shard
 
     raf = torch_plan(plan).reshard_after_forward
+    if plan.fsdp_head_in_root:  # torchtitan's units until pytorch/torchtitan#1094: blocks and the root
+        layers = list(mod.layers.values())
+        for i, layer in enumerate(layers):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=raf and i < len(layers) - 1)
+        # the root left to FSDP2's own choice: kept gathered after forward (torch's FSDP2 of 2024 did
+        # so whatever it was given; later builds when reshard_after_forward is not given)
+        fully_shard(mod, mesh=mesh)
+        return
     if mod.embed is not None:
         fully_shard(mod.embed, mesh=mesh, reshard_after_forward=raf)
     for layer in mod.layers.values():
