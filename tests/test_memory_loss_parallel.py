@@ -10,6 +10,8 @@ from meshplan.accuracy.validate import runs_of
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.activations import head_activation_bytes, loss_grad_bytes
 from meshplan.estimate import estimate
+from meshplan.search.engine import Engine
+from meshplan.search.run import plan_of
 from meshplan.search.space import SearchLimits, enumerate_plans
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
@@ -113,3 +115,8 @@ def test_search_memory_equals_estimate_with_torchtitans_2024_root_unit():
     table = enumerate_plans(model, 16, cluster.gpus_per_node, 8192, (64,), SearchLimits(max_micro_batch=2, max_vpp=2))
     plans = sampled_peaks_match(model, cluster, base, table, 60, seed=7)
     assert any(p.fsdp_head_in_root for p in plans) and any(not p.fsdp_head_in_root and p.zero == 3 for p in plans)
+    # the screen's step bound holds for them too (the root's embedding is not gathered again backward)
+    screen = Engine(model, cluster, base).evaluate(table)
+    for i in range(0, len(table), max(1, len(table) // 40)):
+        step = estimate(model, cluster, plan_of(base, table, i)).time.step_s
+        assert screen.step_lower_bound[i] <= step * (1 + 1e-12), table.row(i)

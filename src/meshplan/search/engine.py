@@ -579,8 +579,10 @@ class Engine:
             reshard_after_forward=base.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
             fsdp_copies=tuple(cm[name] for name in _UNIT_FIELDS[6:]),
-            # the LM head reuses a tied embedding's weight when both sit on the one stage; FSDP2's root unit keeps it gathered
-            embedding_kept=(model.tied_embeddings or base.fsdp_head_in_root) & (T.pp[at] == 1), nccl_share=self.nccl_share, tp_share=self.tp_share,
+            # the LM head reuses a tied embedding's weight when both sit on the one stage; FSDP2's root
+            # unit keeps it gathered (the plans run.plan_of gives fsdp_head_in_root: ZeRO-3, pp = 1)
+            embedding_kept=(model.tied_embeddings | (base.fsdp_head_in_root & (T.zero[at] == 3))) & (T.pp[at] == 1),
+            nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
         if base.tp_overlap_kind == "micro-pipeline":
             lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
