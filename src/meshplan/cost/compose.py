@@ -364,10 +364,10 @@ def rank_other_items(
     gathered from forward to backward, at the head moment the final norm + LM head unit
     (P_head·w) and at the layer moment the layer in use and the prefetched one (2·P_l·w), plus a
     tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's FSDP2 units until
-    pytorch/torchtitan#1094, 2025-07: the embedding, final norm and LM head left to the root unit, which FSDP2 never reshards
-    after forward, and the last block kept gathered) the root's P_emb + P_head (the embedding's
-    share ``root_embedding_params``) are gathered at both moments, the last block's P_l at the
-    head moment, and at the layer moment the LM head's unsharded gradients, P_head·w, wait for the
+    pytorch/torchtitan#1094, 2025-07: the embedding, final norm and LM head left to the root unit,
+    which FSDP2 never reshards after forward, and the last block kept gathered) the root's
+    P_emb + P_head (the embedding's share ``root_embedding_params``) are gathered at both moments,
+    the last block's P_l at the head moment, and at the layer moment the LM head's unsharded gradients, P_head·w, wait for the
     root's post-backward at the end of the backward (item ``root_gradients_held``; FSDP2 runs the
     root's post-backward from its final callback, as the root's inputs, token ids, take no
     gradient); when weights stay gathered, the whole stage (P·w: the

@@ -155,9 +155,9 @@ class TrainingPlan(Spec):
     fsdp_accumulate_unsharded: bool = False
     # torch's FSDP2 (ZeRO-3 on the compiled or eager stack, pp = 1): the embedding, final norm and
     # LM head left to the root unit, which FSDP2 never reshards after forward, and the last block
-    # kept gathered (torchtitan's units until pytorch/torchtitan#1094, 2025-07; meshplan.cost.compose.rank_other_items);
-    # off: each a unit of its own (torchtitan since then: the embedding resharded after forward, the final
-    # norm + LM head kept gathered to their backward)
+    # kept gathered (torchtitan's units until pytorch/torchtitan#1094, 2025-07;
+    # meshplan.cost.compose.rank_other_items); off: each a unit of its own (torchtitan since then:
+    # the embedding resharded after forward, the final norm + LM head kept gathered to their backward)
     fsdp_head_in_root: bool = False
 
     @model_validator(mode="after")
