@@ -47,6 +47,13 @@ def runs_fsdp2(zero: int, kernels: str) -> bool:
     return zero == 3 and kernels != "fused"
 
 
+def root_unit_applies(head_in_root, zero, pp):
+    """Whether a plan of a search whose base sets ``fsdp_head_in_root`` runs FSDP2's 2024 root
+    unit: those with ZeRO-3 and no pipeline (the rule :class:`meshplan.specs.plan.TrainingPlan`
+    checks); elementwise over arrays of ``zero`` and ``pp``."""
+    return head_in_root & (zero == 3) & (pp == 1)
+
+
 def copy_out_bytes(params: float, rec: PrecisionRecipe) -> float:
     """2·P·w: the gathered buffer read and the unsharded parameters written."""
     return 2 * params * rec.weight_bytes

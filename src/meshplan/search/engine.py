@@ -72,7 +72,7 @@ from meshplan.cost.calibration import calibration_for
 from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
-from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, runs_fsdp2
+from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, root_unit_applies, runs_fsdp2
 from meshplan.cost.compose import (
     after_pipeline,
     LayerTimes,
@@ -580,8 +580,8 @@ class Engine:
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
             fsdp_copies=tuple(cm[name] for name in _UNIT_FIELDS[6:]),
             # the LM head reuses a tied embedding's weight when both sit on the one stage; FSDP2's root
-            # unit keeps it gathered (the plans run.plan_of gives fsdp_head_in_root: ZeRO-3, pp = 1)
-            embedding_kept=(model.tied_embeddings | (base.fsdp_head_in_root & (T.zero[at] == 3))) & (T.pp[at] == 1),
+            # unit keeps it gathered
+            embedding_kept=(model.tied_embeddings & (T.pp[at] == 1)) | root_unit_applies(base.fsdp_head_in_root, T.zero[at], T.pp[at]),
             nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
         if base.tp_overlap_kind == "micro-pipeline":

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from meshplan.cost.fsdp_copies import root_unit_applies
 from meshplan.errors import InputError
 from meshplan.estimate import Budget, Estimate, estimate
 from meshplan.search.engine import Engine, Screen
@@ -88,7 +89,7 @@ def plan_of(base: TrainingPlan, table: PlanTable, i: int) -> TrainingPlan:
     """The plan of row ``i`` of ``table``: its axes and switches over ``base``."""
     fields = {**base.model_dump(), **table.row(i)}
     # torch's FSDP2 root unit (a base setting) describes the plans that run FSDP2 without a pipeline
-    fields["fsdp_head_in_root"] = base.fsdp_head_in_root and fields["zero"] == 3 and fields["pp"] == 1
+    fields["fsdp_head_in_root"] = bool(root_unit_applies(base.fsdp_head_in_root, fields["zero"], fields["pp"]))
     return TrainingPlan(**fields)
 
 
