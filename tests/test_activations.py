@@ -117,21 +117,30 @@ def test_llama3_405b_per_layer_by_hand():
     none = layer_activations(m, 1, 8192, tp=8, sequence_parallel=True, recompute="none", attention="flash")
     sel = layer_activations(m, 1, 8192, tp=8, sequence_parallel=True, recompute="selective", attention="flash")
     full = layer_activations(m, 1, 8192, tp=8, sequence_parallel=True, recompute="full", attention="flash")
+    # the MLP backward's gradients at its peak: the layer output's n·h·2/8 and SwiGLU's three n·6656·2
+    # (down-projection input, gate and up gradients) less the down-projection input it freed
+    grads = n * 16384 * 2 // 8 + 3 * n * 6656 * 2 - n * 6656 * 2
+    assert grads == 251_658_240
     assert none.stored == per_layer
-    assert none.working == 0
+    assert none.working == none.gradients == grads
     assert sel.stored == per_layer - 4 * n * 16  # selective drops only the softmax statistics
-    assert sel.working == 4 * n * 16
+    assert sel.working == 4 * n * 16 + grads
     assert full.stored == n * 16384 * 2 // 8 == 33_554_432  # the layer input, sharded by SP
+    assert full.working == per_layer - full.stored + grads  # the rebuilt layer reads the kept input
     assert sum(b for _, b in none.items) == none.stored
     assert dict(full.items) == {"layer_input": full.stored}
 
 
 @pytest.mark.parametrize("model,attention", [(load_model("llama3-70b"), "flash"), (GPT22B, "materialized"), (GPT175B, "flash")])
 def test_full_recompute_working_set_is_the_unrecomputed_layer(model, attention):
+    """Full recompute rebuilds the layer but its input, which the checkpoint kept and the rebuilt
+    layer reads (one tensor, not two), and its backward adds the MLP's gradients as without
+    recompute."""
     for sp in (False, True):
         none = layer_activations(model, 2, 2048, tp=8, sequence_parallel=sp, recompute="none", attention=attention)
         full = layer_activations(model, 2, 2048, tp=8, sequence_parallel=sp, recompute="full", attention=attention)
-        assert full.working == none.stored
+        assert full.working == none.stored - full.stored + none.working
+        assert full.stored + full.working == none.stored + none.gradients  # the same layer at its backward's peak
         assert full.stored < none.stored
 
 
@@ -190,5 +199,6 @@ def test_op_level_selective_keeps_every_other_matmul_output():
     expected = n * e * (h + 4096 + 1024 + 14336 + h + 4096) + 4 * n * 32
     assert la.stored == expected
     full = layer_activations(m, 1, 8192, recompute="none").stored
-    assert la.working == full - la.stored + n * h * e
+    grads = n * h * e + 2 * n * 14336 * e  # the MLP backward's gradients (mlp_backward_gradient_bytes)
+    assert la.working == full - la.stored + n * h * e + grads
     assert layer_activations(m, 1, 8192, recompute="full").stored < la.stored < la.working

@@ -8,7 +8,7 @@ from screen_support import sampled_peaks_match
 
 from meshplan.accuracy import map_runs
 from meshplan.catalog import load_gpu, load_model
-from meshplan.cost.activations import MLP_SIDE_ITEMS, layer_activation_items, layer_activations
+from meshplan.cost.activations import MLP_SIDE_ITEMS, layer_activation_items, layer_activations, mlp_backward_gradient_bytes
 from meshplan.cost.cp_exchange import cp_exchange_bytes, ring_backward_buffer_bytes
 from meshplan.estimate import estimate
 from meshplan.search.space import SearchLimits, enumerate_plans
@@ -49,11 +49,15 @@ def test_ring_buffers_come_after_the_mlp_is_freed(recompute):
         "none": 0.0,
         "selective": sum(b for _, b, cls in items if cls == "core"),
         "op": full - torch_stack.stored + layer_input,
-        "full": full,
+        "full": full - layer_input,  # the checkpointed input is the rebuilt layer's own
     }[recompute]
     ring = ring_backward_buffer_bytes(m, n, 8, 2, "compiled", 8)
-    assert torch_stack.working == max(rebuilt, rebuilt + ring - mlp)
-    assert torch_stack.working > rebuilt  # 4.7 GB of ring buffers against 2.5 GB of MLP-side tensors
+    # the MLP backward's gradients: the output's n·h/t, (2 + 1)·n·f/t, less the freed down-projection input n·f/t
+    grads = n * 16384 * 2 / 8 + 2 * n * 53248 / 8 * 2
+    assert mlp_backward_gradient_bytes(m, n, 8, True, 2) == grads
+    assert torch_stack.working == max(rebuilt + grads, rebuilt + ring - mlp)
+    assert torch_stack.working > rebuilt + grads  # 4.7 GB of ring buffers against 2.5 GB of MLP-side tensors
+    assert torch_stack.gradients == 0.0  # the ring's moment wins: the MLP's gradients are gone by then
 
 
 def test_405b_cp_rows_gain_the_ring_buffers():
@@ -63,16 +67,20 @@ def test_405b_cp_rows_gain_the_ring_buffers():
         run = runs[f"torchtitan_405b_512gpu_4d_cp{c}_seq{s}"]
         est = estimate(run.model, run.cluster, run.plan)
         peaks[c] = est.peak_bytes / GiB
-        working[c] = est.stages[0].activation_items["backward_working_set"]
-        fused = estimate(run.model, run.cluster, run.plan.model_copy(update={"kernels": "fused"}))
-        assert working[c] >= fused.stages[0].activation_items["backward_working_set"]
+        items = est.stages[0].activation_items
+        working[c] = items["backward_working_set"] + items["backward_gradients"]
+        fused = estimate(run.model, run.cluster, run.plan.model_copy(update={"kernels": "fused"})).stages[0].activation_items
+        assert working[c] >= fused["backward_working_set"] + fused["backward_gradients"]
     # the peak (first pipeline rank, in a layer's backward) grows with c at a fixed local length,
-    # as published (75.3, 75.9, 77.1, 84.9 GiB), by the ring buffers the working set gained
-    assert peaks[1] < peaks[2] < peaks[4] < peaks[8]
+    # as published (75.3, 75.9, 77.1, 84.9 GiB), by the ring buffers the working set gained, once
+    # they outgrow the MLP's gradients: at c = 2, (2 + 9.5)·K|V − M = 0.58 GB stays below G = 1.01 GB
+    assert peaks[1] == peaks[2] < peaks[4] < peaks[8]
     m, n = runs["torchtitan_405b_512gpu_4d_cp8_seq262144"].model, 32768
     items = layer_activation_items(m, 1, 8 * n, 8, 8, True, "flash", 2, kernels="compiled")
     mlp = sum(b for name, b, _ in items if name in MLP_SIDE_ITEMS)
-    assert working[8] - working[1] == ring_backward_buffer_bytes(m, n, 8, 2, "compiled", 8) - mlp  # 2.18 GB
+    # at c = 1 the MLP's gradients set the working set, at c = 8 the ring buffers (after the MLP is freed)
+    grads = mlp_backward_gradient_bytes(m, n, 8, True, 2)
+    assert working[8] - working[1] == ring_backward_buffer_bytes(m, n, 8, 2, "compiled", 8) - mlp - grads  # 1.30 GB
     assert peaks[8] - peaks[1] == pytest.approx((working[8] - working[1]) / GiB, rel=1e-9)
 
 

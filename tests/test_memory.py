@@ -219,7 +219,9 @@ def test_stage_activations_are_inflight_times_stage_bytes():
     assert emb == 0.0
     expected = [4 * 8 * la.stored, 3 * 8 * la.stored, 2 * 8 * la.stored, 1 * (8 * la.stored + head)]
     assert [s.activation_items["stored"] for s in est.stages] == pytest.approx(expected, rel=1e-12)
+    # no recompute: the layer's backward adds only the MLP's gradients, n·h·e + 2·n·f·e (n = 4,096)
     assert all(s.activation_items["backward_working_set"] == 0 for s in est.stages)
+    assert all(s.activation_items["backward_gradients"] == 4096 * (4096 + 2 * 14336) * 2 == la.working for s in est.stages)
 
 
 def test_zero3_gathered_weights():

@@ -434,13 +434,14 @@ def estimate(
     # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers)
     kept_output = p2p_bytes if plan.pp_buffers == "per-micro-batch" else 0.0
     stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output)
-    working = la.working
+    working, backward_grads = la.working, la.gradients
     if model.is_moe:
         la_moe = layer_activations(
             model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi, kernels=plan.kernels
         )
         stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
-        working = max(la.working, la_moe.working)
+        if la_moe.working > la.working:
+            working, backward_grads = la_moe.working, la_moe.gradients
     p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
     ranks = compile_schedule(plan.schedule, pp, m, v)
     sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt,
@@ -475,7 +476,8 @@ def estimate(
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
         act_items = {
             "stored": sim.peak_activation[r],
-            "backward_working_set": working,
+            "backward_working_set": working - backward_grads,
+            "backward_gradients": backward_grads,
         }
         other = rank_other_items(
             reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
@@ -722,11 +724,12 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
     d.append(Derivation(
         f"memory.stages[{worst.rank}].activations", "Activations per GPU (worst stage)",
         "Σ over in-flight micro-batches of (layers of the stage × per-layer bytes) + backward working set "
-        "(what recompute rebuilds; torch's context-parallel ring buffers)",
+        "(what recompute rebuilds; torch's context-parallel ring buffers) + the MLP backward's gradients",
         (("per layer", f"{fmt_bytes(la.stored)} per micro-batch ({p.recompute} recompute, "
                        f"{'SP' if p.sequence_parallel and p.tp > 1 else 'no SP'}, {p.attention} attention)"),
          ("in flight", f"{worst.peak_inflight} micro-batch chunks at peak ({p.schedule})"),
-         ("working", fmt_bytes(worst.activation_items.get('backward_working_set', 0.0)))),
+         ("working", fmt_bytes(worst.activation_items.get('backward_working_set', 0.0))),
+         ("gradients", fmt_bytes(worst.activation_items.get('backward_gradients', 0.0)))),
         fmt_bytes(worst.activations), "Korthikanti et al. 2022 Table 2, derived from the layer's tensor list"))
     d.append(Derivation(
         "memory.peak_bytes", "Peak memory per GPU", "max over pipeline ranks of weights + gradients + optimizer + activations + other",

@@ -62,8 +62,9 @@ the 16-bit input and casts again in backward: no change (:func:`saved_gemm_input
 torchtitan's op-level selective checkpointing ("op") keeps the layer input, the outputs of every
 other matmul and of the attention kernel, and recomputes the rest (``op_sac_saved``).
 
-Full recompute keeps only the layer input but rebuilds one layer's full set of activations during
-its backward: that working set is reported separately (``working``), with, under context
+Full recompute keeps only the layer input but rebuilds the rest of one layer's activations during
+its backward: that working set is reported separately (``working``), with the gradients the
+layer's MLP backward holds at once (:func:`mlp_backward_gradient_bytes`) and, under context
 parallelism on the torch stacks, the buffers of torch's ring attention backward
 (:func:`layer_activations`).
 """
@@ -84,6 +85,7 @@ class LayerActivations:
     stored: float
     working: float  # transient peak while a recomputed layer runs its backward
     items: tuple[tuple[str, float], ...]  # what ``stored`` is made of (for explain)
+    gradients: float = 0.0  # the part of ``working`` that is the MLP backward's gradients (0 when the ring's moment wins)
 
 
 #: A layer's tensors its backward frees before it reaches the attention: the MLP's (dense or MoE)
@@ -215,6 +217,44 @@ def moe_activation_items(model: ModelSpec, n: float, tp: int, e: int) -> list[tu
     return items
 
 
+def mlp_backward_gradient_bytes(
+    model: ModelSpec, n: float, tp: int, sequence_parallel: bool, act_bytes: int,
+    moe: bool = False, gemm_input_bytes: float | None = None,
+) -> float:
+    """The gradients a layer's backward holds at its peak, beyond the activations it saved: at the
+    MLP's activation backward, per GPU for ``n`` tokens,
+
+        G = n·h·e/rep + (k + 1)·n·f/t·e − n·f/t·e_in
+
+    * ``n·h·e/rep`` — the gradient of the layer's output, which the residual's backward holds
+      until the MLP branch has returned its own (÷t under SP: the reduce-scattered output);
+    * ``(k + 1)·n·f/t·e`` — the down-projection's input gradient and, computed from it while it
+      is alive, the activation's input gradients: k = 2 for a gated MLP (gate and up, from
+      ``d(silu(g)·u)``), k = 1 for GeLU;
+    * ``− n·f/t·e_in`` — the down-projection's saved input (``e_in`` its bytes per element: 1 for
+      Transformer Engine's FP8 copy), freed once that GEMM's backward has run.
+
+    For a mixture-of-experts MLP f/t is the wider of the routed experts' n·k·f_e/t token copies
+    (one grouped GEMM over the local experts) and the shared expert's n·f_s/t: their backwards run
+    one after the other. The attention's backward comes later, with the MLP's tensors freed.
+
+    Measured: torch 2.13 on the CPU, a tiny Llama block in fp32 under full recompute (h 256,
+    f 512, n 1,024): the live tensors at the backward's peak are, besides the rebuilt layer less
+    the down-projection's input, exactly n·h·4 + 3·n·f·4 = 7,340,032 bytes of gradients (the
+    ``aten.mul`` of SwiGLU's backward), MemTracker's "Temp" at the peak (tests/test_verify_memory.py,
+    ``test_full_recompute_layer_moment_holds_the_mlp_backward_gradients``)."""
+    e = act_bytes
+    e_in = e if gemm_input_bytes is None else gemm_input_bytes
+    rep = tp if sequence_parallel else 1
+    k = 2 if model.gated_mlp else 1
+    if moe:
+        width = max(n * model.experts_per_token * model.expert_ffn_hidden, n * model.shared_expert_ffn_hidden) / tp
+        e_in = e  # the experts' hidden activations are kept in 16 bits (moe_activation_items)
+    else:
+        width = n * model.ffn_hidden / tp
+    return n * model.hidden * e / rep + (k + 1) * width * e - width * e_in
+
+
 def layer_activations(
     model: ModelSpec,
     micro_batch: int,
@@ -235,12 +275,14 @@ def layer_activations(
 
     ``working`` is the layer's transient peak in its backward beyond what it stores: what
     recompute rebuilds (W_r: the core under selective, what op-level checkpointing did not keep,
-    the whole layer under full), and, with context parallelism on the torch stacks (``kernels``
-    compiled or eager), the ring attention backward's buffers B_ring
-    (:func:`meshplan.cost.cp_exchange.ring_backward_buffer_bytes`). Those come in the attention's
-    backward, after the MLP's (and its norms') tensors M have been freed:
+    under full the whole layer but its input, which the checkpoint kept and the rebuilt layer
+    reads), with the gradients of the MLP's backward G (:func:`mlp_backward_gradient_bytes`),
+    and, with context parallelism on the torch stacks (``kernels`` compiled or eager), the ring
+    attention backward's buffers B_ring (:func:`meshplan.cost.cp_exchange.ring_backward_buffer_bytes`).
+    Those come in the attention's backward, after the MLP's (and its norms') tensors M have been
+    freed:
 
-        working = max(W_r, W_r + B_ring − M)"""
+        working = max(W_r + G, W_r + B_ring − M)"""
     items = layer_activation_items(
         model, micro_batch, seq_len, tp, cp, sequence_parallel, attention, act_bytes, moe, gemm_input_bytes, kernels
     )
@@ -248,24 +290,25 @@ def layer_activations(
     n = micro_batch * seq_len / cp
     ring = ring_backward_buffer_bytes(model, n, tp, act_bytes, kernels, cp)
     mlp_side = sum(b for name, b, _ in items if name in MLP_SIDE_ITEMS)
+    grads = mlp_backward_gradient_bytes(model, n, tp, sequence_parallel, act_bytes, moe, gemm_input_bytes)
 
-    def working(rebuilt: float) -> float:  # ``rebuilt`` itself when there is no ring (M ≥ 0)
-        return max(rebuilt, rebuilt + ring - mlp_side)
+    def layer(stored: float, rebuilt: float, kept: list[tuple[str, float]]) -> LayerActivations:
+        at_mlp, at_ring = rebuilt + grads, rebuilt + ring - mlp_side
+        return LayerActivations(stored, max(at_mlp, at_ring), tuple(kept), grads if at_mlp >= at_ring else 0.0)
     if recompute == "none":
-        kept = [(name, b) for name, b, _ in items]
-        return LayerActivations(full, working(0.0), tuple(kept))
+        return layer(full, 0.0, [(name, b) for name, b, _ in items])
     if recompute == "selective":
-        kept = [(name, b) for name, b, cls in items if cls != "core"]
         core = sum(b for _, b, cls in items if cls == "core")
-        return LayerActivations(full - core, working(core), tuple(kept))
+        return layer(full - core, core, [(name, b) for name, b, cls in items if cls != "core"])
     rep = tp if sequence_parallel else 1
     layer_input = n * model.hidden * act_bytes / rep
     if recompute == "op":
         kept = [("layer_input", layer_input)] + op_sac_saved(model, micro_batch, seq_len, tp, cp, act_bytes)
         stored = sum(b for _, b in kept)
         # the backward rebuilds what was not kept, from the layer input
-        return LayerActivations(stored, working(full - stored + layer_input), tuple(kept))
-    return LayerActivations(layer_input, working(full), (("layer_input", layer_input),))
+        return layer(stored, full - stored + layer_input, kept)
+    # the checkpoint kept the layer input, which the rebuilt layer reads (its first norm's input)
+    return layer(layer_input, full - layer_input, [("layer_input", layer_input)])
 
 
 def saved_gemm_input_bytes(compute_dtype: str, kernels: str, act_bytes: int) -> float:
