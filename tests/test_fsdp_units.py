@@ -81,7 +81,8 @@ def test_estimate_charges_the_units():
 def _items(**kw):
     base = dict(reserve=0.0, holds_head=True, logits_grad=100.0, head_act=300.0, zero=3, shard=4, params=1000,
                 layer_params=200, head_params=50, kept_embedding_params=0, weight_bytes=2, grad_bytes=4,
-                reshard_after_forward=True, once_per_step=False, tp=1, act_msg=0.0, pp=1, p2p_bytes=0.0)
+                reshard_after_forward=True, once_per_step=False, tp=1, act_msg=0.0, pp=1, p2p_bytes=0.0,
+                down_params=50, layer_stored=0.0)
     return rank_other_items(**(base | kw))
 
 
@@ -103,13 +104,30 @@ def test_peak_is_the_larger_backward_moment():
     assert _items(zero=1) == {"runtime_reserve": 0.0, "logits_grad": 100.0}
 
 
+def test_layer_moment_is_its_mlp_or_its_end():
+    """The top layer's backward peaks at its MLP (the previous layer's gradients being reduced,
+    of its own only the down projection's: (200 + 50)·4 = 1,000, beside its working set), or, with
+    few activations, at its end (all its gradients beside the previous layer's, 2·200·4 = 1,600,
+    its stored activations and working set freed)."""
+    mlp = _items(layer_stored=2000.0, working=500.0)  # 1,000 > 1,600 − 2,500
+    assert mlp["grad_reduce_buckets"] == (200 + 50) * 4 and "layer_activations_freed" not in mlp
+    end = _items(layer_stored=100.0, working=200.0)  # 1,000 < 1,600 − 300
+    assert end["grad_reduce_buckets"] == 2 * 200 * 4 and end["layer_activations_freed"] == -300.0
+    # both moments as totals, the working set counted with the activations: A + W + other
+    for it, stored, working, moment in ((mlp, 2000.0, 500.0, 500.0 + 1000), (end, 100.0, 200.0, 1600 - 100.0)):
+        assert working + sum(it.values()) == 800 - 300 + moment  # gathered 2·200·2, head freed −300
+    # no ZeRO-2/3: neither
+    assert "layer_activations_freed" not in _items(zero=1, layer_stored=100.0, working=200.0)
+
+
 def test_peak_moments_vectorized_equal_scalar():
     zero = np.array([0, 1, 2, 3, 3, 3])
     shard = np.array([4, 4, 4, 4, 1, 4])
     head_act = np.array([300.0, 300.0, 300.0, 300.0, 300.0, 3000.0])
-    arr = _items(zero=zero, shard=shard, head_act=head_act, tp=np.ones(6, dtype=np.int64))
+    stored = np.array([100.0, 100.0, 100.0, 100.0, 3000.0, 100.0])  # the layer's end or its MLP
+    arr = _items(zero=zero, shard=shard, head_act=head_act, tp=np.ones(6, dtype=np.int64), layer_stored=stored, working=200.0)
     for i in range(6):
-        one = _items(zero=int(zero[i]), shard=int(shard[i]), head_act=float(head_act[i]))
+        one = _items(zero=int(zero[i]), shard=int(shard[i]), head_act=float(head_act[i]), layer_stored=float(stored[i]), working=200.0)
         for k, v in arr.items():
             assert np.broadcast_to(v, (6,))[i] == one.get(k, 0.0), (i, k)
         assert sum(np.broadcast_to(v, (6,))[i] for v in arr.values()) == sum(one.values())

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from meshplan.catalog import load_gpu  # noqa: E402
 from meshplan.catalog.hf_config import model_from_hf_config  # noqa: E402
 from meshplan.cli.app import main  # noqa: E402
-from meshplan.cost.params import count_params, head_params_per_rank, layer_params_per_rank, rank_params  # noqa: E402
+from meshplan.cost.params import count_params, down_projection_params_per_rank, head_params_per_rank, layer_params_per_rank, rank_params  # noqa: E402
 from meshplan.specs.hardware import ClusterSpec  # noqa: E402
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan  # noqa: E402
 from meshplan.verify import memory  # noqa: E402
@@ -128,7 +128,10 @@ def test_fsdp2_peak_with_two_layers_is_the_larger_backward_moment():
     assert c.ok, [r.to_dict() for r in c.failures]
     items = c.setup["meshplan_other_items"]
     layer = layer_params_per_rank(model, 1) * 4
-    assert items["gathered_weights"] == 2 * layer and items["grad_reduce_buckets"] == 2 * layer
+    # the top layer's MLP: the previous layer's gradients being reduced and its own down projection's
+    down = down_projection_params_per_rank(model, 1) * 4
+    assert down == 256 * 512 * 4
+    assert items["gathered_weights"] == 2 * layer and items["grad_reduce_buckets"] == layer + down
     assert items["logits_grad"] == 0 and items["head_activations_freed"] < 0  # the layer moment is larger
     head_unit = head_params_per_rank(model, 1, 1) * 4
     assert c.setup["measured_peak_by_category"]["Unsharded Param"] == head_unit

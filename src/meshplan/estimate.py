@@ -59,6 +59,7 @@ from meshplan.cost.params import (
     count_params,
     embedding_params_per_rank,
     head_params_per_rank,
+    largest_layer_params,
     layer_params_per_rank,
     rank_params,
 )
@@ -434,14 +435,14 @@ def estimate(
     # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers)
     kept_output = p2p_bytes if plan.pp_buffers == "per-micro-batch" else 0.0
     stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output)
-    working, backward_grads = la.working, la.gradients
+    working, backward_grads, layer_stored = la.working, la.gradients, la.stored
     if model.is_moe:
         la_moe = layer_activations(
             model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi, kernels=plan.kernels
         )
         stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
         if la_moe.working > la.working:
-            working, backward_grads = la_moe.working, la_moe.gradients
+            working, backward_grads, layer_stored = la_moe.working, la_moe.gradients, la_moe.stored
     p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
     ranks = compile_schedule(plan.schedule, pp, m, v)
     sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt,
@@ -456,8 +457,8 @@ def estimate(
     dp_hidden = []
     logits_grad = loss_grad_bytes(model, b, s, t, c, plan.loss_kernels, e)
     head_params = head_params_per_rank(model, t, pp)
-    if model.is_moe:  # ZeRO-3 buffers hold the largest layer
-        layer_params = max(layer_params, layer_params_per_rank(model, t, moe=True, ep=plan.ep))
+    layer_params, down_params = largest_layer_params(model, t, plan.ep)  # ZeRO-3 buffers hold the largest layer
+    if model.is_moe:
         expert_shard = expert_shard_degree(plan)
         pl_experts = expert_dp_placements(pl, edp)
     # a tied embedding shares its weight with the LM head on one stage: gathered until its backward
@@ -487,6 +488,7 @@ def estimate(
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
             pp_messages=pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine)),
             working=working, root_embedding_params=root_embedding, head_in_root=plan.fsdp_head_in_root,
+            down_params=down_params, layer_stored=layer_stored,
         )
         stages.append(
             StageMemory(

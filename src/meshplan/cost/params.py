@@ -282,6 +282,29 @@ def layer_params_per_rank(model: ModelSpec, tp: int, moe: bool = False, ep: int 
     return attn_w + attn_b + mlp_w + mlp_b + norms
 
 
+def down_projection_params_per_rank(model: ModelSpec, tp: int, moe: bool = False, ep: int = 1) -> int:
+    """The MLP's output (down) projection of one layer on one GPU of a TP group, ``h·f/t`` and its
+    replicated bias: the first weights a layer's backward reaches, so the only ones whose gradient
+    exists at its MLP's backward (:func:`meshplan.cost.compose.rank_other_items`). A mixture-of-
+    experts layer (``moe``): the E/ep local experts' ``h·f_e/t`` each and the shared expert's
+    ``h·f_s/t``."""
+    h = model.hidden
+    if moe:
+        return model.n_experts // ep * h * (model.expert_ffn_hidden // tp) + h * (model.shared_expert_ffn_hidden // tp)
+    return h * (model.ffn_hidden // tp) + (h if model.linear_bias else 0)
+
+
+def largest_layer_params(model: ModelSpec, tp: int, ep: int = 1) -> tuple[int, int]:
+    """The parameters of the model's largest layer on one GPU of a TP group, the one ZeRO-3's
+    buffers hold (an MoE model's mixture-of-experts layer if larger than its dense layers), and
+    its down projection's (:func:`down_projection_params_per_rank`)."""
+    dense = layer_params_per_rank(model, tp), down_projection_params_per_rank(model, tp)
+    if not model.is_moe:
+        return dense
+    moe = layer_params_per_rank(model, tp, moe=True, ep=ep), down_projection_params_per_rank(model, tp, moe=True, ep=ep)
+    return moe if moe[0] > dense[0] else dense
+
+
 def expert_params_per_rank(model: ModelSpec, tp: int, ep: int) -> int:
     """Routed-expert weights of one MoE layer on one GPU: E/ep experts, each split t ways,
     ``(E/ep)·n_m·h·f_e/t``."""

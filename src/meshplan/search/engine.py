@@ -96,7 +96,7 @@ from meshplan.cost.moe import (
     moe_layers_per_stage,
     rank_expert_params,
 )
-from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank, rank_params
+from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, largest_layer_params, rank_params
 from meshplan.pipeline.schedules import stage_style
 from meshplan.pipeline.inflight import distinct_state_rows, state_rows_many
 from meshplan.pipeline.simulate import padded_peak_bytes
@@ -351,6 +351,7 @@ class _Terms:
     layer_moe: Optional[LayerTimes]  # an MoE layer's (None for a dense model)
     tau: np.ndarray
     working: np.ndarray
+    layer_stored: np.ndarray  # the stored bytes of the layer whose working set ``working`` is
     lt_inv: np.ndarray
     lt_pp: dict
     a2a: Optional[np.ndarray] = None  # (layer-time rows, 2): exposed expert all-to-all forward, backward
@@ -500,13 +501,12 @@ class Engine:
 
     def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
         """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
-        layer's parameters, the head's and the embedding's parameters."""
+        layer's parameters (ZeRO-3's buffers hold it), the head's and the embedding's parameters,
+        and the largest layer's down projection's."""
         model = self.model
-        layer = layer_params_per_rank(model, x)
-        if model.is_moe:  # ZeRO-3 buffers hold the largest layer
-            layer = max(layer, layer_params_per_rank(model, x, moe=True, ep=y))
+        layer, down = largest_layer_params(model, x, y)
         return (loss_grad_bytes(model, 1, 1, x, 1, self.base.loss_kernels, self.e), layer, head_params_per_rank(model, x, pp),
-                embedding_params_per_rank(model, x))
+                embedding_params_per_rank(model, x), down)
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -542,7 +542,7 @@ class Engine:
         k = dict(zip(_KERNEL_FIELDS, np.ascontiguousarray(kernel[kernel_of_lt].T)))
         cm = (dict(zip(_MB_FIELDS, np.ascontiguousarray(mb[mb_of_lt].T)))
               | dict(zip(_UNIT_FIELDS, np.ascontiguousarray(units[units_of_lt].T))))
-        working = k["act_working"]
+        working, layer_stored = k["act_working"], k["act_stored"]
         moe = {}
         if self.model.is_moe:
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
@@ -552,7 +552,10 @@ class Engine:
             moe["kernel"] = _gather(self._moe_kernel, cols("t c b sp rc ep"), len(_MOE_FIELDS))
             moe["comm"] = _gather(self._moe_comm, cols("t c p d ds ep zero"), 4)
             moe["a2a"] = _gather(self._a2a, cols("t c p d ep b sp full"), 2)
-            working = np.maximum(working, moe["kernel"][:, _MOE_FIELDS.index("act_working")])
+            moe_working = moe["kernel"][:, _MOE_FIELDS.index("act_working")]
+            # the layer whose backward working set is larger, as estimate takes it, and its stored bytes
+            layer_stored = np.where(moe_working > working, moe["kernel"][:, _MOE_FIELDS.index("act_stored")], layer_stored)
+            working = np.maximum(working, moe_working)
         lt, lt_moe = self._layer_times(T, at, row["fsdp"] > 0, k, cm, moe)
         return _Terms(
             kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
@@ -560,7 +563,7 @@ class Engine:
             mesh_inv=mesh_inv, mesh_pp=_slices_by(p[mesh_where]),
             batch=_digit(T.global_batch) if T.global_batch.min(initial=0) != T.global_batch.max(initial=0) else None,
             layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
-            working=working,
+            working=working, layer_stored=layer_stored,
             a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
         )
 
@@ -698,7 +701,8 @@ class Engine:
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
         messages = pp_buffer_messages(base.pp_buffers, m[buf_plans][None, :], not_first[:, None], not_last[:, None])
         at = np.arange(idx.start, idx.stop)[buf_plans]
-        k_at = {"head_act": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_act")], "working": pre.working[pre.lt_inv[at]]}
+        k_at = {"head_act": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_act")], "working": pre.working[pre.lt_inv[at]],
+                "layer_stored": pre.layer_stored[pre.lt_inv[at]]}
         mb_at = pre.mb[pre.mb_of_lt[pre.lt_inv[at]]]
         cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
         params_b = np.take(params_c, buf_mesh, axis=1)
@@ -795,7 +799,7 @@ class Engine:
                     head: np.ndarray, params: np.ndarray, pp_messages) -> np.ndarray:
         """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
-        columns ``k`` and ``cm`` (``head_act``, ``working``, ``act_msg``, ``p2p_bytes``), and its classes of
+        columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
         ``pp_messages`` (:func:`pp_buffer_messages`) as (classes × plans): the total of the other
         items (:func:`rank_other_items`), as ``estimate`` adds them. Per-plan terms are rows
@@ -807,7 +811,7 @@ class Engine:
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 4).T.take(te, axis=1)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 5).T.take(te, axis=1)
         logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
         root = base.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
@@ -825,7 +829,7 @@ class Engine:
             once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages, working=k["working"][None, :],
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
-            head_in_root=root,
+            head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :],
         )
         return np.broadcast_to(total_of(other), (len(head), len(at)))
 

@@ -368,9 +368,12 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
               notes=tuple(k.name for k in grad_known)), *grad_known)
     c.add(Row("optimizer state", state.get(key["optimizer"], 0), st.optimizer, EXACT, "B", known=steps + partition,
               notes=tuple(k.name for k in opt_known)), *opt_known)
-    # the MLP backward's gradients are what the trackers call Temp: out of this row (in the peak's)
-    backward_grads = 0.0 if moment else st.activation_items.get("backward_gradients", 0.0)
-    c.add(Row("activations at the peak", peak.get("Activation", 0), st.activations + moment - backward_grads, ACTIVATIONS, "B", known=grouped,
+    # the MLP backward's gradients are what the trackers call Temp: out of this row (in the peak's);
+    # at a layer's end its activations, gradients included, are freed
+    layer_freed = st.other_items.get("layer_activations_freed", 0.0)
+    backward_grads = 0.0 if (moment or layer_freed) else st.activation_items.get("backward_gradients", 0.0)
+    predicted_act = st.activations + moment + layer_freed - backward_grads
+    c.add(Row("activations at the peak", peak.get("Activation", 0), predicted_act, ACTIVATIONS, "B", known=grouped,
               notes=tuple(k.name for k in act_known)), *act_known)
     total = peak.get("Total", sum(v for k, v in peak.items() if k != "Total"))
     notes = (*opt_known, *grad_known, *act_known, NO_RUNTIME if device == "cpu" else RESERVE_OUTSIDE_ALLOCATOR)
