@@ -401,9 +401,9 @@ def rank_other_items(
     else:
         g_head = params * weight_bytes
         g_layer = (params - head_here) * weight_bytes
-    at_mlp, at_end = (layer_params + down_params) * grad_bytes, 2 * layer_params * grad_bytes - layer_stored - working
-    end_wins = np.logical_and(z2, at_end > at_mlp)
-    buckets = pick(end_wins, 2 * layer_params * grad_bytes, (layer_params + down_params) * grad_bytes)
+    at_mlp, at_end = (layer_params + down_params) * grad_bytes, 2 * layer_params * grad_bytes
+    end_wins = np.logical_and(z2, at_end - layer_stored - working > at_mlp)
+    buckets = pick(end_wins, at_end, at_mlp)
     layer_freed = pick(end_wins, -(layer_stored + working), 0.0)
     freed = head_act if holds_head else 0.0
     root_held = head_in_root and reshard_after_forward and not once_per_step
