@@ -96,8 +96,9 @@ def test_loss_buffers_per_stack():
 
 def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     """Compiled blocks with torch's eager cross-entropy beside them (compile_loss off, torchtitan
-    of 2024) against Megatron's fused loss: one more fp32 logits tensor at the peak, and the final
-    norm's fp32 input and 1/RMS (it runs eager beside the compiled blocks)."""
+    of 2024) against Megatron's fused loss: one more fp32 logits tensor at the peak, the bf16
+    logits' block the caching allocator keeps reserved beside the eager loss's fp32 tensors, and the
+    final norm's fp32 input and 1/RMS (it runs eager beside the compiled blocks)."""
     model = load_model("llama3-8b")
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
     plans = {k: TrainingPlan.build(where="plan", dp=8, micro_batch=2, global_batch=16, seq_len=8192, zero=3,
@@ -108,7 +109,10 @@ def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     # stack by its repeated K/V) are not built yet. FSDP2's fp32 shards are the master copy: no
     # bf16 shard, 2 bytes less per parameter (the model's 8,030,261,248 over 8 ranks)
     bf16_shard = 2 * 8_030_261_248 // 8
-    assert est["compiled"].peak_bytes - est["fused"].peak_bytes == 4 * n * V + (4 * n * h + 4 * n) - bf16_shard == 6_666_320_896
+    diff = 4 * n * V + 2 * n * V + (4 * n * h + 4 * n) - bf16_shard
+    assert est["compiled"].peak_bytes - est["fused"].peak_bytes == diff == 10_869_013_504
+    assert est["compiled"].stages[0].other_items["freed_logits_block"] == 2 * n * V
+    assert "freed_logits_block" not in est["fused"].stages[0].other_items
     # same fused kernels; the torch stack adds the GQA K/V copy forward, backward and in the
     # op-level recompute of each of the 32 layers, FSDP2's copies (every layer and the embedding
     # copied out forward and backward, the head unit forward, each copied in once; one

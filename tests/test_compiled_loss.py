@@ -71,12 +71,14 @@ def test_compiled_loss_traffic():
 def test_estimate_peak_drops_by_the_losss_fp32_buffers():
     """One GPU's peak, compiled loss vs eager loss beside compiled blocks, Llama 3 8B, FSDP over
     32 H200, b = 2: the difference is (4 + 8 − 2 − 2)·n·V = 8·n·V when the peak is at the start
-    of the backward (the last stage holds every layer's activations and the loss's buffers)."""
+    of the backward (the last stage holds every layer's activations and the loss's buffers), and
+    the bf16 logits' block the caching allocator keeps reserved beside the eager loss's fp32
+    tensors, 2·n·V (tests/test_allocator.py): 10·n·V."""
     cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), 32)
     plan = dict(dp=32, micro_batch=2, global_batch=64, seq_len=8192, recompute="op", zero=3, sequence_parallel=False, kernels="compiled")
     eager = estimate(LLAMA8B, cluster, TrainingPlan(compile_loss=False, **plan))
     comp = estimate(LLAMA8B, cluster, TrainingPlan(**plan))
-    assert eager.peak_bytes - comp.peak_bytes == 8 * NV
+    assert eager.peak_bytes - comp.peak_bytes == 8 * NV + 2 * NV
     assert comp.time.step_s < eager.time.step_s
 
 

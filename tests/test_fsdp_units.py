@@ -82,7 +82,7 @@ def _items(**kw):
     base = dict(reserve=0.0, holds_head=True, logits_grad=100.0, head_act=300.0, zero=3, shard=4, params=1000,
                 layer_params=200, head_params=50, kept_embedding_params=0, weight_bytes=2, grad_bytes=4,
                 reshard_after_forward=True, once_per_step=False, tp=1, act_msg=0.0, pp=1, p2p_bytes=0.0,
-                down_params=50, layer_stored=0.0)
+                down_params=50, layer_stored=0.0, logits_block=0.0)
     return rank_other_items(**(base | kw))
 
 

@@ -330,7 +330,7 @@ def test_backward_working_set_counts_at_the_layer_moment_only():
 
     common = dict(reserve=0.0, holds_head=True, head_act=10.0, zero=0, shard=1, params=100, layer_params=10, head_params=5,
                   kept_embedding_params=0, weight_bytes=2, grad_bytes=4, reshard_after_forward=True, once_per_step=False,
-                  tp=1, act_msg=1.0, pp=1, p2p_bytes=1.0, down_params=2, layer_stored=4.0)
+                  tp=1, act_msg=1.0, pp=1, p2p_bytes=1.0, down_params=2, layer_stored=4.0, logits_block=0.0)
     head = rank_other_items(logits_grad=50.0, working=20.0, **common)  # 50 > 20 − 10
     assert head["logits_grad"] == 50.0 and head["working_set_not_yet_built"] == -20.0
     assert "head_activations_freed" not in head
@@ -386,7 +386,7 @@ def test_fsdp2_root_unit_of_2024_holds_embedding_head_and_last_block():
     common = dict(reserve=0.0, holds_head=True, head_act=0.0, zero=3, shard=8, params=1_000, layer_params=30,
                   head_params=50, kept_embedding_params=0, weight_bytes=2, grad_bytes=4, reshard_after_forward=True,
                   once_per_step=False, tp=1, act_msg=0.0, pp=1, p2p_bytes=0.0, root_embedding_params=40,
-                  down_params=10, layer_stored=1_000.0)
+                  down_params=10, layer_stored=1_000.0, logits_block=0.0)
     # head moment (the loss's buffers win): the head unit alone, or the root and the last block
     own = rank_other_items(logits_grad=1e6, **common)
     root = rank_other_items(logits_grad=1e6, head_in_root=True, **common)

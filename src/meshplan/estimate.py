@@ -13,6 +13,7 @@ from typing import Any, Optional
 from meshplan.cost import collectives as coll
 from meshplan.cost.activations import (
     embedding_activation_bytes,
+    freed_logits_block_bytes,
     head_activation_bytes,
     layer_activations,
     loss_grad_bytes,
@@ -456,6 +457,7 @@ def estimate(
     pg_times = []
     dp_hidden = []
     logits_grad = loss_grad_bytes(model, b, s, t, c, plan.loss_kernels, e)
+    logits_block = freed_logits_block_bytes(model, b, s, t, c, plan.loss_kernels, e)
     head_params = head_params_per_rank(model, t, pp)
     layer_params, down_params = largest_layer_params(model, t, plan.ep)  # ZeRO-3 buffers hold the largest layer
     if model.is_moe:
@@ -488,7 +490,7 @@ def estimate(
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
             pp_messages=pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine)),
             working=working, root_embedding_params=root_embedding, head_in_root=plan.fsdp_head_in_root,
-            down_params=down_params, layer_stored=layer_stored,
+            down_params=down_params, layer_stored=layer_stored, logits_block=logits_block,
         )
         stages.append(
             StageMemory(

@@ -372,7 +372,7 @@ def head_activation_bytes(
     norm = n * model.hidden * act_bytes / rep + (eager_norm_bytes(model, n, model.hidden, rep) if torch_stack else 0.0)
     head_input = n * model.hidden * act_bytes / (1 if torch_stack else rep)
     per_entry = act_bytes if compiled_loss(loss_kernels, tp) else 4
-    return norm + head_input + per_entry * n * (padded_vocab(model, tp) // tp)
+    return norm + head_input + per_entry * _logit_entries(model, micro_batch, seq_len, tp, cp)
 
 
 def loss_grad_bytes(
@@ -400,9 +400,36 @@ def loss_grad_bytes(
       gradient: ``e·n·V/t``, no fp32 buffer (torch 2.13 on CPU, peak resident memory of the
       backward: +2·n·V bytes compiled against +12·n·V eager, of which 4·n·V is the kept
       log-softmax; tests/test_compiled_loss.py)."""
-    n = micro_batch * seq_len / cp
-    entries = n * (padded_vocab(model, tp) // tp)
+    entries = _logit_entries(model, micro_batch, seq_len, tp, cp)
     if compiled_loss(kernels, tp):
         return act_bytes * entries
     per = 4 * entries
     return per if kernels == "fused" else (3 * per if tp > 1 else 2 * per)
+
+
+def _logit_entries(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int) -> float:
+    """Logits per GPU: n = b·s/c tokens times V/t vocabulary entries (V padded to a multiple of t)."""
+    return micro_batch * seq_len / cp * (padded_vocab(model, tp) // tp)
+
+
+def freed_logits_block_bytes(
+    model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, kernels: str = "fused", act_bytes: int = 2,
+) -> float:
+    """Reserved, not allocated, at the loss's backward: the block of the LM head's e-byte logits
+    (e·n·V/t bytes), which torch's eager ``cross_entropy`` on ``logits.float()`` (``kernels``
+    compiled or eager, the loss not compiled: :func:`compiled_loss`) leaves between its fp32
+    tensors and which the caching allocator keeps but cannot use.
+
+    torchtitan's loss casts the logits up (P, e·n·V/t), takes the log-softmax (L, 4·n·V/t) and frees
+    the cast once the loss is known and the logits before the backward (``del pred``): P and the
+    cast merge into one free block of (4 + e)·n·V/t. The backward's first fp32 request (nll-loss's
+    gradient, or ``loss_parallel``'s zeroed ``grad_input``) takes 4·n·V/t of it; the next finds
+    only e·n·V/t free and the segment grows, so the reserved peak is the allocated one plus
+    e·n·V/t. torch's CPU allocator trace of both losses, replayed through a model of the CUDA
+    caching allocator with expandable segments (:mod:`meshplan.verify.allocator`), shows that block
+    exactly; with fp32 logits (e = 4) the cast is the logits themselves and the first request
+    reuses their block: 0. Megatron's fused loss (``fused``) casts in place and a compiled loss
+    keeps no fp32 tensor: 0."""
+    if kernels == "fused" or compiled_loss(kernels, tp) or act_bytes >= 4:
+        return 0.0
+    return act_bytes * _logit_entries(model, micro_batch, seq_len, tp, cp)

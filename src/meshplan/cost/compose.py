@@ -345,6 +345,7 @@ def rank_other_items(
     head_in_root: bool = False,
     down_params: Num,
     layer_stored: Num,
+    logits_block: Num,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
@@ -354,7 +355,10 @@ def rank_other_items(
     so the peak is the larger of two moments, not their sum:
 
     * head moment (last stage, start of backward): A + G + the loss's gradient buffers
-      (``logits_grad``: :func:`meshplan.cost.activations.loss_grad_bytes`, 4·n·V/t each);
+      (``logits_grad``: :func:`meshplan.cost.activations.loss_grad_bytes`, 4·n·V/t each) + the
+      freed logits' block the caching allocator keeps reserved beside them (``logits_block``:
+      :func:`meshplan.cost.activations.freed_logits_block_bytes`; reserved, not allocated, and
+      reused by the layers' backward, so the layer moment does not count it);
     * layer moment (backward of the stage's top layer): A − A_head + G' + B + W, the LM head's
       activations A_head already freed (the ``head_activations_freed`` item, negative) and the
       layer's backward working set W (``working``: what recompute rebuilds and the ring attention's
@@ -408,12 +412,13 @@ def rank_other_items(
     freed = head_act if holds_head else 0.0
     root_held = head_in_root and reshard_after_forward and not once_per_step
     held = head_here * weight_bytes if root_held else 0.0
-    at_head = (logits_grad if holds_head else 0.0) + pick(z3, g_head, 0.0)
+    at_head = (logits_grad + logits_block if holds_head else 0.0) + pick(z3, g_head, 0.0)
     at_layer = pick(z3, g_layer + held, 0.0) + pick(z2, buckets, 0.0) + layer_freed - freed + working
     head_wins = at_head >= at_layer
     items = {
         "runtime_reserve": reserve,
         "logits_grad": pick(head_wins, logits_grad, 0.0) if holds_head else 0.0,
+        "freed_logits_block": pick(head_wins, logits_block, 0.0) if holds_head else 0.0,
         "gathered_weights": pick(z3, pick(head_wins, g_head, g_layer), 0.0),
         "unsharded_gradients": pick(z3, params * grad_bytes * unsharded_part, 0.0) if once_per_step else 0.0,
         "root_gradients_held": pick(np.logical_and(z3, np.logical_not(head_wins)), held, 0.0),
@@ -435,6 +440,7 @@ def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, shard
     non-zero one always is)."""
     return {
         "logits_grad": holds_head,
+        "freed_logits_block": False,
         "gathered_weights": bool(z3),
         "unsharded_gradients": bool(z3) and once,
         "root_gradients_held": bool(z3) and root_held and holds_head,

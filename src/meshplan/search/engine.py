@@ -65,7 +65,8 @@ import numpy as np
 
 from meshplan.cost import collectives as coll
 from meshplan.cost.activations import (
-    embedding_activation_bytes, head_activation_bytes, layer_activations, loss_grad_bytes, saved_gemm_input_bytes,
+    embedding_activation_bytes, freed_logits_block_bytes, head_activation_bytes, layer_activations, loss_grad_bytes,
+    saved_gemm_input_bytes,
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
@@ -502,11 +503,11 @@ class Engine:
     def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
         """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
         layer's parameters (ZeRO-3's buffers hold it), the head's and the embedding's parameters,
-        and the largest layer's down projection's."""
-        model = self.model
+        the largest layer's down projection's, and the freed logits' block per token."""
+        model, kernels = self.model, self.base.loss_kernels
         layer, down = largest_layer_params(model, x, y)
-        return (loss_grad_bytes(model, 1, 1, x, 1, self.base.loss_kernels, self.e), layer, head_params_per_rank(model, x, pp),
-                embedding_params_per_rank(model, x), down)
+        return (loss_grad_bytes(model, 1, 1, x, 1, kernels, self.e), layer, head_params_per_rank(model, x, pp),
+                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e))
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -811,14 +812,15 @@ class Engine:
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 5).T.take(te, axis=1)
-        logits_grad = (row(T.micro_batch) * base.seq_len / c) * per_tp[:1]
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 6).T.take(te, axis=1)
+        tokens = row(T.micro_batch) * base.seq_len / c
+        logits_grad, logits_block = tokens * per_tp[:1], tokens * per_tp[5:6]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
         root = base.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
         holds_head = bool(head.all())
         if head.any() and not holds_head:
             head = head[:, None]
-            holds_head, logits_grad = True, np.where(head, logits_grad, 0.0)
+            holds_head, logits_grad, logits_block = True, np.where(head, logits_grad, 0.0), np.where(head, logits_block, 0.0)
             head_act, head_params = np.where(head, head_act, 0.0), np.where(head, head_params, 0)
         other = rank_other_items(
             reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad,
@@ -829,7 +831,7 @@ class Engine:
             once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages, working=k["working"][None, :],
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
-            head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :],
+            head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :], logits_block=logits_block,
         )
         return np.broadcast_to(total_of(other), (len(head), len(at)))
 
