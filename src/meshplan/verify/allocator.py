@@ -1,7 +1,8 @@
 """torch's CUDA caching allocator, modelled, replaying an allocation trace taken on the CPU.
 
 Published peaks from PyTorch runs (torchtitan's among them) are the caching allocator's *reserved*
-peak (``torch.cuda.max_memory_reserved``), meshplan's are allocated bytes. The two differ where a
+peak (``torch.cuda.max_memory_reserved``); what meshplan counts are allocated bytes, plus the one
+block this model shows kept at the loss (below). The two differ where a
 freed block cannot serve a later, larger request: the allocator keeps it and grows instead. Which
 blocks those are depends only on the order and sizes of the allocations and frees, which torch's
 profiler records on the CPU as well (``profile_memory=True``: every allocation and free of the CPU
@@ -19,9 +20,10 @@ allocator, with its address). :func:`replay` runs such a trace through a model o
 * nothing is given back (no ``empty_cache``, no out-of-memory retry), so the reserved peak is the
   segment's largest extent.
 
-Without expandable segments every growth is its own ``cudaMalloc`` segment that cannot merge with
-its neighbours: for the loss's trace below both give the same reserved peak (the freed block that
-cannot serve is the same). :func:`profiled_events` takes the trace.
+Without expandable segments (not modelled) every growth is a ``cudaMalloc`` segment of its own,
+whose blocks merge only within it: in the loss's trace below the logits and their upcast then stay
+two free segments, the first fp32 request takes the upcast's and the logits' is still too small, so
+the reserved peak is the same. :func:`profiled_events` takes the trace.
 
 What the model shows for torch's eager loss (``meshplan.cost.activations.freed_logits_block_bytes``):
 the LM head's e-byte logits (e < 4), freed before the backward (torchtitan's ``del pred``), leave
