@@ -27,7 +27,7 @@ def test_best_fit_split_merge_and_growth_by_hand():
     z = a.malloc(6 * MiB)  # [x 10][y 4][z 6]
     assert (x, y, z) == (0, 10 * MiB, 14 * MiB) and a.reserved == 20 * MiB
     a.release(y)  # a 4 MiB hole
-    w = a.malloc(3 * MiB)  # best fit: the hole, split (1 MiB would remain: not split, handed whole)
+    w = a.malloc(3 * MiB)  # best fit: the 4 MiB hole, handed whole (1 MiB would remain: no split)
     assert w == 10 * MiB and a.allocated == 10 * MiB + 4 * MiB + 6 * MiB
     a.release(w)
     v = a.malloc(2 * MiB)  # split: 2 MiB remain free after it
