@@ -1,6 +1,6 @@
 """What the torch stacks save for a layer's backward, counted in torch itself (needs torch).
 
-A torchtitan Llama block (tests/torchtitan_block_support.py) runs forward under
+A torchtitan Llama block (meshplan.verify.llama_block) runs forward under
 ``saved_tensors_hooks``; every distinct storage it saves that is not a parameter is summed and
 compared with :func:`meshplan.cost.activations.layer_activation_items` for the same shapes:
 eager exactly, ``torch.compile``'d up to the norms' per-token statistics the list leaves out.
@@ -31,7 +31,7 @@ def _spec():
 
 def saved_bytes(compiled: bool, dtype) -> int:
     """Bytes of the distinct non-parameter storages one block saves for its backward."""
-    from torchtitan_block_support import Block, precompute_freqs_cis
+    from meshplan.verify.llama_block import Block, precompute_freqs_cis
 
     torch.manual_seed(0)
     block = Block(H, A, G, F).to(dtype)

@@ -93,6 +93,7 @@ def cfg(tmp_path):
 @pytest.mark.parametrize("command,flags,gpus,rule", [
     ("flops", [], 0, "--device cuda needs a CUDA GPU visible to torch"),
     ("memory", [], 0, "--device cuda needs a CUDA GPU visible to torch"),
+    ("kernels", [], 0, "--device cuda needs a CUDA GPU visible to torch"),
     ("comm", ["--dp", "2", "--zero", "0"], 0, "--device cuda needs a CUDA GPU visible to torch"),
     ("memory", ["--tp", "2", "--dp", "2", "--zero", "3"], 2, "--device cuda runs one process per GPU: the plan has 4 ranks but 2 GPUs are visible"),
     ("comm", ["--tp", "2", "--pp", "2"], 3, "--device cuda runs one process per GPU: the plan has 4 ranks but 3 GPUs are visible"),

@@ -181,3 +181,80 @@ def comm(
         raise InputError("timeout", f"must be a positive number of seconds (got {timeout})")
     results = mod.launch([(setup.model, setup.plan)], timeout=timeout, device=device)[0]
     _finish(predict.compare(setup.model, setup.plan, results), json_out)
+
+
+def print_kernel_report(report) -> None:
+    """The rich table of a :class:`~meshplan.verify.kernels.KernelReport` and its pooled constants."""
+    con = render.console()
+    setup = report.setup
+    title = (f"Kernel times on {setup['device_name']} against meshplan's model of {setup['gpu']} "
+             f"({setup['precision']}, calibration '{setup['calibration']}')")
+    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
+    for col, just in (("kernel", "left"), ("shape", "left"), ("work", "right"), ("predicted", "right"), ("measured", "right"),
+                      ("measured / predicted", "right"), ("implied constant", "right"), ("meshplan's", "right")):
+        table.add_column(col, justify=just, no_wrap=True)
+    for r in report.rows:
+        c = r.case
+        shape = "×".join(f"{x:.0f}" for x in c.shape) if c.kind != "memory" else ""
+        work = f"{c.work / 1e9:,.1f} GFLOP" if c.kind in ("gemm", "attention") else (f"{c.work / 2**20:,.0f} MiB" if c.kind == "memory" else "")
+        name = c.name + (f" ({c.stack})" if c.stack else "")
+        implied = "" if not r.constant else ("—" if r.implied is None else f"{r.implied:.3f}")
+        mine = "" if r.meshplan_constant is None else f"{r.meshplan_constant:.3f}"
+        table.add_row(name, shape, work, f"{1e3 * c.predicted:,.3f} ms", f"{1e3 * r.measured:,.3f} ms", f"{r.ratio:.3f}", implied, mine)
+    con.print(table)
+    con.print("Constants: gemm rows gemm_efficiency (η_max), attention rows attention_fwd/bwd_efficiency (η∞), "
+              "the copy hbm_efficiency; implied = the value that makes meshplan's prediction equal the measurement.")
+    con.print("Implied calibration, pooled (the value that reproduces each constant's total time; meshplan's in brackets):")
+    for name, (value, mine) in report.pooled.items():
+        con.print(f"  {name}: " + ("—" if value is None else f"{value:.3f}") + f" [{mine:.3f}]")
+    con.print(f"Measured with: torch {setup['torch']}, {setup['timing']}, {setup['date']}")
+    if setup["device"] == "cpu":
+        con.print("[yellow]CPU run: the times exercise the code only; the predictions are for the catalog GPU, "
+                  "so the ratios and implied constants say nothing about it (use --device cuda).[/yellow]")
+
+
+@verify_app.command("kernels")
+@plan_options
+def kernels(
+    plan: PlanArgs,
+    json_out: JsonFlag = False,
+    device: DeviceOption = "cpu",
+    layer_stacks: Annotated[str, typer.Option("--layer-stacks", help="Stacks of the layer rows, comma-separated: eager, compiled, "
+                                              "or none (no layer rows).")] = "eager,compiled",
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls before timing each kernel.")] = 2,
+    reps: Annotated[int, typer.Option("--reps", help="Timed calls per kernel; the median is kept.")] = 5,
+) -> None:
+    """Kernel times of one layer on one GPU (--device cuda) against meshplan's compute model: each GEMM forward and backward, FlashAttention forward and backward, an HBM copy and torchtitan's Llama block eager and compiled, with the calibration constant each measurement implies."""
+    setup = _setup(plan, "kernels")
+    mod = _verify_module("kernels")
+    p = setup.plan
+    mod.check_model(setup.model, p.tp, p.precision.precision, p.cp, p.attention)
+    stacks = tuple(x.strip() for x in layer_stacks.split(",") if x.strip())
+    if not stacks:
+        raise InputError("layer-stacks", f"must be 'none' or a comma-separated list of {', '.join(mod.LAYER_STACKS)} (got {layer_stacks!r})")
+    if stacks == ("none",):
+        stacks = ()
+    mod.check_layer_stacks(setup.model, stacks)
+    for name, value, least in (("warmup", warmup, 0), ("reps", reps, 1)):
+        if value < least:
+            raise InputError(name, f"must be at least {least} (got {value})")
+    _check_device(device, 1)
+    gpu = setup.cluster.gpu
+    cases = mod.kernel_cases(setup.model, gpu, p.micro_batch, p.seq_len, p.tp, p.precision.precision, stacks)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    groups = sum(1 for c in cases if c.kind in ("gemm", "memory") or c.name.endswith("fwd"))  # a backward is timed with its forward
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=json_out or not err.is_terminal) as bar:
+        task = bar.add_task("timing", total=groups)
+
+        def step(name: str) -> None:
+            bar.update(task, advance=1, description=f"timing {name}")
+
+        report = mod.measure(setup.model, gpu, cases, p.tp, p.precision.precision, device, warmup, reps, progress=step)
+    if json_out:
+        typer.echo(json.dumps(report.to_dict(), default=str))
+    else:
+        print_kernel_report(report)

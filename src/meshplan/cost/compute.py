@@ -99,6 +99,31 @@ def flash_attention_efficiency(keys, eta_inf: float, l0: float):
     return eta_inf * keys / (keys + l0)
 
 
+def causal_attention_flops(heads: float, d: float, q_len: float, kv_len: float) -> float:
+    """Matmul FLOPs of one causal FlashAttention forward over ``heads`` = b·a heads of dimension d:
+
+        F = 4 · heads · d · q · L · ½
+
+    (QKᵀ and A·V, 2·q·L·d each, over the q queries and L keys; the masked half skipped, as the
+    kernel skips fully masked blocks). The backward does 2.5·F (it recomputes QKᵀ; Dao 2023)."""
+    return 4.0 * heads * d * q_len * kv_len * 0.5
+
+
+def flash_attention_times(heads: float, d: float, q_len: float, kv_len: float, keys: float, peak: float,
+                          cal: Calibration) -> tuple[float, float]:
+    """Seconds of one causal FlashAttention call, forward and backward:
+
+        t_fwd = F / (P · η_fwd(L)) + t_kernel,   t_bwd = 2.5·F / (P · η_bwd(L)) + t_kernel
+
+    with F = :func:`causal_attention_flops`, P the 16-bit dense peak, η(L) of
+    :func:`flash_attention_efficiency` at ``keys`` keys per kernel call (the sequence, or one ring
+    step's block) and t_kernel the calibration's launch cost."""
+    core = causal_attention_flops(heads, d, q_len, kv_len)
+    eta_f = flash_attention_efficiency(keys, cal.attention_fwd_efficiency, cal.attention_fwd_l0)
+    eta_b = flash_attention_efficiency(keys, cal.attention_bwd_efficiency, cal.attention_bwd_l0)
+    return core / (peak * eta_f) + cal.kernel_overhead, 2.5 * core / (peak * eta_b) + cal.kernel_overhead
+
+
 def memory_time(nbytes: float, gpu: GPUSpec, cal: Calibration) -> float:
     """Seconds for a memory-bound kernel moving ``nbytes``."""
     return nbytes / (gpu.hbm_bandwidth * cal.hbm_efficiency) + cal.kernel_overhead
@@ -230,14 +255,10 @@ def layer_op_times(
     q_len, kv_len = seq_len / cp, seq_len
     d_core = (d + model.value_head_dim) / 2 if model.is_mla else d
     if attention == "flash":
-        core = 4.0 * micro_batch * a_r * d_core * q_len * kv_len * 0.5  # causal: masked blocks skipped
         # keys per kernel call: the whole sequence, or one ring step's block (torch's round-robin
         # ring: torch_ring_keys)
         keys = kv_len / cp if kernels == "fused" else torch_ring_keys(kv_len, cp)
-        eta_f = flash_attention_efficiency(keys, cal.attention_fwd_efficiency, cal.attention_fwd_l0)
-        eta_b = flash_attention_efficiency(keys, cal.attention_bwd_efficiency, cal.attention_bwd_l0)
-        fa = core / (peak16 * eta_f) + cal.kernel_overhead
-        ba = 2.5 * core / (peak16 * eta_b) + cal.kernel_overhead
+        fa, ba = flash_attention_times(micro_batch * a_r, d_core, q_len, kv_len, keys, peak16, cal)
         if cp > 1:
             d_v = model.value_head_dim if model.is_mla else d
             # torch's SDPA gets the repeated K/V heads (repeat_kv_bytes), so its ring rotates and
