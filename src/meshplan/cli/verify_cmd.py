@@ -1,4 +1,4 @@
-"""``meshplan verify {flops,memory,comm}``: meshplan's predictions against torch on CPU or CUDA.
+"""``meshplan verify {flops,memory,comm,kernels}``: meshplan's predictions against torch on CPU or CUDA.
 
 Each subcommand takes the plan options of ``meshplan estimate``, builds the Hugging Face model of
 ``--model`` (a catalog name or a config.json), measures with torch (FlopCounterMode, MemTracker /
@@ -6,6 +6,8 @@ FSDPMemTracker, collectives counted on a gloo process group), runs meshplan's pr
 plan and prints one row per item: torch measured, meshplan predicted, the named known difference,
 the difference, the tolerance and the verdict. ``--json`` prints the same as one object. Exit status
 1 when any item is beyond its tolerance, 2 for bad input or when torch is not installed.
+``kernels`` is a measurement with no tolerance: one layer's kernel times on a GPU beside meshplan's
+predictions and the calibration constants they imply (:mod:`meshplan.verify.kernels`); exit 0.
 
 ``--device cpu`` (the default) runs on CPU (gloo); ``--device cuda`` runs one process per GPU on NCCL
 with real tensors, and exits 2 naming ``--device`` when torch sees no GPU or fewer GPUs than the
@@ -34,7 +36,8 @@ from meshplan.errors import InputError
 
 verify_app = typer.Typer(
     help="Check meshplan against real torch execution on CPU (or CUDA GPUs with --device cuda): FLOPs (FlopCounterMode), memory (MemTracker, "
-    "FSDPMemTracker) and collectives (gloo process group). Exit 1 when an item is beyond tolerance.",
+    "FSDPMemTracker) and collectives (gloo process group), exit 1 when an item is beyond tolerance; kernel times on a GPU "
+    "against the compute model (kernels).",
     no_args_is_help=True,
 )
 
