@@ -13,7 +13,12 @@
 * :mod:`~meshplan.verify.predict` — the collectives meshplan's model charges for the same plan;
 * :mod:`~meshplan.verify.compare` — side-by-side rows with the tolerances of the comparison;
 * :mod:`~meshplan.verify.device`  — where it runs: CPU with gloo (the default) or one CUDA GPU per rank
-  with NCCL, and the refusals when the GPUs are missing.
+  with NCCL, and the refusals when the GPUs are missing;
+* :mod:`~meshplan.verify.kernels` — one layer's kernel times on a GPU against the compute model, and the
+  calibration constants they imply; :mod:`~meshplan.verify.llama_block` — torchtitan's Llama block
+  it times (and whose saved tensors the activation tests count);
+* :mod:`~meshplan.verify.allocator` — torch's allocation trace replayed through a model of the CUDA
+  caching allocator (reserved against allocated bytes).
 
 Import the submodules you need; this package file imports nothing heavy.
 """
