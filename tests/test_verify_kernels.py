@@ -99,7 +99,7 @@ def test_pooled_constant_reproduces_the_total_time():
     for c, factor in zip(cases, (1.0, 1.5, 3.0)):
         t = factor * (c.predicted - CAL.kernel_overhead) + CAL.kernel_overhead
         rows.append(K.KernelRow(c, t, *K.implied_constant(c, t, H100, CAL, "bf16")))
-    value, mine = K.pooled_constants(rows, H100, CAL, "bf16")["gemm_efficiency"]
+    value, mine = K.pooled_constants(rows, CAL)["gemm_efficiency"]
     assert mine == 0.70
     # with the pooled constant every row's compute time scales by 0.70 / value; their sum is the measured sum
     busy = [c.predicted - CAL.kernel_overhead for c in cases]
@@ -119,7 +119,7 @@ def test_median_seconds_takes_the_median_of_the_timed_calls(monkeypatch):
 @pytest.mark.parametrize("model,kw,field,message", [
     ("mixtral-8x7b", {}, "model", "mixture of experts"),
     ("deepseek-v3-671b", {}, "model", "mixture of experts"),
-    ("llama3-8b", {"precision": "fp8"}, "precision", "16-bit kernels"),
+    ("llama3-8b", {"precision": "fp32"}, "precision", "bf16, fp16 and fp8 (torch._scaled_mm) GEMMs"),
     ("llama3-8b", {"cp": 2}, "cp", "--cp 1"),
     ("llama3-8b", {"attention": "materialized"}, "attention", "--attention flash"),
     ("llama3-8b", {"tp": 3}, "tp", "must divide the model's heads"),
@@ -243,7 +243,10 @@ def test_cli_table_on_cpu_says_the_ratios_mean_nothing(capsys, cfg):
 @pytest.mark.parametrize("flags,line", [
     (["--layer-stacks", "fused"], "error: layer-stacks: must be 'none' or a comma-separated list of eager, compiled (got fused)"),
     (["--layer-stacks", " , "], "error: layer-stacks: must be 'none' or a comma-separated list of eager, compiled (got ' , ')"),
-    (["--precision", "fp8"], "error: precision: verify kernels times 16-bit kernels: one of bf16, fp16 (got 'fp8')"),
+    (["--precision", "fp32"], "error: precision: verify kernels times bf16, fp16 and fp8 (torch._scaled_mm) GEMMs: one of bf16, fp16, fp8 (got 'fp32')"),
+    (["--precision", "fp8"], "error: layer-stacks: FP8 layer rows would need torchao's Float8Linear, which meshplan does not bring: "
+                             "give --layer-stacks none (the FP8 GEMMs are timed)"),
+    (["--precision", "fp8", "--gpu", "a100-sxm-80gb", "--layer-stacks", "none"], "error: precision: a100-sxm-80gb has no fp8 tensor-core support"),
     (["--reps", "0"], "error: reps: must be at least 1 (got 0)"),
     (["--warmup", "-1"], "error: warmup: must be at least 0 (got -1)"),
 ])
@@ -253,3 +256,36 @@ def test_cli_refusals_are_one_line_exit_2(capsys, cfg, flags, line):
     assert main(["verify", "kernels", "--model", cfg, "--seq-len", "32", *flags]) == 2
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines() == [line] and captured.out == ""
+
+
+def test_fp8_cases_take_the_fp8_peak_for_gemms_only():
+    """Under FP8 the GEMMs are predicted at the FP8 peak and attention at the bf16 one, as in the
+    layer model; their implied constants use the same peaks."""
+    cases = K.kernel_cases(LLAMA8B, H100, 2, 8192, 1, "fp8", ())
+    ops = layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", H100, CAL, "fp8", 2, kernels="compiled")
+    assert sum(c.predicted for c in cases if c.kind == "gemm" and c.name.endswith("fwd")) == pytest.approx(ops.fwd_gemm, rel=1e-12)
+    att = next(c for c in cases if c.name == "attention fwd")
+    assert att.predicted == ops.fwd_attention
+    for c in cases:
+        if c.kind in ("gemm", "attention"):
+            name, value, mine = K.implied_constant(c, c.predicted, H100, CAL, "fp8")
+            assert value is None or value == pytest.approx(mine, rel=1e-12)
+
+
+def test_fp8_operands_are_scaled_mm_layouts():
+    """torch._scaled_mm takes A row-major and B column-major; E5M2 for the output gradient."""
+    for direction, shape in (("fwd", (64, 48, 32)), ("dgrad", (64, 32, 48)), ("wgrad", (32, 48, 64))):
+        a, b = K.gemm_operands(K.KernelCase(f"gemm x {direction}", "gemm", shape, 0.0, 1.0), "cpu", torch.bfloat16, fp8=True)
+        m, n, k = shape
+        assert a.shape == (m, k) and a.is_contiguous() and b.shape == (k, n) and b.t().is_contiguous()
+        assert (str(a.dtype), str(b.dtype)) == tuple(f"torch.{t}" for t in K.FP8_OPERANDS[direction])
+        one = torch.ones(())
+        assert torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16).shape == (m, n)
+
+
+def test_measure_fp8_gemms_on_cpu():
+    model = _tiny()
+    cases = K.kernel_cases(model, H100, 1, 32, 1, "fp8", ())
+    report = K.measure(model, H100, cases, 1, "fp8", "cpu", warmup=0, reps=1)
+    assert [r.case.name for r in report.rows][:3] == ["gemm qkv fwd", "gemm qkv dgrad", "gemm qkv wgrad"]
+    assert all(r.measured > 0 for r in report.rows if r.case.kind == "gemm") and report.setup["precision"] == "fp8"

@@ -237,7 +237,7 @@ def kernels(
         raise InputError("layer-stacks", f"must be 'none' or a comma-separated list of {', '.join(mod.LAYER_STACKS)} (got {layer_stacks!r})")
     if stacks == ("none",):
         stacks = ()
-    mod.check_layer_stacks(setup.model, stacks)
+    mod.check_layer_stacks(setup.model, stacks, p.precision.precision)
     for name, value, least in (("warmup", warmup, 0), ("reps", reps, 1)):
         if value < least:
             raise InputError(name, f"must be at least {least} (got {value})")

@@ -5,11 +5,12 @@ constants of :mod:`meshplan.cost.calibration`. This module times the kernels tho
 at the shapes a plan gives one GPU, and sets each measurement beside its prediction:
 
 ==========  ================================================  =================================
-kind        what runs (torch, 16-bit, random normal data)     predicted by
+kind        what runs (torch, random normal data)             predicted by
 ==========  ================================================  =================================
 gemm        ``X·W`` of each layer GEMM (m, n, k), its input   ``gemm_time`` (η_max·q(m, n)·
             gradient ``dY·Wᵀ`` (m, k, n) and weight           k/(k + k½), HBM floor, t_kernel)
-            gradient ``Xᵀ·dY`` (k, n, m)
+            gradient ``Xᵀ·dY`` (k, n, m); bf16 or fp16
+            ``torch.mm``, or FP8 ``torch._scaled_mm``
 attention   SDPA forward, causal, b·a/t heads of d over s     ``flash_attention_times``
             queries and keys; backward = (forward + backward)  (η(L) = η∞·L/(L + L₀))
             − forward
@@ -27,7 +28,8 @@ Beside the ratio measured / predicted, each gemm, attention and memory row gives
 calibration constant that would make the prediction equal the measurement (the *implied*
 constant), t_kernel and the other factors held:
 
-    gemm       η_max' = 2·m·n·k / (P · q(m, n) · k/(k + k½) · (t − t_kernel))   (compute-bound rows)
+    gemm       η_max' = 2·m·n·k / (P · q(m, n) · k/(k + k½) · (t − t_kernel))   (compute-bound rows;
+               P the FP8 peak under FP8, where attention and copies stay at 16 bits)
     attention  η∞'   = F_a / (P · (t − t_kernel)) · (L + L₀)/L,  F_a = F or 2.5·F (backward)
     memory     η_hbm' = bytes / (W · (t − t_kernel))
 
@@ -67,8 +69,13 @@ GEMM_NAMES = ("qkv", "attn_out", "mlp_in", "mlp_out")
 #: The three GEMMs of one linear layer: forward (m, n, k), input gradient (m, k, n), weight
 #: gradient (k, n, m), as (name, permutation of (m, n, k)).
 GEMM_DIRECTIONS = (("fwd", (0, 1, 2)), ("dgrad", (0, 2, 1)), ("wgrad", (2, 1, 0)))
-#: Element bytes and torch dtype name of the precisions timed here.
-DTYPES = {"bf16": (2, "bfloat16"), "fp16": (2, "float16")}
+#: Per precision timed here: the activations' element bytes and torch dtype (attention, copies and
+#: layers run in it), and the GEMM operands' dtypes (A, and B of the forward; None: the activations').
+#: FP8 GEMMs run as ``torch._scaled_mm`` of E4M3 operands, an E5M2 output gradient in the input
+#: gradient's (torchao's tensorwise recipe), bf16 out; attention stays in bf16 (meshplan's model).
+DTYPES = {"bf16": (2, "bfloat16"), "fp16": (2, "float16"), "fp8": (2, "bfloat16")}
+FP8_OPERANDS = {"fwd": ("float8_e4m3fn", "float8_e4m3fn"), "dgrad": ("float8_e5m2", "float8_e4m3fn"),
+                "wgrad": ("float8_e4m3fn", "float8_e5m2")}
 #: Software stacks the layer rows time (meshplan's ``kernels``).
 LAYER_STACKS = ("eager", "compiled")
 
@@ -124,13 +131,14 @@ class KernelReport:
 
 def check_model(model: ModelSpec, tp: int, precision: str, cp: int, attention: str) -> None:
     """Refuse, with one line naming the field, what these cases do not time: MoE or MLA layers,
-    precisions other than 16-bit, context parallelism's ring, materialized attention, and a TP
+    precisions other than bf16, fp16 and fp8, context parallelism's ring, materialized attention, and a TP
     degree that does not divide the heads and the MLP."""
     if model.is_moe or model.is_mla:
         raise InputError("model", f"verify kernels times dense attention + MLP layers; {model.name} is "
                                   f"{'a mixture of experts' if model.is_moe else 'multi-head latent attention'}")
     if precision not in DTYPES:
-        raise InputError("precision", f"verify kernels times 16-bit kernels: one of {', '.join(DTYPES)} (got {precision!r})")
+        raise InputError("precision", f"verify kernels times bf16, fp16 and fp8 (torch._scaled_mm) GEMMs: one of "
+                                      f"{', '.join(DTYPES)} (got {precision!r})")
     if cp != 1:
         raise InputError("cp", f"verify kernels times one GPU's kernels without the ring of context parallelism: --cp 1 (got {cp})")
     if attention != "flash":
@@ -140,16 +148,26 @@ def check_model(model: ModelSpec, tp: int, precision: str, cp: int, attention: s
             raise InputError("tp", f"must divide the model's {what} ({n}) for one rank's shapes (got {tp})")
 
 
-def check_layer_stacks(model: ModelSpec, stacks: tuple[str, ...]) -> None:
-    """Refuse layer rows of an unknown stack, or of a model whose layer is not torchtitan's Llama
-    block (:func:`llama_shaped`), with one line naming ``layer-stacks``."""
+def check_layer_stacks(model: ModelSpec, stacks: tuple[str, ...], precision: str = "bf16") -> None:
+    """Refuse layer rows of an unknown stack, under FP8 (the block's linears would need torchao's
+    Float8Linear), or of a model whose layer is not torchtitan's Llama block
+    (:func:`llama_shaped`), with one line naming ``layer-stacks``."""
     bad = [x for x in stacks if x not in LAYER_STACKS]
     if bad:
         raise InputError("layer-stacks", f"must be 'none' or a comma-separated list of {', '.join(LAYER_STACKS)} (got {', '.join(bad)})")
+    if stacks and precision == "fp8":
+        raise InputError("layer-stacks", "FP8 layer rows would need torchao's Float8Linear, which meshplan does not bring: "
+                                         "give --layer-stacks none (the FP8 GEMMs are timed)")
     differs = llama_shaped(model)
     if stacks and differs:
         raise InputError("layer-stacks", f"the layer rows time torchtitan's Llama block; {model.name} differs ({differs}): "
                                          f"give --layer-stacks none")
+
+
+def peaks(gpu: GPUSpec, precision: str) -> tuple[float, float]:
+    """(GEMM peak, attention peak): the dense peak of ``precision``, and for attention the 16-bit
+    one under FP8 (attention stays in bf16, as in :func:`~meshplan.cost.compute.layer_op_times`)."""
+    return gpu.peak(precision), gpu.peak("bf16" if precision == "fp8" else precision)
 
 
 def llama_shaped(model: ModelSpec) -> str:
@@ -172,7 +190,7 @@ def kernel_cases(model: ModelSpec, gpu: GPUSpec, micro_batch: int, seq_len: int,
     (forward, backward) per stack in ``stacks``."""
     cal = cal or calibration_for(gpu)
     e = DTYPES[precision][0]
-    peak = gpu.peak(precision)
+    peak, peak16 = peaks(gpu, precision)
     n = micro_batch * seq_len
     cases: list[KernelCase] = []
     for name, mnk in zip(GEMM_NAMES, dense_gemm_shapes(model, n, tp)):
@@ -181,7 +199,7 @@ def kernel_cases(model: ModelSpec, gpu: GPUSpec, micro_batch: int, seq_len: int,
             cases.append(KernelCase(f"gemm {name} {direction}", "gemm", (m, nn, k), 2.0 * m * nn * k,
                                     float(gemm_time(m, nn, k, gpu, cal, peak, e))))
     heads, d = micro_batch * (model.n_heads // tp), model.head_dim
-    fwd, bwd = flash_attention_times(heads, d, seq_len, seq_len, seq_len, peak, cal)
+    fwd, bwd = flash_attention_times(heads, d, seq_len, seq_len, seq_len, peak16, cal)
     flops = causal_attention_flops(heads, d, seq_len, seq_len)
     cases.append(KernelCase("attention fwd", "attention", (heads, d, seq_len, seq_len), flops, fwd))
     cases.append(KernelCase("attention bwd", "attention", (heads, d, seq_len, seq_len), 2.5 * flops, bwd))
@@ -199,7 +217,7 @@ def implied_constant(case: KernelCase, measured: float, gpu: GPUSpec, cal: Calib
     """(constant's name, its implied value, meshplan's value) for a gemm, attention or memory case
     (module docstring); ("", None, None) for a layer."""
     busy = measured - cal.kernel_overhead
-    peak = gpu.peak(precision)
+    peak, peak16 = peaks(gpu, precision)
     if case.kind == "gemm":
         m, n, k = case.shape
         e = DTYPES[precision][0]
@@ -212,7 +230,7 @@ def implied_constant(case: KernelCase, measured: float, gpu: GPUSpec, cal: Calib
         eta_inf = cal.attention_bwd_efficiency if bwd else cal.attention_fwd_efficiency
         l0 = cal.attention_bwd_l0 if bwd else cal.attention_fwd_l0
         length_factor = flash_attention_efficiency(case.shape[3], 1.0, l0)
-        value = case.work / (peak * length_factor * busy) if busy > 0 else None
+        value = case.work / (peak16 * length_factor * busy) if busy > 0 else None
         return f"attention_{'bwd' if bwd else 'fwd'}_efficiency", value, eta_inf
     if case.kind == "memory":
         value = case.work / (gpu.hbm_bandwidth * busy) if busy > 0 else None
@@ -220,8 +238,7 @@ def implied_constant(case: KernelCase, measured: float, gpu: GPUSpec, cal: Calib
     return "", None, None
 
 
-def pooled_constants(rows: list[KernelRow], gpu: GPUSpec, cal: Calibration,
-                     precision: str) -> dict[str, tuple[float | None, float]]:
+def pooled_constants(rows: list[KernelRow], cal: Calibration) -> dict[str, tuple[float | None, float]]:
     """Per constant, the value that reproduces its rows' total time, beside meshplan's:
     Σ_i w_i / Σ_i (t_i − t_kernel), with w_i a row's work over its fixed factors (for a GEMM
     2·m·n·k / (P·q·k/(k + k½)), so that w_i / (t_i − t_kernel) is the row's implied value)."""
@@ -262,15 +279,23 @@ def median_seconds(fn: Callable[[], Any], device: str, warmup: int = 2, reps: in
     return statistics.median(times)
 
 
-def gemm_operands(case: KernelCase, dev, dtype):
-    """The operands A (m × k) and B (k × n) of a gemm case, in the layouts a linear layer
-    y = x·Wᵀ (W stored out × in, as ``nn.Linear`` keeps it) hands cuBLAS: forward x · Wᵀ
-    (B a transposed view of W); input gradient dY · W (both row-major); weight gradient
-    Xᵀ · dY = dWᵀ (A a transposed view of X). Random normal values."""
+def gemm_operands(case: KernelCase, dev, dtype, fp8: bool = False):
+    """The operands A (m × k) and B (k × n) of a gemm case, random normal values.
+
+    16-bit: in the layouts a linear layer y = x·Wᵀ (W stored out × in, as ``nn.Linear`` keeps it)
+    hands cuBLAS: forward x · Wᵀ (B a transposed view of W); input gradient dY · W (both
+    row-major); weight gradient Xᵀ · dY = dWᵀ (A a transposed view of X).
+    FP8 (``fp8``): ``torch._scaled_mm`` takes A row-major and B column-major only, so every
+    direction has those layouts (torchao makes the column-major copies it needs beforehand), in the
+    dtypes of :data:`FP8_OPERANDS`."""
     import torch
 
     m, n, k = (int(x) for x in case.shape)
     direction = case.name.rsplit(" ", 1)[1]
+    if fp8:
+        ta, tb = (getattr(torch, t) for t in FP8_OPERANDS[direction])
+        return (torch.randn(m, k, device=dev, dtype=dtype).to(ta),
+                torch.randn(n, k, device=dev, dtype=dtype).to(tb).t())
     if direction == "fwd":
         return torch.randn(m, k, device=dev, dtype=dtype), torch.randn(n, k, device=dev, dtype=dtype).t()
     if direction == "dgrad":
@@ -278,11 +303,16 @@ def gemm_operands(case: KernelCase, dev, dtype):
     return torch.randn(k, m, device=dev, dtype=dtype).t(), torch.randn(k, n, device=dev, dtype=dtype)
 
 
-def _measure_gemm(case: KernelCase, dev, dtype, timer) -> float:
+def _measure_gemm(case: KernelCase, dev, dtype, timer, fp8: bool = False) -> float:
+    """``torch.mm`` of the case's operands, or ``torch._scaled_mm`` with unit tensorwise scales and
+    a bf16 output for FP8."""
     import torch
 
-    a, b = gemm_operands(case, dev, dtype)
-    return timer(lambda: torch.mm(a, b))
+    a, b = gemm_operands(case, dev, dtype, fp8)
+    if not fp8:
+        return timer(lambda: torch.mm(a, b))
+    one = torch.ones((), device=dev, dtype=torch.float32)
+    return timer(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
 
 
 def _measure_attention(fwd: KernelCase, dev, dtype, timer) -> tuple[float, float]:
@@ -375,7 +405,7 @@ def measure(model: ModelSpec, gpu: GPUSpec, cases: list[KernelCase], tp: int = 1
         if progress:
             progress(case.name + (f" ({case.stack})" if case.stack else ""))
         if case.kind == "gemm":
-            measured[i] = _measure_gemm(case, dev, dtype, timer)
+            measured[i] = _measure_gemm(case, dev, dtype, timer, precision == "fp8")
         elif case.kind == "memory":
             measured[i] = _measure_copy(case, dev, dtype, timer)
         else:  # attention or layer: the forward case, then its backward right after it
@@ -395,4 +425,4 @@ def measure(model: ModelSpec, gpu: GPUSpec, cases: list[KernelCase], tp: int = 1
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "timing": f"median of {reps} after {warmup} warm-up calls ({'CUDA events' if device == 'cuda' else 'perf_counter'})",
     }
-    return KernelReport(rows, pooled_constants(rows, gpu, cal, precision), setup)
+    return KernelReport(rows, pooled_constants(rows, cal), setup)
