@@ -191,8 +191,9 @@ def test_embedding_and_head_activations():
 def test_op_level_selective_keeps_every_other_matmul_output():
     """recompute 'op' (torchtitan): the layer input plus the outputs of q, v, gate and down, the
     attention output and its fp32 log-sum-exp; the backward rebuilds the rest from the layer
-    input, so the working set is the whole layer's activations less what was kept, plus that
-    input."""
+    input, so the working set is the whole layer's activations less what was kept (the down
+    projection's output is none of them: only the residual add reads it), plus that input.
+    Compiled, the partitioner keeps no down-projection output."""
     m = load_model("llama3-8b")
     n, e, h = 8192, 2, 4096
     la = layer_activations(m, 1, 8192, recompute="op")
@@ -200,5 +201,9 @@ def test_op_level_selective_keeps_every_other_matmul_output():
     assert la.stored == expected
     full = layer_activations(m, 1, 8192, recompute="none").stored
     grads = n * h * e + 2 * n * 14336 * e  # the MLP backward's gradients (mlp_backward_gradient_bytes)
-    assert la.working == full - la.stored + n * h * e + grads
+    down = n * h * e
+    assert la.working == full - (la.stored - down) + n * h * e + grads
+    compiled = layer_activations(m, 1, 8192, recompute="op", kernels="compiled")
+    assert compiled.stored == expected - down
+    assert "down_output" not in dict(compiled.items) and dict(la.items)["down_output"] == down
     assert layer_activations(m, 1, 8192, recompute="full").stored < la.stored < la.working

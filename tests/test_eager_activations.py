@@ -4,6 +4,8 @@ A torchtitan Llama block (meshplan.verify.llama_block) runs forward under
 ``saved_tensors_hooks``; every distinct storage it saves that is not a parameter is summed and
 compared with :func:`meshplan.cost.activations.layer_activation_items` for the same shapes:
 eager exactly, ``torch.compile``'d up to the norms' per-token statistics the list leaves out.
+Under torchtitan's op-level selective checkpointing the bytes a block keeps after its forward
+(torch's allocation trace) are :func:`meshplan.cost.activations.op_sac_saved`'s, eager and compiled.
 Then ``meshplan verify memory`` with full recompute: the peak at the head moment holds no
 recomputed layer (:func:`meshplan.cost.compose.rank_other_items`)."""
 
@@ -15,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from meshplan.catalog import load_gpu  # noqa: E402
 from meshplan.catalog.hf_config import model_from_hf_config  # noqa: E402
-from meshplan.cost.activations import layer_activation_items  # noqa: E402
+from meshplan.cost.activations import layer_activation_items, layer_activations, op_sac_saved  # noqa: E402
 from meshplan.specs.hardware import ClusterSpec  # noqa: E402
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan  # noqa: E402
 
@@ -76,6 +78,75 @@ def test_compiled_block_saves_the_fused_list_with_repeated_kv():
     # the list leaves out the two norms' fp32 per-token statistics (4·n bytes each)
     assert measured == _listed("compiled", 2) + 2 * 4 * N == 1_070_080
     assert _listed("compiled", 2) - _listed("fused", 2) == 2 * N * (A - G) * (H // A) * 2  # repeat_kv's copies
+
+
+def op_sac_kept_bytes(compiled: bool) -> int:
+    """Bytes a torchtitan block under torchtitan's op-level SAC policy (torchtitan 9dec370,
+    ``_apply_ac_to_transformer_block``: save the outputs of mm — every other one — SDPA, reduce-
+    scatter and max, recompute the rest) still holds after its forward, its input and output
+    aside: the allocations of the forward not freed by its end (torch's profiler)."""
+    from collections import defaultdict
+    from functools import partial
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    from meshplan.verify.allocator import profiled_events
+    from meshplan.verify.llama_block import Block, precompute_freqs_cis
+
+    aten = torch.ops.aten
+    # the CPU flash kernel stands in for the CUDA ones torchtitan names
+    save = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default, aten.max.default}
+
+    def policy():
+        meta = defaultdict(int)
+
+        def decide(ctx, func, *args, **kwargs):
+            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+            if func == aten.mm.default:
+                meta[key] += 1
+            keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+        return decide
+
+    torch.manual_seed(0)
+    block = Block(H, A, G, F).to(torch.bfloat16)
+    freqs = precompute_freqs_cis(H // A, S)
+
+    def run(x):
+        return checkpoint(block, x, freqs, use_reentrant=False, preserve_rng_state=False,
+                          context_fn=partial(create_selective_checkpoint_contexts, policy()))
+
+    fn = torch.compile(run, fullgraph=True) if compiled else run
+    x = torch.randn(B, S, H, dtype=torch.bfloat16, requires_grad=True)
+    fn(x).sum().backward()  # compile (and warm) outside the count
+    out = []
+    alive: dict[int, int] = {}
+    for addr, nbytes in profiled_events(lambda: out.append(fn(x))):
+        if nbytes > 0:
+            alive[addr] = nbytes
+        else:
+            alive.pop(addr, None)
+    return sum(alive.values()) - out[0].untyped_storage().nbytes()
+
+
+@pytest.mark.parametrize("kernels", ["eager", "compiled"])
+def test_op_sac_keeps_what_meshplan_lists(kernels):
+    """Eager, SAC caches every MUST_SAVE output (q, v, gate, down, attention and its log-sum-exp);
+    compiled, the partitioner keeps only what the backward reads: not the down projection's output,
+    which only the residual add consumes."""
+    model = _spec()
+    kept = op_sac_saved(model, B, S, 1, 1, 2, kernels)
+    assert op_sac_kept_bytes(kernels == "compiled") == sum(b for _, b in kept)
+    down = N * H * 2
+    assert sum(b for _, b in op_sac_saved(model, B, S, 1, 1, 2, "eager")) - sum(b for _, b in kept) == (down if kernels == "compiled" else 0)
+    # the layer input, which the checkpoint holds, comes on top; the backward rebuilds the layer's
+    # own saved tensors SAC did not keep, of which the down projection's output is none
+    op = layer_activations(model, B, S, recompute="op", act_bytes=2, kernels=kernels)
+    assert op.stored == N * H * 2 + sum(b for _, b in kept)
+    full = sum(b for _, b, _ in layer_activation_items(model, B, S, 1, 1, False, "flash", 2, kernels=kernels))
+    rebuilt = full - sum(b for name, b in kept if name != "down_output")
+    assert op.working == rebuilt + op.gradients
 
 
 def test_full_recompute_peak_at_the_head_moment_holds_no_rebuilt_layer():
