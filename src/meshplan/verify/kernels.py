@@ -69,11 +69,11 @@ GEMM_NAMES = ("qkv", "attn_out", "mlp_in", "mlp_out")
 #: The three GEMMs of one linear layer: forward (m, n, k), input gradient (m, k, n), weight
 #: gradient (k, n, m), as (name, permutation of (m, n, k)).
 GEMM_DIRECTIONS = (("fwd", (0, 1, 2)), ("dgrad", (0, 2, 1)), ("wgrad", (2, 1, 0)))
-#: Per precision timed here: the activations' element bytes and torch dtype (attention, copies and
-#: layers run in it), and the GEMM operands' dtypes (A, and B of the forward; None: the activations').
-#: FP8 GEMMs run as ``torch._scaled_mm`` of E4M3 operands, an E5M2 output gradient in the input
-#: gradient's (torchao's tensorwise recipe), bf16 out; attention stays in bf16 (meshplan's model).
+#: Per precision timed here: the activations' element bytes and torch dtype (attention, copies,
+#: layers and 16-bit GEMMs run in it; under FP8 attention stays in bf16, meshplan's model).
 DTYPES = {"bf16": (2, "bfloat16"), "fp16": (2, "float16"), "fp8": (2, "bfloat16")}
+#: FP8 GEMM operands (A, B) per direction: ``torch._scaled_mm`` of E4M3 operands with the output
+#: gradient in E5M2 (torchao's tensorwise recipe), bf16 out.
 FP8_OPERANDS = {"fwd": ("float8_e4m3fn", "float8_e4m3fn"), "dgrad": ("float8_e5m2", "float8_e4m3fn"),
                 "wgrad": ("float8_e4m3fn", "float8_e5m2")}
 #: Software stacks the layer rows time (meshplan's ``kernels``).
