@@ -206,4 +206,7 @@ def test_op_level_selective_keeps_every_other_matmul_output():
     compiled = layer_activations(m, 1, 8192, recompute="op", kernels="compiled")
     assert compiled.stored == expected - down
     assert "down_output" not in dict(compiled.items) and dict(la.items)["down_output"] == down
+    # Gemma's post-norms read the down projection's output in their backward: kept either way
+    gemma = load_model("gemma2-9b")
+    assert dict(layer_activations(gemma, 1, 8192, recompute="op", kernels="compiled").items)["down_output"] == 8192 * 3584 * 2
     assert layer_activations(m, 1, 8192, recompute="full").stored < la.stored < la.working

@@ -307,7 +307,8 @@ def layer_activations(
         stored = sum(b for _, b in kept)
         # the backward rebuilds what was not kept, from the layer input; a residual-bound matmul
         # output SAC keeps is not among the layer's own saved tensors (the full list)
-        beyond = sum(b for name, b in kept if name.removesuffix("_output") in RESIDUAL_BOUND_MATMULS)
+        bound = residual_bound_matmuls(model)
+        beyond = sum(b for name, b in kept if name.removesuffix("_output") in bound)
         return layer(stored, full - (stored - beyond) + layer_input, kept)
     # the checkpoint kept the layer input, which the rebuilt layer reads (its first norm's input)
     return layer(layer_input, full - layer_input, [("layer_input", layer_input)])
@@ -325,6 +326,12 @@ def saved_gemm_input_bytes(compute_dtype: str, kernels: str, act_bytes: int) -> 
 RESIDUAL_BOUND_MATMULS = frozenset({"o", "down", "fc2"})
 
 
+def residual_bound_matmuls(model: ModelSpec) -> frozenset[str]:
+    """:data:`RESIDUAL_BOUND_MATMULS`, or none for a layer with post-norms (Gemma 2/3's four norms
+    a layer), where the attention and MLP outputs go through a norm whose backward reads them."""
+    return RESIDUAL_BOUND_MATMULS if model.norms_per_layer == 2 else frozenset()
+
+
 def op_sac_saved(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, act_bytes: int,
                  kernels: str = "fused") -> list[tuple[str, float]]:
     """What torchtitan's op-level selective checkpointing keeps besides the layer input: the
@@ -335,7 +342,7 @@ def op_sac_saved(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: 
     Eager (and the ``fused`` default), torch's SAC caches the output of every op its policy marks
     MUST_SAVE, needed or not. Under ``torch.compile`` (``kernels`` compiled) AOTAutograd's
     partitioner saves only what the backward graph reads, so the down projection's output, which
-    only the residual add consumes (:data:`RESIDUAL_BOUND_MATMULS`), is not kept: n·h·e less per
+    only the residual add consumes (:func:`residual_bound_matmuls`), is not kept: n·h·e less per
     layer. Measured on torch 2.13 (CPU), a torchtitan Llama block under torchtitan's policy keeps
     exactly this list eager and this list less the down projection's output compiled
     (tests/test_eager_activations.py)."""
@@ -343,8 +350,8 @@ def op_sac_saved(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: 
     e = act_bytes
     a_r = model.n_heads / tp
     shapes = matmuls_per_rank(model, tp)
-    kept = [(f"{name}_output", n * shapes[name][1] * e) for name, _, _ in layer_matmuls(model)[0::2]
-            if not (kernels == "compiled" and name in RESIDUAL_BOUND_MATMULS)]
+    dropped = residual_bound_matmuls(model) if kernels == "compiled" else frozenset()
+    kept = [(f"{name}_output", n * shapes[name][1] * e) for name, _, _ in layer_matmuls(model)[0::2] if name not in dropped]
     kept.append(("attention_output", n * a_r * model.head_dim * e))
     kept.append(("flash_softmax_stats", 4 * n * a_r))
     return kept
