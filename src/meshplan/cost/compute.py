@@ -75,12 +75,19 @@ def gemm_efficiency(m, n, k, gpu: GPUSpec, cal: Calibration):
     return cal.gemm_efficiency * best * (k / (k + cal.gemm_k_half))
 
 
-def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2):
-    """Seconds for an (m × k)·(k × n) GEMM (module docstring); scalars or numpy arrays."""
-    _, maximum = _ceil_max(m, n, k)
+def gemm_bounds(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2):
+    """The two bounds of an (m × k)·(k × n) GEMM, seconds: compute 2·m·n·k / (F·η(m, n, k)) and
+    memory (m·k + k·n + m·n)·e / (W·η_hbm) (module docstring); scalars or numpy arrays."""
     t_flop = 2.0 * (m * n * k) / (peak * gemm_efficiency(m, n, k, gpu, cal))
     t_mem = (m * k + k * n + m * n) * elem_bytes / (gpu.hbm_bandwidth * cal.hbm_efficiency)
-    return maximum(t_flop, t_mem) + cal.kernel_overhead
+    return t_flop, t_mem
+
+
+def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2):
+    """Seconds for an (m × k)·(k × n) GEMM: the larger of :func:`gemm_bounds` plus t_kernel;
+    scalars or numpy arrays."""
+    _, maximum = _ceil_max(m, n, k)
+    return maximum(*gemm_bounds(m, n, k, gpu, cal, peak, elem_bytes)) + cal.kernel_overhead
 
 
 def flash_attention_efficiency(keys, eta_inf: float, l0: float):

@@ -54,6 +54,7 @@ from meshplan.cost.compute import (
     dense_gemm_shapes,
     flash_attention_efficiency,
     flash_attention_times,
+    gemm_bounds,
     gemm_efficiency,
     gemm_time,
     layer_op_times,
@@ -220,10 +221,9 @@ def implied_constant(case: KernelCase, measured: float, gpu: GPUSpec, cal: Calib
     peak, peak16 = peaks(gpu, precision)
     if case.kind == "gemm":
         m, n, k = case.shape
-        e = DTYPES[precision][0]
-        compute_bound = case.work / (peak * gemm_efficiency(m, n, k, gpu, cal)) >= (m * k + k * n + m * n) * e / (gpu.hbm_bandwidth * cal.hbm_efficiency)
+        t_flop, t_mem = gemm_bounds(m, n, k, gpu, cal, peak, DTYPES[precision][0])
         shape_factor = gemm_efficiency(m, n, k, gpu, cal) / cal.gemm_efficiency
-        value = case.work / (peak * shape_factor * busy) if busy > 0 and compute_bound else None
+        value = case.work / (peak * shape_factor * busy) if busy > 0 and t_flop >= t_mem else None
         return "gemm_efficiency", value, cal.gemm_efficiency
     if case.kind == "attention":
         bwd = case.name.endswith("bwd")
@@ -365,8 +365,8 @@ def _measure_layer(model: ModelSpec, tp: int, fwd: KernelCase, dev, dtype, timer
 
     b, s = (int(x) for x in fwd.shape)
     torch.manual_seed(0)
-    g = max(kv_heads_per_rank(model, tp), 1)
-    block = Block(model.hidden, model.n_heads // tp, g, model.ffn_hidden // tp, model.head_dim).to(device=dev, dtype=dtype)
+    block = Block(model.hidden, model.n_heads // tp, kv_heads_per_rank(model, tp), model.ffn_hidden // tp,
+                  model.head_dim).to(device=dev, dtype=dtype)
     freqs = precompute_freqs_cis(model.head_dim, s).to(dev)
     fn = torch.compile(block, fullgraph=True) if fwd.stack == "compiled" else block
     x = torch.randn(b, s, model.hidden, device=dev, dtype=dtype, requires_grad=True)
