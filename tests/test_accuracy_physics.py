@@ -16,7 +16,14 @@ from meshplan.catalog import load_gpu, load_model
 from meshplan.cli.app import main
 from meshplan.cost.activations import loss_grad_bytes
 from meshplan.cost.calibration import HOPPER, calibration_for, power_capped
-from meshplan.cost.compute import elementwise_bytes, layer_op_times, memory_time
+from meshplan.cost.compute import (
+    elementwise_bytes,
+    gemm_time,
+    input_gradient_sum_bytes,
+    layer_op_times,
+    memory_time,
+    projection_gemms,
+)
 from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times
 from meshplan.errors import InputError
 from meshplan.estimate import estimate
@@ -56,9 +63,12 @@ def test_elementwise_bytes_per_stack():
     assert elementwise_bytes(2, "eager") == {"norm": 36, "rope": 20, "swiglu": 10}
 
 
+LLAMA8B = load_model("llama3-8b")
+
+
 def _ops(kernels):
     gpu = load_gpu("h100-sxm-80gb")
-    return layer_op_times(load_model("llama3-8b"), 2, 8192, 1, 1, False, "flash", "causal", gpu, HOPPER, "bf16", 2, kernels), gpu
+    return layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", gpu, HOPPER, "bf16", 2, kernels), gpu
 
 
 def _repeat_kv(gpu):
@@ -66,20 +76,40 @@ def _repeat_kv(gpu):
     return memory_time(2 * 2 * 8192 * 128 * (8 + 32) * 2, gpu, HOPPER) + HOPPER.kernel_overhead
 
 
-def test_eager_kernels_only_add_memory_bound_time():
+def test_stacks_differ_in_memory_bound_time_and_in_the_projections_gemms():
     (fused, gpu), (eager, _), (compiled, _) = _ops("fused"), _ops("eager"), _ops("compiled")
     rep = _repeat_kv(gpu)
-    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rep, rel=1e-12)
-    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep, rel=1e-12)
-    assert (eager.fwd_gemm, eager.fwd_attention, eager.bwd_gemm, eager.bwd_attention) == (
-        fused.fwd_gemm, fused.fwd_attention, fused.bwd_gemm, fused.bwd_attention)
-    # extra bytes: 2 norms x (36 - 4) x n·h + RoPE (20 - 4) x n·(a + g)·d + SwiGLU (10 - 6) x n·f
     n, h, f, ad = 2 * 8192, 4096, 14336, (32 + 8) * 128
+    # the torch stacks sum the input gradients of the separate q, k, v (and gate, up) GEMMs:
+    # compiled, inside both reductions of RMSNorm's backward, each reading 3 (2) gradients where
+    # one would do: 2 x (2 + 1) x n·h·e, no kernel of its own; eager, autograd's 2 + 1 adds of
+    # read 2, write 1: 3 x (2 + 1) x n·h·e in three kernels
+    sum_compiled, sum_eager = 2 * 3 * n * h * 2, 3 * 3 * n * h * 2
+    assert (sum_compiled, sum_eager) == (805_306_368, 1_207_959_552)
+    assert input_gradient_sum_bytes(projection_gemms(LLAMA8B, n, 1, "compiled"), h, 2, "compiled") == sum_compiled
+    assert input_gradient_sum_bytes(projection_gemms(LLAMA8B, n, 1, "eager"), h, 2, "eager") == sum_eager
+    assert input_gradient_sum_bytes(projection_gemms(LLAMA8B, n, 1, "fused"), h, 2, "fused") == 0
+    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rep, rel=1e-12)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep + sum_compiled / (gpu.hbm_bandwidth * HOPPER.hbm_efficiency), rel=1e-12)
+    assert (eager.fwd_attention, eager.bwd_attention) == (compiled.fwd_attention, compiled.bwd_attention) == (
+        fused.fwd_attention, fused.bwd_attention)
+    # the GEMMs: Megatron's fused QKV and gate|up, torch's seven projections, both stacks alike
+    peak = gpu.peak("bf16")
+
+    def fwd_sum(shapes):
+        return sum(float(gemm_time(m, nn, k, gpu, HOPPER, peak, 2)) for m, nn, k in shapes)
+
+    assert fused.fwd_gemm == pytest.approx(fwd_sum([(n, 6144, h), (n, h, h), (n, 2 * f, h), (n, h, f)]), rel=1e-12)
+    separate = [(n, h, h), (n, 1024, h), (n, 1024, h), (n, h, h), (n, f, h), (n, f, h), (n, h, f)]
+    assert eager.fwd_gemm == compiled.fwd_gemm == pytest.approx(fwd_sum(separate), rel=1e-12)
+    assert eager.bwd_gemm == compiled.bwd_gemm > fused.bwd_gemm
+    # extra bytes: 2 norms x (36 - 4) x n·h + RoPE (20 - 4) x n·(a + g)·d + SwiGLU (10 - 6) x n·f
     extra = 2 * 32 * n * h + 16 * n * ad + 4 * n * f
     kernels = (24 - 7) * HOPPER.kernel_overhead
     expected = memory_time(extra, gpu, HOPPER) - HOPPER.kernel_overhead + kernels
     assert eager.fwd_memory - compiled.fwd_memory == pytest.approx(expected)
-    assert eager.bwd_memory == pytest.approx(2 * eager.fwd_memory - rep, rel=1e-12)
+    assert eager.bwd_memory == pytest.approx(
+        2 * eager.fwd_memory - rep + sum_eager / (gpu.hbm_bandwidth * HOPPER.hbm_efficiency) + 3 * HOPPER.kernel_overhead, rel=1e-12)
 
 
 def test_loss_buffers_per_stack():
@@ -116,17 +146,22 @@ def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     assert est["compiled"].peak_bytes - est["fused"].peak_bytes == diff == 6_574_046_208
     assert est["compiled"].stages[0].other_items["freed_logits_block"] == 2 * n * V
     assert "freed_logits_block" not in est["fused"].stages[0].other_items
-    # same fused kernels; the torch stack adds the GQA K/V copy forward, backward and in the
-    # op-level recompute of each of the 32 layers, FSDP2's copies (every layer and the embedding
-    # copied out forward and backward, the head unit forward, each copied in once; one
-    # micro-batch per step) and torch's foreach AdamW with clip_grad_norm_ (92 bytes a parameter
-    # against the fused step's 30)
+    # same fused element-wise kernels; the torch stack adds the GQA K/V copy forward, backward and
+    # in the op-level recompute of each of the 32 layers, runs q, k, v and gate, up as separate
+    # GEMMs and sums their input gradients (inside the norms' backward), FSDP2's copies (every
+    # layer and the embedding copied out forward and backward, the head unit forward, each copied
+    # in once; one micro-batch per step) and torch's foreach AdamW with clip_grad_norm_ (92 bytes
+    # a parameter against the fused step's 30)
+    (fused_ops, _), (compiled_ops, _) = _ops("fused"), _ops("compiled")
+    projections = (compiled_ops.fwd_gemm - fused_ops.fwd_gemm) + (compiled_ops.bwd_gemm - fused_ops.bwd_gemm)
+    grad_sums = 2 * 3 * n * h * 2 / (cluster.gpu.hbm_bandwidth * HOPPER.hbm_efficiency)  # inside the norms' backward
     rep = _repeat_kv(cluster.gpu)
+    per_layer = 3 * rep + projections + grad_sums
     co, ci, e_co, e_ci, h_co, h_ci = fsdp2_unit_copy_times(model, 1, 1, plans["compiled"].precision, cluster.gpu, calibration_for(cluster.gpu))
     copies = 32 * (2 * co + ci) + 2 * e_co + e_ci + h_co + h_ci
     optimizer = est["fused"].time.optimizer_s * (92 / 30 - 1)
     assert est["compiled"].time.optimizer_s == pytest.approx(est["fused"].time.optimizer_s * 92 / 30, rel=1e-12)
-    assert est["compiled"].time.step_s - est["fused"].time.step_s == pytest.approx(32 * 3 * rep + copies + optimizer, rel=1e-6)
+    assert est["compiled"].time.step_s - est["fused"].time.step_s == pytest.approx(32 * per_layer + copies + optimizer, rel=1e-6)
     assert est["compiled"].time.fsdp_comm_s - est["fused"].time.fsdp_comm_s == pytest.approx(copies, rel=1e-9)
 
 

@@ -37,13 +37,47 @@ def test_fused_op_is_one_chunk_pipeline_plus_decomposition():
     g8 = 8 * float(gemm_time(m / 8, n, k, H100, CAL, PEAK))
     assert g8 > g1  # eight 1,024-row GEMMs are slower than one: smaller waves, eight launches
     # transfer shorter than 7/8 of the chunked GEMMs: only the decomposition costs
-    assert fused_exposed(0.5 * g8, m, n, k, 8, H100, CAL, PEAK, 2) == pytest.approx(g8 - g1, rel=1e-12)
+    assert fused_exposed(0.5 * g8, [(m, n, k)], 8, H100, CAL, PEAK, 2) == pytest.approx(g8 - g1, rel=1e-12)
     # longer: the surplus over 7/8 of the chunks is exposed (the local chunk hides one transfer)
     c = 2.0 * g8
-    assert fused_exposed(c, m, n, k, 8, H100, CAL, PEAK, 2) == pytest.approx(c - 7 / 8 * g8 + g8 - g1, rel=1e-12)
+    assert fused_exposed(c, [(m, n, k)], 8, H100, CAL, PEAK, 2) == pytest.approx(c - 7 / 8 * g8 + g8 - g1, rel=1e-12)
     # two ranks: half the chunks can hide the transfer
     g2 = 2 * float(gemm_time(m / 2, n, k, H100, CAL, PEAK))
-    assert fused_exposed(g2, m, n, k, 2, H100, CAL, PEAK, 2) == pytest.approx(g2 / 2 + g2 - g1, rel=1e-12)
+    assert fused_exposed(g2, [(m, n, k)], 2, H100, CAL, PEAK, 2) == pytest.approx(g2 / 2 + g2 - g1, rel=1e-12)
+
+
+def test_an_all_gather_feeds_every_consumer_chunk_by_chunk():
+    """torch's fused all-gather + matmuls multiplies each gathered chunk by every consumer's weight
+    (wq, wk, wv): the chunked GEMMs of all consumers hide the transfer, and each pays its own
+    decomposition. Llama 3 70B on TP 8, 16,384 tokens: q (n, 1024, 8192), k and v (n, 128, 8192)."""
+    n = 16384.0
+    shapes = [(n, 1024.0, 8192.0), (n, 128.0, 8192.0), (n, 128.0, 8192.0)]
+    g1 = [float(gemm_time(*s, H100, CAL, PEAK)) for s in shapes]
+    g8 = [8 * float(gemm_time(s[0] / 8, s[1], s[2], H100, CAL, PEAK)) for s in shapes]
+    c = 2.0 * sum(g8)
+    assert fused_exposed(c, shapes, 8, H100, CAL, PEAK, 2) == pytest.approx(c - 7 / 8 * sum(g8) + sum(g8) - sum(g1), rel=1e-12)
+    # a transfer the q chunks alone could not hide, all three consumers' chunks do
+    short = 7 / 8 * sum(g8) * 0.99
+    assert short > 7 / 8 * g8[0]
+    assert fused_exposed(short, shapes, 8, H100, CAL, PEAK, 2) == pytest.approx(sum(g8) - sum(g1), rel=1e-12)
+
+
+def test_torch_stack_fuses_the_separate_projections():
+    """On the torch stacks the forward all-gathers feed wq, wk, wv and w1, w3 as separate GEMMs."""
+    cluster = ClusterSpec.of(H100, 32)
+    pl = plan_placements(cluster, _plan()).tp
+    tokens = 2 * 8192.0
+    msg = tokens * L70.hidden * 2
+    ag = coll.collective_time("all_gather", msg, pl, cluster, CAL)
+    rs = coll.collective_time("reduce_scatter", msg, pl, cluster, CAL)
+    fwd, bwd = micro_pipeline_tp_times(L70, tokens, 8, True, pl, cluster, CAL, "bf16", 2, "compiled")
+    f = lambda c, s: fused_exposed(c, s, 8, H100, CAL, PEAK, 2)  # noqa: E731
+    red = memory_time((1 + 1 / 8) * msg, H100, CAL)
+    q, kv, o = (tokens, 1024, 8192), (tokens, 128, 8192), (tokens, 8192, 1024)
+    gate = (tokens, 3584, 8192)
+    down = (tokens, 8192, 3584)
+    assert fwd == pytest.approx(f(ag, [q, kv, kv]) + f(rs, [o]) + red + f(ag, [gate, gate]) + f(rs, [down]) + red, rel=1e-12)
+    assert bwd == pytest.approx(f(ag, [(tokens, 1024, 8192)]) + f(ag, [(tokens, 3584, 8192)]) + 2 * rs, rel=1e-12)
 
 
 def test_which_collectives_are_fused_in_a_llama_block():
@@ -57,7 +91,7 @@ def test_which_collectives_are_fused_in_a_llama_block():
     fwd, bwd = micro_pipeline_tp_times(L70, tokens, 8, True, pl, cluster, CAL, "bf16", 2)
     qkv, out, mlp_in, mlp_out = dense_gemm_shapes(L70, tokens, 8)
     assert qkv == (tokens, (64 // 8 + 2 * 1) * 128, 8192) and mlp_out == (tokens, 8192, 28672 // 8)
-    f = lambda c, s: fused_exposed(c, *s, 8, H100, CAL, PEAK, 2)  # noqa: E731
+    f = lambda c, s: fused_exposed(c, [s], 8, H100, CAL, PEAK, 2)  # noqa: E731
     red = memory_time((1 + 1 / 8) * msg, H100, CAL)
     # forward: both all-gathers and both reduce-scatters fused, each reduce-scatter then sums its partials
     assert fwd == pytest.approx(f(ag, qkv) + f(rs, out) + red + f(ag, mlp_in) + f(rs, mlp_out) + red, rel=1e-12)
@@ -132,10 +166,10 @@ def test_torchtitan_asynctp_rows_run_the_micro_pipeline():
     assert runs["torchtitan_405b_512gpu_3d_1f1b"].plan.tp_overlap_kind == "micro-pipeline"
     ta = estimate(a.model, a.cluster, a.plan).time.step_s
     tb = estimate(b.model, b.cluster, b.plan).time.step_s
-    # measured 19.764 s -> 18.703 s (1.057x); Megatron-style overlap would predict 1.36x
+    # measured 19.764 s -> 18.703 s (1.057x); Megatron-style overlap would predict 1.29x
     assert 1.0 < tb / ta < 1.2
     ub = estimate(a.model, a.cluster, a.plan.model_copy(update={"tp_overlap_kind": "userbuffers"})).time.step_s
-    assert tb / ub > 1.3
+    assert tb / ub > 1.25
     assert a.plan.precision == PrecisionRecipe(precision="fp8", grad_dtype="fp32")
 
 
@@ -150,7 +184,7 @@ def test_blocks_other_than_llama_leave_their_halves_exposed(name, mla, moe):
     ag = coll.collective_time("all_gather", msg, pl, cluster, CAL)
     rs = coll.collective_time("reduce_scatter", msg, pl, cluster, CAL)
     qkv, out, mlp_in, mlp_out = dense_gemm_shapes(model, tokens, 8)
-    f = lambda c, s: fused_exposed(c, *s, 8, H100, CAL, PEAK, 2)  # noqa: E731
+    f = lambda c, s: fused_exposed(c, [s], 8, H100, CAL, PEAK, 2)  # noqa: E731
     red = memory_time((1 + 1 / 8) * msg, H100, CAL)
     fwd, bwd = micro_pipeline_tp_times(model, tokens, 8, True, pl, cluster, CAL, "bf16", 2)
     attn_fwd = ag + rs if mla else f(ag, qkv) + f(rs, out) + red

@@ -46,26 +46,58 @@ def _ops(kernels: str, dtype: str = "fp8"):
     return layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", H100, CAL, dtype, 2, kernels)
 
 
+def _grad_sum_time() -> float:
+    """The compiled stack's sum of the separate projections' input gradients at TP 1
+    (compute.input_gradient_sum_bytes): 2·(2 + 1)·n·h·e bytes read inside the norms' backward
+    reductions, no kernel of its own."""
+    return 2 * 3 * TOKENS * 4096 * 2 / (H100.hbm_bandwidth * CAL.hbm_efficiency)
+
+
 def test_compiled_stack_charges_torchaos_passes_and_fused_keeps_its_own():
     gemms = dense_gemm_shapes(LLAMA8B, TOKENS, 1)
     te_f, te_b = fp8_cast_bytes(gemms, 2)
+    # compiled, AOTAutograd's CSE casts the input wq, wk, wv (w1, w3) share once: the fused shapes
     ao = torchao_float8_passes(gemms, 2)
     k = CAL.kernel_overhead
     fused, compiled = _ops("fused"), _ops("compiled")
-    # same GEMMs and attention; the element-wise work of both stacks is the same before the casts
-    assert (fused.fwd_gemm, fused.bwd_gemm, fused.fwd_attention) == (compiled.fwd_gemm, compiled.bwd_gemm, compiled.fwd_attention)
+    # same attention; the GEMMs differ (torch's separate projections); the element-wise work of
+    # both stacks is the same before the casts
+    assert (fused.fwd_attention, fused.bwd_attention) == (compiled.fwd_attention, compiled.bwd_attention)
     te = lambda nbytes: memory_time(nbytes, H100, CAL) + (len(gemms) - 1) * k  # noqa: E731
     exp_f = memory_time(ao.fwd_bytes, H100, CAL) + (ao.fwd_kernels - 1) * k - te(te_f)
     exp_b = memory_time(ao.bwd_bytes, H100, CAL) + (ao.bwd_kernels - 1) * k - te(te_b)
     rep = _repeat_kv_time()  # torch's GQA K/V copy, also on the compiled stack only
     assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(exp_f + rep, rel=1e-12)
-    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(exp_b + rep, rel=1e-12)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(exp_b + rep + _grad_sum_time(), rel=1e-12)
     # op-level checkpointing re-casts every input and weight on the torchao stack only
     rec = memory_time(ao.recompute_bytes, H100, CAL) + (ao.recompute_kernels - 1) * k
     assert compiled.fwd_op_recompute - fused.fwd_op_recompute == pytest.approx(rec + rep, rel=1e-12)
     # 2.0 GB moved again per layer: about 0.75 ms at 80 % of 3.35 TB/s
     assert ao.recompute_bytes == 3 * sum(m * k_ + k_ * n for m, n, k_ in gemms) == 1_962_934_272
     assert 0.00073 < rec < 0.00077
+
+
+def test_eager_fp8_casts_the_shared_input_once_per_projection():
+    """Eager, nothing de-duplicates the casts: each of wq, wk, wv (w1, w3) casts the n·h input
+    itself, 2 + 1 more input casts per layer than compiled (at 2e + 1 = 5 bytes forward, the
+    column-major copy 2 backward, the op-level recompute e + 1 = 3)."""
+    compiled, eager = _ops("compiled"), _ops("eager")
+    more = 3 * TOKENS * 4096  # elements of the input cast again
+    k = CAL.kernel_overhead
+    separate = [(TOKENS, n, 4096) for n in (4096, 1024, 1024)] + [(TOKENS, 4096, 4096)] + \
+        [(TOKENS, 14336, 4096)] * 2 + [(TOKENS, 4096, 14336)]
+    ao_e, ao_c = torchao_float8_passes(separate, 2), torchao_float8_passes(dense_gemm_shapes(LLAMA8B, TOKENS, 1), 2)
+    assert ao_e.fwd_bytes - ao_c.fwd_bytes == 5 * more
+    assert ao_e.bwd_bytes - ao_c.bwd_bytes == 2 * more
+    assert ao_e.recompute_bytes - ao_c.recompute_bytes == 3 * more
+    rec = lambda p: memory_time(p.recompute_bytes, H100, CAL) + (p.recompute_kernels - 1) * k  # noqa: E731
+    cast = lambda p: memory_time(p.fwd_bytes, H100, CAL) + (p.fwd_kernels - 1) * k  # noqa: E731
+    # op-level recompute = the forward's element-wise work without its casts + every second GEMM
+    # (the same on both) + the re-casts
+    eager_elementwise, compiled_elementwise = eager.fwd_memory - cast(ao_e), compiled.fwd_memory - cast(ao_c)
+    assert eager.fwd_op_recompute - compiled.fwd_op_recompute == pytest.approx(
+        eager_elementwise - compiled_elementwise + rec(ao_e) - rec(ao_c), rel=1e-9)
+    assert eager.fwd_gemm == compiled.fwd_gemm
 
 
 def _repeat_kv_time() -> float:
@@ -78,19 +110,56 @@ def test_repeat_kv_of_llama3_8b_by_hand():
     assert repeat_kv_bytes(TOKENS, 32, 8, 128, 2) == 2 * 16384 * 128 * 40 * 2 == 335_544_320
 
 
-def test_bf16_differs_between_stacks_by_the_repeat_kv_copy_only():
+def test_bf16_differs_between_stacks_by_the_repeat_kv_copy_and_the_separate_projections():
     """Without FP8 the compiled and fused stacks share their fused element-wise chains; torch's
-    SDPA adds the GQA K/V copy forward and backward (and in op-level recompute), nothing else."""
+    SDPA adds the GQA K/V copy forward and backward (and in op-level recompute), and torch's
+    separate q, k, v and gate, up GEMMs their own times and the sum of their input gradients."""
     compiled, fused = _ops("compiled", "bf16"), _ops("fused", "bf16")
     rep = _repeat_kv_time()
     assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rep, rel=1e-12)
-    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep, rel=1e-12)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep + _grad_sum_time(), rel=1e-12)
     assert compiled.fwd_op_recompute - fused.fwd_op_recompute == pytest.approx(rep, rel=1e-12)
-    assert (compiled.fwd_gemm, compiled.bwd_gemm, compiled.fwd_attention, compiled.bwd_attention) == (
-        fused.fwd_gemm, fused.bwd_gemm, fused.fwd_attention, fused.bwd_attention)
+    assert (compiled.fwd_attention, compiled.bwd_attention) == (fused.fwd_attention, fused.bwd_attention)
+    assert compiled.fwd_gemm > fused.fwd_gemm and compiled.bwd_gemm > fused.bwd_gemm
 
 
 def test_no_copy_without_grouped_query_attention():
     mha = load_model("llama2-7b")  # 32 heads, 32 K/V heads
     args = (mha, 1, 4096, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2)
-    assert layer_op_times(*args, "compiled") == layer_op_times(*args, "fused")
+    compiled, fused = layer_op_times(*args, "compiled"), layer_op_times(*args, "fused")
+    assert (compiled.fwd_memory, compiled.fwd_op_recompute) == (fused.fwd_memory, fused.fwd_op_recompute)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(2 * 3 * 4096 * 4096 * 2 / (H100.hbm_bandwidth * CAL.hbm_efficiency), rel=1e-12)
+
+
+def test_the_lm_head_stays_16_bit_under_fp8():
+    """torchtitan leaves the output projection out of Float8Linear (``module_filter_fn=lambda mod,
+    fqn: fqn != "output"``) and Megatron-Core's output layer is no Transformer Engine module: the
+    head's GEMMs run at the 16-bit peak under an FP8 recipe."""
+    from meshplan.cost.compute import head_op_times
+
+    for loss in ("fused", "compiled", "eager"):
+        args = (LLAMA8B, 2, 8192, 1, 1, H100, CAL)
+        assert head_op_times(*args, "fp8", 2, loss) == head_op_times(*args, "bf16", 2, loss)
+    # 2·n·V·h FLOPs a GEMM: 17.2 TFLOP over 16,384 tokens and the 128,256-entry vocabulary
+    assert 2 * TOKENS * 128256 * 4096 == 17_214_228_922_368
+
+
+def test_fp8_gemms_read_one_byte_operands():
+    """The memory floor of an FP8 GEMM: FP8 operands at 1 byte an element, the 16-bit output at 2.
+    Llama 3 70B's K projection on TP 8 (one K/V head of 128) over 131,072 tokens is memory-bound:
+    it reads the 131,072 × 8,192 input to write 128 columns."""
+    from meshplan.cost.compute import gemm_bounds, gemm_operand_bytes, gemm_time, projection_gemms
+
+    assert (gemm_operand_bytes("fp8", 2), gemm_operand_bytes("bf16", 2), gemm_operand_bytes("fp32", 4)) == (1, 2, 4)
+    m, n, k = 131072, 128, 8192
+    w = H100.hbm_bandwidth * CAL.hbm_efficiency
+    t_flop, t_mem = gemm_bounds(m, n, k, H100, CAL, H100.peak("fp8"), 1, 2)
+    assert t_mem == pytest.approx(((m * k + k * n) * 1 + m * n * 2) / w, rel=1e-15)
+    assert t_mem > t_flop
+    assert gemm_bounds(m, n, k, H100, CAL, H100.peak("fp8"), 2)[1] == pytest.approx((m * k + k * n + m * n) * 2 / w, rel=1e-15)
+    # the layer model charges every FP8 projection so, forward, input and weight gradient
+    model = load_model("llama3-70b")
+    ops = layer_op_times(model, 16, 8192, 8, 1, True, "flash", "causal", H100, CAL, "fp8", 2, "compiled")
+    peak = H100.peak("fp8")
+    fwd = sum(float(gemm_time(a, b, c, H100, CAL, peak, 1, 2)) for _, (a, b, c) in projection_gemms(model, 131072, 8, "compiled"))
+    assert ops.fwd_gemm == pytest.approx(fwd, rel=1e-12)

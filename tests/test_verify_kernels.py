@@ -20,14 +20,18 @@ CAL = calibration_for(H100)
 LLAMA8B = load_model("llama3-8b")
 
 
-def _cases(stacks=("eager", "compiled")):
-    return K.kernel_cases(LLAMA8B, H100, 2, 8192, 1, "bf16", stacks)
+FUSED_GEMMS = ("qkv", "attn_out", "mlp_in", "mlp_out")
+TORCH_GEMMS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _cases(stacks=("eager", "compiled"), kernels="fused"):
+    return K.kernel_cases(LLAMA8B, H100, 2, 8192, 1, "bf16", stacks, kernels=kernels)
 
 
 def test_cases_are_the_layer_gemms_in_their_three_directions():
     cases = _cases()
     assert [c.name for c in cases] == [
-        f"gemm {g} {d}" for g in K.GEMM_NAMES for d in ("fwd", "dgrad", "wgrad")
+        f"gemm {g} {d}" for g in FUSED_GEMMS for d in ("fwd", "dgrad", "wgrad")
     ] + ["attention fwd", "attention bwd", "memory copy", "layer fwd", "layer bwd", "layer fwd", "layer bwd"]
     by = {c.name: c for c in cases if c.kind == "gemm"}
     n = 2 * 8192
@@ -42,9 +46,26 @@ def test_cases_are_the_layer_gemms_in_their_three_directions():
         assert c.predicted == float(gemm_time(*c.shape, H100, CAL, H100.peak("bf16"), 2))
 
 
+def test_torch_stack_cases_are_torchtitans_separate_projections():
+    """Under --kernels compiled or eager the GEMM rows are the seven projections torchtitan's block
+    runs, in its order: q, k, v, o, gate, up, down."""
+    cases = _cases((), kernels="compiled")
+    assert [c.name for c in cases if c.kind == "gemm"] == [f"gemm {g} {d}" for g in TORCH_GEMMS for d in ("fwd", "dgrad", "wgrad")]
+    by = {c.name: c for c in cases}
+    n = 2 * 8192
+    assert by["gemm q fwd"].shape == (n, 4096, 4096)
+    assert by["gemm k fwd"].shape == by["gemm v fwd"].shape == (n, 1024, 4096)
+    assert by["gemm k dgrad"].shape == (n, 4096, 1024)
+    assert by["gemm gate fwd"].shape == by["gemm up fwd"].shape == (n, 14336, 4096)
+    assert by["gemm down wgrad"].shape == (14336, 4096, n)
+    # the same FLOPs as the fused GEMMs, in more, narrower calls
+    fused = _cases(())
+    assert sum(c.work for c in cases if c.kind == "gemm") == sum(c.work for c in fused if c.kind == "gemm")
+
+
 def test_cases_add_up_to_the_layer_model():
     """Two derivations of one layer: the cases' GEMMs and attention are the layer model's."""
-    cases = _cases(("eager",))
+    cases = _cases(("eager",), kernels="eager")
     ops = layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2, kernels="eager")
     gemm = {d: sum(c.predicted for c in cases if c.kind == "gemm" and c.name.endswith(d)) for d in ("fwd", "dgrad", "wgrad")}
     assert gemm["fwd"] == pytest.approx(ops.fwd_gemm, rel=1e-12)
@@ -228,6 +249,11 @@ def test_cli_json_on_cpu(capsys, cfg):
     assert [r["name"] for r in out["rows"]][-2:] == ["layer fwd", "layer bwd"]
     expected = K.kernel_cases(load_model(cfg), H100, 1, 32, 1, "bf16", ("eager",))
     assert [r["predicted"] for r in out["rows"]] == [c.predicted for c in expected]
+    # --kernels picks the GEMM rows' layout: torch's separate projections
+    assert main(["verify", "kernels", "--model", cfg, "--seq-len", "32", "--layer-stacks", "none", "--reps", "1",
+                 "--warmup", "0", "--kernels", "compiled", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["name"] for r in rows if r["kind"] == "gemm"][:3] == ["gemm q fwd", "gemm q dgrad", "gemm q wgrad"]
 
 
 def test_cli_table_on_cpu_says_the_ratios_mean_nothing(capsys, cfg):
@@ -261,7 +287,7 @@ def test_cli_refusals_are_one_line_exit_2(capsys, cfg, flags, line):
 def test_fp8_cases_take_the_fp8_peak_for_gemms_only():
     """Under FP8 the GEMMs are predicted at the FP8 peak and attention at the bf16 one, as in the
     layer model; their implied constants use the same peaks."""
-    cases = K.kernel_cases(LLAMA8B, H100, 2, 8192, 1, "fp8", ())
+    cases = K.kernel_cases(LLAMA8B, H100, 2, 8192, 1, "fp8", (), kernels="compiled")
     ops = layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", H100, CAL, "fp8", 2, kernels="compiled")
     assert sum(c.predicted for c in cases if c.kind == "gemm" and c.name.endswith("fwd")) == pytest.approx(ops.fwd_gemm, rel=1e-12)
     att = next(c for c in cases if c.name == "attention fwd")

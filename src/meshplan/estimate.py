@@ -406,7 +406,7 @@ def estimate(
         nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(plan.tp_overlap_kind), gpu.sm_count),
     )
     if plan.tp_overlap_kind == "micro-pipeline":
-        lt_args["tp_overlapped"] = micro_pipeline_tp_times(model, tokens, t, sp, pl.tp, cluster, cal, rec.compute_dtype, e)
+        lt_args["tp_overlapped"] = micro_pipeline_tp_times(model, tokens, t, sp, pl.tp, cluster, cal, rec.compute_dtype, e, plan.kernels)
     lt = layer_times(**lt_args, **_op_args(ops, recompute_layer))
     st = stage_times(split, lt)
     ep_comm = None

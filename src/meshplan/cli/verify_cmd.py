@@ -227,7 +227,7 @@ def kernels(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls before timing each kernel.")] = 2,
     reps: Annotated[int, typer.Option("--reps", help="Timed calls per kernel; the median is kept.")] = 5,
 ) -> None:
-    """Kernel times of one layer on one GPU (--device cuda) against meshplan's compute model: each GEMM forward and backward, FlashAttention forward and backward, an HBM copy and torchtitan's Llama block eager and compiled, with the calibration constant each measurement implies."""
+    """Kernel times of one layer on one GPU (--device cuda) against meshplan's compute model: each GEMM forward and backward (as the plan's --kernels stack launches them: fused QKV and gate|up, or torch's separate projections), FlashAttention forward and backward, an HBM copy and torchtitan's Llama block eager and compiled, with the calibration constant each measurement implies."""
     setup = _setup(plan, "kernels")
     mod = _verify_module("kernels")
     p = setup.plan
@@ -243,7 +243,8 @@ def kernels(
             raise InputError(name, f"must be at least {least} (got {value})")
     _check_device(device, 1)
     gpu = setup.cluster.gpu
-    cases = mod.kernel_cases(setup.model, gpu, p.micro_batch, p.seq_len, p.tp, p.precision.precision, stacks)
+    cases = mod.kernel_cases(setup.model, gpu, p.micro_batch, p.seq_len, p.tp, p.precision.precision, stacks,
+                             kernels=p.kernels)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -47,19 +47,30 @@ from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
 from meshplan.cost.comm import tp_collective_time
-from meshplan.cost.compute import dense_gemm_shapes, gemm_time, memory_time
+from meshplan.cost.compute import (
+    INPUT_PROJECTIONS,
+    MLP_GEMM_NAMES,
+    gemm_operand_bytes,
+    gemm_time,
+    memory_time,
+    projection_gemms,
+)
 from meshplan.cost.step import exposed
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.model import ModelSpec
 
 
-def fused_exposed(comm: float, gemm_m: float, gemm_n: float, gemm_k: float, tp: int, gpu: GPUSpec, cal: Calibration,
-                  peak: float, e: int) -> float:
-    """Seconds a fused collective + GEMM adds to the step beyond the unsplit GEMM (module
-    docstring): max(C − (t − 1)/t · G_t, 0) + (G_t − G_1), with G_t = t · gemm(m/t, n, k) and
-    G_1 = gemm(m, n, k) (:func:`meshplan.cost.compute.gemm_time`)."""
-    whole = float(gemm_time(gemm_m, gemm_n, gemm_k, gpu, cal, peak, e))
-    chunks = tp * float(gemm_time(gemm_m / tp, gemm_n, gemm_k, gpu, cal, peak, e))
+def fused_exposed(comm: float, gemms: list[tuple[float, float, float]], tp: int, gpu: GPUSpec, cal: Calibration,
+                  peak: float, e: int, operand_bytes: int | None = None) -> float:
+    """Seconds a fused collective + GEMMs adds to the step beyond the unsplit GEMMs (module
+    docstring): max(C − (t − 1)/t · G_t, 0) + (G_t − G_1), with G_t = Σ t · gemm(m/t, n, k) and
+    G_1 = Σ gemm(m, n, k) (:func:`meshplan.cost.compute.gemm_time`) over the GEMMs (m, n, k) that
+    consume the gathered tensor, or the one that produces the scattered one; every chunk of an
+    all-gather feeds all its consumers (``_fused_all_gather_matmul`` takes a list of B operands).
+    ``e`` is the output's bytes per element, ``operand_bytes`` the operands' (``e`` unless given)."""
+    ge = e if operand_bytes is None else operand_bytes
+    whole = sum(float(gemm_time(m, n, k, gpu, cal, peak, ge, e)) for m, n, k in gemms)
+    chunks = sum(tp * float(gemm_time(m / tp, n, k, gpu, cal, peak, ge, e)) for m, n, k in gemms)
     return exposed(comm, chunks * (tp - 1) / tp) + (chunks - whole)
 
 
@@ -73,14 +84,16 @@ def micro_pipeline_tp_times(
     cal: Calibration,
     compute_dtype: str,
     e: int,
+    kernels: str = "fused",
 ) -> tuple[float, float]:
     """Exposed TP seconds of one layer and micro-batch under torch's micro-pipelined TP:
     (forward, backward without the recompute), n = ``tokens`` per GPU, over the TP group
     ``pl_tp``.
 
     With sequence parallelism (module docstring), AG and RS one all-gather and one reduce-scatter
-    of the n·h·e activation, F(C, m, n, k) = :func:`fused_exposed` and R = (1 + 1/t)·n·h·e /
-    (W·η_hbm) the partial-sum reduction:
+    of the n·h·e activation, F(C, GEMMs) = :func:`fused_exposed` and R = (1 + 1/t)·n·h·e /
+    (W·η_hbm) the partial-sum reduction, the GEMMs as the ``kernels`` stack launches them
+    (:func:`meshplan.cost.compute.projection_gemms`: QKV, or q, k and v; gate|up, or gate and up):
 
     * forward = F(AG, QKV) + F(RS, wo) + R + F(AG, MLP in) + F(RS, MLP out) + R;
     * backward = F(AG, wo input gradient) + F(AG, MLP-out input gradient) + 2·RS (unfused).
@@ -103,22 +116,23 @@ def micro_pipeline_tp_times(
     all_gather = coll.collective_time("all_gather", msg, pl_tp, cluster, cal)
     reduce_scatter = coll.collective_time("reduce_scatter", msg, pl_tp, cluster, cal)
     peak = gpu.peak(compute_dtype)
-    qkv, out, mlp_in, mlp_out = dense_gemm_shapes(model, tokens, tp)
+    gemms = projection_gemms(model, tokens, tp, kernels)
+    # the column-parallel GEMMs that consume a gathered input, the row-parallel one that produces
+    # a scattered output, of the attention (False) and of the MLP (True)
+    inputs = {mlp: [g for nm, g in gemms if nm in INPUT_PROJECTIONS and (nm in MLP_GEMM_NAMES) == mlp] for mlp in (False, True)}
+    outputs = {mlp: [g for nm, g in gemms if nm not in INPUT_PROJECTIONS and (nm in MLP_GEMM_NAMES) == mlp][-1:] for mlp in (False, True)}
     reduce = memory_time((1 + 1 / tp) * msg, gpu, cal)
 
-    def fused(comm: float, shape: tuple[float, float, float]) -> float:
-        return fused_exposed(comm, *shape, tp, gpu, cal, peak, e)
+    def fused(comm: float, shapes: list[tuple[float, float, float]]) -> float:
+        return fused_exposed(comm, shapes, tp, gpu, cal, peak, e, gemm_operand_bytes(compute_dtype, e))
+
+    def half(mlp: bool) -> tuple[float, float]:
+        out = outputs[mlp][0]
+        # the input-gradient GEMM (m, k, n) of the row-parallel projection consumes the gathered gradient
+        return (fused(all_gather, inputs[mlp]) + fused(reduce_scatter, [out]) + reduce,
+                fused(all_gather, [(out[0], out[2], out[1])]) + reduce_scatter)
 
     unfused = all_gather + reduce_scatter
-    # input-gradient GEMMs (m, k, n) of the row-parallel projections consume the gathered gradient
-    if model.is_mla:
-        fwd_attn = bwd_attn = unfused
-    else:
-        fwd_attn = fused(all_gather, qkv) + fused(reduce_scatter, out) + reduce
-        bwd_attn = fused(all_gather, (out[0], out[2], out[1])) + reduce_scatter
-    if model.is_moe:
-        fwd_mlp = bwd_mlp = unfused
-    else:
-        fwd_mlp = fused(all_gather, mlp_in) + fused(reduce_scatter, mlp_out) + reduce
-        bwd_mlp = fused(all_gather, (mlp_out[0], mlp_out[2], mlp_out[1])) + reduce_scatter
+    fwd_attn, bwd_attn = (unfused, unfused) if model.is_mla else half(False)
+    fwd_mlp, bwd_mlp = (unfused, unfused) if model.is_moe else half(True)
     return fwd_attn + fwd_mlp, bwd_attn + bwd_mlp

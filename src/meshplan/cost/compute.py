@@ -75,19 +75,29 @@ def gemm_efficiency(m, n, k, gpu: GPUSpec, cal: Calibration):
     return cal.gemm_efficiency * best * (k / (k + cal.gemm_k_half))
 
 
-def gemm_bounds(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2):
+def gemm_bounds(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
     """The two bounds of an (m × k)·(k × n) GEMM, seconds: compute 2·m·n·k / (F·η(m, n, k)) and
-    memory (m·k + k·n + m·n)·e / (W·η_hbm) (module docstring); scalars or numpy arrays."""
+    memory ((m·k + k·n)·e + m·n·e_out) / (W·η_hbm) (module docstring), e the operands' bytes per
+    element and e_out the output's (e unless given: an FP8 GEMM reads 1-byte operands and writes
+    a 16-bit output); scalars or numpy arrays."""
+    e_out = elem_bytes if out_bytes is None else out_bytes
     t_flop = 2.0 * (m * n * k) / (peak * gemm_efficiency(m, n, k, gpu, cal))
-    t_mem = (m * k + k * n + m * n) * elem_bytes / (gpu.hbm_bandwidth * cal.hbm_efficiency)
+    t_mem = ((m * k + k * n) * elem_bytes + m * n * e_out) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
     return t_flop, t_mem
 
 
-def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2):
+def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
     """Seconds for an (m × k)·(k × n) GEMM: the larger of :func:`gemm_bounds` plus t_kernel;
     scalars or numpy arrays."""
     _, maximum = _ceil_max(m, n, k)
-    return maximum(*gemm_bounds(m, n, k, gpu, cal, peak, elem_bytes)) + cal.kernel_overhead
+    return maximum(*gemm_bounds(m, n, k, gpu, cal, peak, elem_bytes, out_bytes)) + cal.kernel_overhead
+
+
+def gemm_operand_bytes(compute_dtype: str, act_bytes: int) -> int:
+    """Bytes per operand element a layer GEMM reads: 1 under FP8 (Transformer Engine's and
+    torchao's GEMMs take FP8 operands, cast beforehand by passes counted apart), else the
+    activations' ``act_bytes``; the output stays ``act_bytes``."""
+    return 1 if compute_dtype == "fp8" else act_bytes
 
 
 def flash_attention_efficiency(keys, eta_inf: float, l0: float):
@@ -158,10 +168,13 @@ class OpTimes:
         return self.bwd_gemm + self.bwd_attention + self.bwd_memory
 
 
-def _gemm_fwd_bwd(m: float, n: float, k: float, gpu: GPUSpec, cal: Calibration, peak: float, e: int) -> tuple[float, float, float]:
+def _gemm_fwd_bwd(m: float, n: float, k: float, gpu: GPUSpec, cal: Calibration, peak: float, e: int,
+                  out_bytes: int | None = None) -> tuple[float, float, float]:
     """Forward (m,n,k); input gradient (m,k,n); weight gradient (k,n,m)."""
-    fwd = float(gemm_time(m, n, k, gpu, cal, peak, e))
-    return fwd, float(gemm_time(m, k, n, gpu, cal, peak, e)), float(gemm_time(k, n, m, gpu, cal, peak, e))
+    def t(a, b, c):
+        return float(gemm_time(a, b, c, gpu, cal, peak, e, out_bytes))
+
+    return t(m, n, k), t(m, k, n), t(k, n, m)
 
 
 #: Element-wise kernels a layer's forward launches in PyTorch eager (torchtitan's Llama block:
@@ -181,6 +194,83 @@ def dense_gemm_shapes(model: ModelSpec, tokens: float, tp: int) -> list[tuple[fl
         (tokens, (2 if model.gated_mlp else 1) * f // tp, h),  # MLP in (fused gate|up)
         (tokens, h, f // tp),  # MLP out
     ]
+
+
+#: The names :func:`projection_gemms` gives the MLP's GEMMs (fused and separate).
+MLP_GEMM_NAMES = frozenset({"mlp_in", "mlp_out", "gate", "up", "down", "fc1", "fc2"})
+#: The GEMMs of :func:`projection_gemms` that read the layer's normed input (n × h), not the
+#: output of another projection or of attention.
+INPUT_PROJECTIONS = frozenset({"qkv", "q", "k", "v", "q_a", "kv_a", "mlp_in", "gate", "up", "fc1"})
+
+
+def projection_gemms(model: ModelSpec, tokens: float, tp: int, kernels: str = "fused") -> list[tuple[str, tuple[float, float, float]]]:
+    """The forward GEMMs (m, n, k) of a layer's weights on one TP rank, n = ``tokens``, named and
+    in forward order, as the software stack launches them:
+
+    * ``fused`` (Megatron-Core, Transformer Engine): one QKV GEMM and one gate|up GEMM, the
+      four GEMMs of :func:`dense_gemm_shapes` (``qkv``, ``attn_out``, ``mlp_in``, ``mlp_out``);
+    * ``compiled`` and ``eager`` (torch; torchtitan's Llama writes wq, wk, wv, w1, w3 as separate
+      ``nn.Linear``): one GEMM per projection, ``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
+      ``down`` (or ``fc1``, ``fc2``). Inductor keeps them apart: each linear is its own extern
+      ``mm``, and the pre-grad pass that would concatenate linears sharing an input
+      (``batch_linear_lhs`` in ``torch/_inductor/fx_passes/group_batch_fusion.py``) takes only
+      2-D inputs (``is_linear_node_can_be_fused``; a block's are (b, s, h)) and groups of at least
+      ``MIN_FUSE_SET_SIZE = 5``, and is off by default (``pre_grad_fusion_options = {}``).
+      ``tests/test_torch_projections.py`` counts the ``mm`` calls of a torchtitan block on CPU, eager
+      and compiled.
+
+    MLA's attention projections (q or q_a, q_b; kv_a, kv_b; o) are separate GEMMs on every stack."""
+    shapes = matmuls_per_rank(model, tp)
+    separate = [(nm, (tokens, shapes[nm][1], shapes[nm][0])) for nm, _, _ in layer_matmuls(model)]
+    if kernels == "fused":
+        qkv, out, mlp_in, mlp_out = dense_gemm_shapes(model, tokens, tp)
+        attn = [("qkv", qkv), ("attn_out", out)]
+        mlp = [("mlp_in", mlp_in), ("mlp_out", mlp_out)]
+    else:
+        attn = [g for g in separate if g[0] not in MLP_GEMM_NAMES]
+        mlp = [g for g in separate if g[0] in MLP_GEMM_NAMES]
+    if model.is_mla:
+        attn = [g for g in separate if g[0] in MLA_NAMES]
+    return attn + mlp
+
+
+def input_gradient_sum_bytes(gemms: list[tuple[str, tuple[float, float, float]]], hidden: int, e: int,
+                             kernels: str = "fused", tp: int = 1) -> float:
+    """HBM bytes of summing the input gradients of projections that read the same input, one
+    micro-batch, for ``gemms`` of :func:`projection_gemms` on one rank of ``tp``.
+
+    The j GEMMs of the attention (or of the MLP) that read the layer's n × h normed input each
+    write an n × h input gradient, which autograd sums (j = 1 for a fused QKV or gate|up GEMM,
+    whose one input gradient :func:`gemm_time` already writes):
+
+    * ``eager`` and ``fused`` (autograd's accumulation of the gradients of one tensor): j − 1
+      adds of read 2, write 1: 3·(j − 1)·n·h·e;
+    * ``compiled``, t = 1: Inductor does not write the sum; it fuses it into both reductions of
+      RMSNorm's backward (the input gradient over h, the weight gradient over the tokens), each of
+      which reads the j gradients where it would read one: 2·(j − 1)·n·h·e (in the generated
+      backward of a compiled torchtitan block the input gradients of wq, wk, wv enter exactly two
+      fused kernels, both reductions, and no add of their own: ``tests/test_torch_projections.py``);
+    * ``compiled``, t > 1: the sum is a partial sum the TP collective (reduce-scatter with
+      sequence parallelism, all-reduce without) takes as its input, a buffer Inductor must write:
+      one fused add, read j, write 1: (j + 1)·n·h·e."""
+    total = 0.0
+    for in_mlp in (False, True):
+        group = [m for name, (m, _, _) in gemms if name in INPUT_PROJECTIONS and (name in MLP_GEMM_NAMES) == in_mlp]
+        j = len(group)
+        if j > 1:
+            per = (j + 1 if tp > 1 else 2 * (j - 1)) if kernels == "compiled" else 3 * (j - 1)
+            total += per * group[0] * hidden * e
+    return total
+
+
+def input_gradient_sum_kernels(gemms: list[tuple[str, tuple[float, float, float]]], kernels: str = "fused", tp: int = 1) -> int:
+    """Kernels :func:`input_gradient_sum_bytes` launches: j − 1 adds per group eager (and on the
+    fused stack), one fused add per group compiled with TP, none compiled without."""
+    groups = [sum(1 for name, _ in gemms if name in INPUT_PROJECTIONS and (name in MLP_GEMM_NAMES) == in_mlp)
+              for in_mlp in (False, True)]
+    if kernels == "compiled":
+        return sum(1 for j in groups if j > 1) if tp > 1 else 0
+    return sum(max(j - 1, 0) for j in groups)
 
 
 def elementwise_bytes(e: int, kernels: str = "fused") -> dict[str, float]:
@@ -237,22 +327,20 @@ def layer_op_times(
     tokens = micro_batch * seq_len / cp
     a_r = model.n_heads // tp
     g_r = kv_heads_per_rank(model, tp)
-    gemms = dense_gemm_shapes(model, tokens, tp)
-    if model.is_mla:  # MLA's projections (down-projections replicated across TP)
-        shapes = matmuls_per_rank(model, tp)
-        gemms[:2] = [(tokens, shapes[nm][1], shapes[nm][0]) for nm, _, _ in layer_matmuls(model) if nm in MLA_NAMES]
+    named = [g for g in projection_gemms(model, tokens, tp, kernels) if not (moe and g[0] in MLP_GEMM_NAMES)]
+    gemms = [shape for _, shape in named]
     grouped: list[tuple[float, float, float, float]] = []
     if moe:
-        gemms[-2:] = []
         grouped = moe_mlp_gemms(model, tokens, tp, ep)
     fg = bi = bw = 0.0
+    ge = gemm_operand_bytes(compute_dtype, e)
     for m_, n_, k_ in gemms:
-        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, e)
+        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, ge, e)
         fg += a
         bi += b
         bw += w
     for m_, n_, k_, count in grouped:  # one grouped-GEMM launch for the local experts
-        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, e)
+        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, ge, e)
         o = cal.kernel_overhead
         fg += (a - o) * count + o
         bi += (b - o) * count + o
@@ -305,6 +393,9 @@ def layer_op_times(
     n_mem_kernels = 7 if kernels != "eager" else EAGER_LAYER_KERNELS
     fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead
     bm = 2 * fm
+    grad_sum = input_gradient_sum_bytes(named, h, e, kernels, tp)
+    if grad_sum:  # separate projections' input gradients summed (compiled, t = 1: inside the norm's backward)
+        bm += memory_time(grad_sum, gpu, cal) + (input_gradient_sum_kernels(named, kernels, tp) - 1) * cal.kernel_overhead
     if kernels != "fused" and g_r < a_r and not model.is_mla:  # torch's SDPA gets repeated K/V
         rep_kv = memory_time(repeat_kv_bytes(tokens, a_r, g_r, d, e), gpu, cal) + cal.kernel_overhead
         fm += rep_kv
@@ -313,14 +404,17 @@ def layer_op_times(
     # writes them) and the element-wise work, not the attention kernel
     shapes = matmuls_per_rank(model, tp)
     op_rec = fm + sum(
-        float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal, peak, e)) for nm, _, _ in op_sac_recomputed(model)
+        float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal, peak, ge, e)) for nm, _, _ in op_sac_recomputed(model)
     )
     if compute_dtype == "fp8" and kernels == "fused":
         cast_f, cast_b = fp8_cast_bytes(gemms, e)
         fm += memory_time(cast_f, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
         bm += memory_time(cast_b, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
     elif compute_dtype == "fp8":  # torchao's Float8Linear (meshplan.cost.float8)
-        f8 = torchao_float8_passes(gemms, e)
+        # compiled, AOTAutograd's CSE casts a shared input once: the fused stack's shapes count it once
+        cast_gemms = gemms if kernels == "eager" else [
+            shape for nm, shape in projection_gemms(model, tokens, tp, "fused") if not (moe and nm in MLP_GEMM_NAMES)]
+        f8 = torchao_float8_passes(cast_gemms, e)
         fm += memory_time(f8.fwd_bytes, gpu, cal) + (f8.fwd_kernels - 1) * cal.kernel_overhead
         bm += memory_time(f8.bwd_bytes, gpu, cal) + (f8.bwd_kernels - 1) * cal.kernel_overhead
         op_rec += memory_time(f8.recompute_bytes, gpu, cal) + (f8.recompute_kernels - 1) * cal.kernel_overhead
@@ -497,7 +591,7 @@ def head_op_times(
     * compiled (:func:`meshplan.cost.activations.compiled_loss`): the forward's two reductions
       (max, then the sum of exponentials) each read the e-byte logits; the backward reads them
       once and writes the e-byte gradient: 2e bytes per logit each way."""
-    peak = gpu.peak(compute_dtype)
+    peak = gpu.peak("bf16" if compute_dtype == "fp8" else compute_dtype)  # the LM head stays 16-bit
     tokens = micro_batch * seq_len / cp
     v_r = padded_vocab(model, tp) // tp
     fg, bi, bw = _gemm_fwd_bwd(tokens, v_r, model.hidden, gpu, cal, peak, act_bytes)

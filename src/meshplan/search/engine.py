@@ -473,7 +473,7 @@ class Engine:
         cp_kv, cp_dkv = cp_exchange_collectives(m, tokens, t, e, self.base.kernels, c, pl.cp, cluster, cal)
         p2p_bytes = self._p2p_bytes(t, c, b, sp)
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
-        micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e)
+        micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e, self.base.kernels)
                  if self.base.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
         return (tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro)
 

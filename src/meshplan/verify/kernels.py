@@ -10,7 +10,10 @@ kind        what runs (torch, random normal data)             predicted by
 gemm        ``X·W`` of each layer GEMM (m, n, k), its input   ``gemm_time`` (η_max·q(m, n)·
             gradient ``dY·Wᵀ`` (m, k, n) and weight           k/(k + k½), HBM floor, t_kernel)
             gradient ``Xᵀ·dY`` (k, n, m); bf16 or fp16
-            ``torch.mm``, or FP8 ``torch._scaled_mm``
+            ``torch.mm``, or FP8 ``torch._scaled_mm``; the
+            GEMMs of the plan's ``kernels`` stack (fused
+            QKV and gate|up, or torch's separate q, k, v,
+            gate, up: ``projection_gemms``)
 attention   SDPA forward, causal, b·a/t heads of d over s     ``flash_attention_times``
             queries and keys; backward = (forward + backward)  (η(L) = η∞·L/(L + L₀))
             − forward
@@ -51,22 +54,21 @@ from typing import Any, Callable
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.compute import (
     causal_attention_flops,
-    dense_gemm_shapes,
     flash_attention_efficiency,
     flash_attention_times,
     gemm_bounds,
     gemm_efficiency,
+    gemm_operand_bytes,
     gemm_time,
     layer_op_times,
     memory_time,
+    projection_gemms,
 )
 from meshplan.cost.params import kv_heads_per_rank
 from meshplan.errors import InputError
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 
-#: The layer GEMMs of :func:`~meshplan.cost.compute.dense_gemm_shapes`, in its order.
-GEMM_NAMES = ("qkv", "attn_out", "mlp_in", "mlp_out")
 #: The three GEMMs of one linear layer: forward (m, n, k), input gradient (m, k, n), weight
 #: gradient (k, n, m), as (name, permutation of (m, n, k)).
 GEMM_DIRECTIONS = (("fwd", (0, 1, 2)), ("dgrad", (0, 2, 1)), ("wgrad", (2, 1, 0)))
@@ -185,20 +187,22 @@ def llama_shaped(model: ModelSpec) -> str:
 
 def kernel_cases(model: ModelSpec, gpu: GPUSpec, micro_batch: int, seq_len: int, tp: int = 1,
                  precision: str = "bf16", stacks: tuple[str, ...] = ("eager",),
-                 cal: Calibration | None = None) -> list[KernelCase]:
+                 cal: Calibration | None = None, kernels: str = "fused") -> list[KernelCase]:
     """The cases of one layer on one GPU of ``gpu`` for n = ``micro_batch``·``seq_len`` tokens on
-    one TP rank of ``tp`` (module docstring), each with meshplan's predicted seconds; a layer row
-    (forward, backward) per stack in ``stacks``."""
+    one TP rank of ``tp`` (module docstring), each with meshplan's predicted seconds: the GEMMs as
+    the ``kernels`` stack launches them (:func:`~meshplan.cost.compute.projection_gemms`: fused QKV
+    and gate|up, or torch's separate projections), and a layer row (forward, backward) per stack in
+    ``stacks``."""
     cal = cal or calibration_for(gpu)
     e = DTYPES[precision][0]
     peak, peak16 = peaks(gpu, precision)
     n = micro_batch * seq_len
     cases: list[KernelCase] = []
-    for name, mnk in zip(GEMM_NAMES, dense_gemm_shapes(model, n, tp)):
+    for name, mnk in projection_gemms(model, n, tp, kernels):
         for direction, order in GEMM_DIRECTIONS:
             m, nn, k = (mnk[i] for i in order)
             cases.append(KernelCase(f"gemm {name} {direction}", "gemm", (m, nn, k), 2.0 * m * nn * k,
-                                    float(gemm_time(m, nn, k, gpu, cal, peak, e))))
+                                    float(gemm_time(m, nn, k, gpu, cal, peak, gemm_operand_bytes(precision, e), e))))
     heads, d = micro_batch * (model.n_heads // tp), model.head_dim
     fwd, bwd = flash_attention_times(heads, d, seq_len, seq_len, seq_len, peak16, cal)
     flops = causal_attention_flops(heads, d, seq_len, seq_len)
@@ -221,7 +225,8 @@ def implied_constant(case: KernelCase, measured: float, gpu: GPUSpec, cal: Calib
     peak, peak16 = peaks(gpu, precision)
     if case.kind == "gemm":
         m, n, k = case.shape
-        t_flop, t_mem = gemm_bounds(m, n, k, gpu, cal, peak, DTYPES[precision][0])
+        e = DTYPES[precision][0]
+        t_flop, t_mem = gemm_bounds(m, n, k, gpu, cal, peak, gemm_operand_bytes(precision, e), e)
         shape_factor = gemm_efficiency(m, n, k, gpu, cal) / cal.gemm_efficiency
         value = case.work / (peak * shape_factor * busy) if busy > 0 and t_flop >= t_mem else None
         return "gemm_efficiency", value, cal.gemm_efficiency
