@@ -23,6 +23,7 @@ from meshplan.cost.compute import (
     layer_op_times,
     memory_time,
     projection_gemms,
+    softmax_bytes,
 )
 from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times
 from meshplan.errors import InputError
@@ -110,6 +111,23 @@ def test_stacks_differ_in_memory_bound_time_and_in_the_projections_gemms():
     assert eager.fwd_memory - compiled.fwd_memory == pytest.approx(expected)
     assert eager.bwd_memory == pytest.approx(
         2 * eager.fwd_memory - rep + sum_eager / (gpu.hbm_bandwidth * HOPPER.hbm_efficiency) + 3 * HOPPER.kernel_overhead, rel=1e-12)
+
+
+def test_materialized_softmax_is_one_fused_kernel_each_way():
+    """Megatron's fused scale + causal mask + softmax reads the scores and writes the probabilities
+    (2e), its backward reads the gradient and the probabilities and writes the input gradient (3e);
+    eager runs scale, masked_fill and softmax apart (6e; backward 3e + 2e + 2e)."""
+    assert softmax_bytes(2, "fused") == softmax_bytes(2, "compiled") == (4, 6)
+    assert softmax_bytes(2, "eager") == (12, 14)
+    gpu = load_gpu("a100-sxm-80gb")
+    cal = calibration_for(gpu)
+    model = load_model("gpt3-175b")
+    args = (model, 1, 2048, 8, 1, True, "materialized", "causal", gpu, cal, "bf16", 2)
+    fused, eager = layer_op_times(*args, "fused"), layer_op_times(*args, "eager")
+    scores = 1 * (96 // 8) * 2048 * 2048  # b·a/t·s² on one TP rank
+    w = gpu.hbm_bandwidth * cal.hbm_efficiency
+    assert eager.fwd_attention - fused.fwd_attention == pytest.approx(scores * (12 - 4) / w, rel=1e-9)
+    assert eager.bwd_attention - fused.bwd_attention == pytest.approx(scores * (14 - 6) / w, rel=1e-9)
 
 
 def test_loss_buffers_per_stack():

@@ -215,7 +215,8 @@ def projection_gemms(model: ModelSpec, tokens: float, tp: int, kernels: str = "f
       ``mm``, and the pre-grad pass that would concatenate linears sharing an input
       (``batch_linear_lhs`` in ``torch/_inductor/fx_passes/group_batch_fusion.py``) takes only
       2-D inputs (``is_linear_node_can_be_fused``; a block's are (b, s, h)) and groups of at least
-      ``MIN_FUSE_SET_SIZE = 5``, and is off by default (``pre_grad_fusion_options = {}``).
+      ``MIN_FUSE_SET_SIZE = 5``, in the builds that enabled it by default as in the later ones
+      that do not (``pre_grad_fusion_options = {}``).
       ``tests/test_torch_projections.py`` counts the ``mm`` calls of a torchtitan block on CPU, eager
       and compiled.
 
@@ -271,6 +272,24 @@ def input_gradient_sum_kernels(gemms: list[tuple[str, tuple[float, float, float]
     if kernels == "compiled":
         return sum(1 for j in groups if j > 1) if tp > 1 else 0
     return sum(max(j - 1, 0) for j in groups)
+
+
+def softmax_bytes(e: int, kernels: str = "fused") -> tuple[float, float]:
+    """HBM bytes per attention score of materialized attention's scale, causal mask and softmax,
+    forward and backward, for ``e``-byte scores:
+
+    * ``fused`` (Megatron's ``FusedScaleMaskSoftmax``, ``scaled_upper_triang_masked_softmax``,
+      used up to its kernels' key length with fp16/bf16 scores, as in every published run that
+      materializes attention) and ``compiled`` (Inductor fuses the chain into one reduction): one
+      kernel reads the scores and writes the probabilities, 2e; its backward reads the output
+      gradient and the probabilities and writes the input gradient, 3e;
+    * ``eager``: three kernels, scale (2e), ``masked_fill`` (2e) and softmax (2e), 6e; backward,
+      softmax's (3e), then the mask's and the scale's (2e each), 7e.
+
+    Dropout of the probabilities is counted apart (read e, write e and a 1-byte mask)."""
+    if kernels == "eager":
+        return 6 * e, 7 * e
+    return 2 * e, 3 * e
 
 
 def elementwise_bytes(e: int, kernels: str = "fused") -> dict[str, float]:
@@ -371,9 +390,10 @@ def layer_op_times(
         per_av = (float(gemm_time(q_len, d, kv_len, gpu, cal, peak16, e)) - o) * batch + o
         scores = micro_batch * a_r * q_len * kv_len
         drop = scores * (1 + 2 * e) if model.dropout else 0.0
-        softmax = memory_time(scores * 3 * e + drop, gpu, cal)  # scale + mask + softmax
+        sm_f, sm_b = softmax_bytes(e, kernels)
+        softmax = memory_time(scores * sm_f + drop, gpu, cal)
         fa = per + per_av + softmax
-        ba = 2 * (per + per_av) + 2 * softmax
+        ba = 2 * (per + per_av) + memory_time(scores * sm_b + drop, gpu, cal)
     # memory-bound elementwise work, bytes read + written per forward
     rep = tp if sequence_parallel else 1
     nh = tokens * h / rep  # elements of one hidden-state tensor
