@@ -23,6 +23,7 @@ from meshplan.cost.compute import (
     layer_op_times,
     memory_time,
     projection_gemms,
+    rope_bytes,
     softmax_bytes,
 )
 from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times
@@ -59,9 +60,26 @@ def test_power_cap_outside_zero_to_tdp_is_refused(watts):
 
 
 def test_elementwise_bytes_per_stack():
-    assert elementwise_bytes(2, "fused") == elementwise_bytes(2, "compiled") == {"norm": 4, "rope": 4, "swiglu": 6}
+    assert elementwise_bytes(2, "fused") == elementwise_bytes(2, "compiled") == {"norm": 4, "swiglu": 6}
     # eager RMSNorm: cast 2+4, square 4+4, mean 4, scale 4+4, cast 4+2, weight 2+2
-    assert elementwise_bytes(2, "eager") == {"norm": 36, "rope": 20, "swiglu": 10}
+    assert elementwise_bytes(2, "eager") == {"norm": 36, "swiglu": 10}
+    # RoPE: the fused kernel reads and writes once each way; torch's, compiled or eager, casts to
+    # fp32 (2+4), multiplies the complex pairs (4+4) and casts back (4+2), each way
+    assert rope_bytes(2, "fused") == (4, 4)
+    assert rope_bytes(2, "compiled") == rope_bytes(2, "eager") == (20, 20)
+
+
+def test_rope_only_for_rotary_models():
+    """A model with learned positions runs no RoPE: its layer moves the RoPE bytes less."""
+    gpu = load_gpu("h100-sxm-80gb")
+    rotary = load_model("llama3-8b")
+    learned = rotary.model_copy(update={"position": "learned", "max_position": 8192})
+    args = (2, 8192, 1, 1, False, "flash", "causal", gpu, HOPPER, "bf16", 2, "fused")
+    a, b = layer_op_times(rotary, *args), layer_op_times(learned, *args)
+    elems = 2 * 8192 * (32 + 8) * 128
+    w = gpu.hbm_bandwidth * HOPPER.hbm_efficiency
+    assert a.fwd_memory - b.fwd_memory == pytest.approx(4 * elems / w, rel=1e-12)
+    assert a.bwd_memory - b.bwd_memory == pytest.approx(4 * elems / w, rel=1e-12)
 
 
 LLAMA8B = load_model("llama3-8b")
@@ -90,8 +108,13 @@ def test_stacks_differ_in_memory_bound_time_and_in_the_projections_gemms():
     assert input_gradient_sum_bytes(projection_gemms(LLAMA8B, n, 1, "compiled"), h, 2, "compiled") == sum_compiled
     assert input_gradient_sum_bytes(projection_gemms(LLAMA8B, n, 1, "eager"), h, 2, "eager") == sum_eager
     assert input_gradient_sum_bytes(projection_gemms(LLAMA8B, n, 1, "fused"), h, 2, "fused") == 0
-    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rep, rel=1e-12)
-    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep + sum_compiled / (gpu.hbm_bandwidth * HOPPER.hbm_efficiency), rel=1e-12)
+    w = gpu.hbm_bandwidth * HOPPER.hbm_efficiency
+    # torch's RoPE (rope_bytes): 16 bytes more an element each way than the fused kernel's, whose
+    # backward moves 2e, and three more kernels a forward
+    rope = 16 * n * ad / w
+    o = HOPPER.kernel_overhead
+    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rep + rope + 3 * o, rel=1e-12)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep + sum_compiled / w + rope + 6 * o, rel=1e-12)
     assert (eager.fwd_attention, eager.bwd_attention) == (compiled.fwd_attention, compiled.bwd_attention) == (
         fused.fwd_attention, fused.bwd_attention)
     # the GEMMs: Megatron's fused QKV and gate|up, torch's seven projections, both stacks alike
@@ -104,13 +127,13 @@ def test_stacks_differ_in_memory_bound_time_and_in_the_projections_gemms():
     separate = [(n, h, h), (n, 1024, h), (n, 1024, h), (n, h, h), (n, f, h), (n, f, h), (n, h, f)]
     assert eager.fwd_gemm == compiled.fwd_gemm == pytest.approx(fwd_sum(separate), rel=1e-12)
     assert eager.bwd_gemm == compiled.bwd_gemm > fused.bwd_gemm
-    # extra bytes: 2 norms x (36 - 4) x n·h + RoPE (20 - 4) x n·(a + g)·d + SwiGLU (10 - 6) x n·f
-    extra = 2 * 32 * n * h + 16 * n * ad + 4 * n * f
-    kernels = (24 - 7) * HOPPER.kernel_overhead
-    expected = memory_time(extra, gpu, HOPPER) - HOPPER.kernel_overhead + kernels
+    # extra bytes: 2 norms x (36 - 4) x n·h + SwiGLU (10 - 6) x n·f (RoPE alike: 20 each way)
+    extra = 2 * 32 * n * h + 4 * n * f
+    expected = extra / w + (24 - 10) * o
     assert eager.fwd_memory - compiled.fwd_memory == pytest.approx(expected)
+    # the backward: twice the forward's element-wise bytes, but RoPE's once, plus the sums
     assert eager.bwd_memory == pytest.approx(
-        2 * eager.fwd_memory - rep + sum_eager / (gpu.hbm_bandwidth * HOPPER.hbm_efficiency) + 3 * HOPPER.kernel_overhead, rel=1e-12)
+        2 * eager.fwd_memory - rep + sum_eager / w + 3 * o - 20 * n * ad / w, rel=1e-12)
 
 
 def test_materialized_softmax_is_one_fused_kernel_each_way():
@@ -170,11 +193,11 @@ def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     # layer and the embedding copied out forward and backward, the head unit forward, each copied
     # in once; one micro-batch per step) and torch's foreach AdamW with clip_grad_norm_ (92 bytes
     # a parameter against the fused step's 30)
+    # per layer: the layer model's difference between the stacks (forward, backward, op-level
+    # recompute; test_stacks_differ_in_memory_bound_time_and_in_the_projections_gemms)
     (fused_ops, _), (compiled_ops, _) = _ops("fused"), _ops("compiled")
-    projections = (compiled_ops.fwd_gemm - fused_ops.fwd_gemm) + (compiled_ops.bwd_gemm - fused_ops.bwd_gemm)
-    grad_sums = 2 * 3 * n * h * 2 / (cluster.gpu.hbm_bandwidth * HOPPER.hbm_efficiency)  # inside the norms' backward
-    rep = _repeat_kv(cluster.gpu)
-    per_layer = 3 * rep + projections + grad_sums
+    per_layer = sum(getattr(compiled_ops, k) - getattr(fused_ops, k) for k in ("fwd", "bwd", "fwd_op_recompute"))
+    assert per_layer > 3 * _repeat_kv(cluster.gpu)
     co, ci, e_co, e_ci, h_co, h_ci = fsdp2_unit_copy_times(model, 1, 1, plans["compiled"].precision, cluster.gpu, calibration_for(cluster.gpu))
     copies = 32 * (2 * co + ci) + 2 * e_co + e_ci + h_co + h_ci
     optimizer = est["fused"].time.optimizer_s * (92 / 30 - 1)

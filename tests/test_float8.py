@@ -46,6 +46,17 @@ def _ops(kernels: str, dtype: str = "fp8"):
     return layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", H100, CAL, dtype, 2, kernels)
 
 
+def _rope_extra(elems: float = TOKENS * 40 * 128) -> tuple[float, float]:
+    """What torch's RoPE adds over the fused kernel's (compute.rope_bytes), forward and backward,
+    for ``elems`` rotated elements of q and k (Llama 3 8B: 16,384 tokens × 40 heads of 128): a
+    cast, the complex multiply and the cast back, 2e + 16 bytes each way against 2e forward (whose
+    backward meshplan takes at 2e, not twice); 16 bytes more both ways, and three kernels more a
+    forward (two casts and two complex multiplies where the fused stack counts one kernel)."""
+    more = 16 * elems / (H100.hbm_bandwidth * CAL.hbm_efficiency)
+    k = CAL.kernel_overhead
+    return more + 3 * k, more + 6 * k
+
+
 def _grad_sum_time() -> float:
     """The compiled stack's sum of the separate projections' input gradients at TP 1
     (compute.input_gradient_sum_bytes): 2·(2 + 1)·n·h·e bytes read inside the norms' backward
@@ -67,11 +78,12 @@ def test_compiled_stack_charges_torchaos_passes_and_fused_keeps_its_own():
     exp_f = memory_time(ao.fwd_bytes, H100, CAL) + (ao.fwd_kernels - 1) * k - te(te_f)
     exp_b = memory_time(ao.bwd_bytes, H100, CAL) + (ao.bwd_kernels - 1) * k - te(te_b)
     rep = _repeat_kv_time()  # torch's GQA K/V copy, also on the compiled stack only
-    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(exp_f + rep, rel=1e-12)
-    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(exp_b + rep + _grad_sum_time(), rel=1e-12)
+    rope_f, rope_b = _rope_extra()  # torch's RoPE, on the compiled stack too
+    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(exp_f + rep + rope_f, rel=1e-12)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(exp_b + rep + _grad_sum_time() + rope_b, rel=1e-12)
     # op-level checkpointing re-casts every input and weight on the torchao stack only
     rec = memory_time(ao.recompute_bytes, H100, CAL) + (ao.recompute_kernels - 1) * k
-    assert compiled.fwd_op_recompute - fused.fwd_op_recompute == pytest.approx(rec + rep, rel=1e-12)
+    assert compiled.fwd_op_recompute - fused.fwd_op_recompute == pytest.approx(rec + rep + rope_f, rel=1e-12)
     # 2.0 GB moved again per layer: about 0.75 ms at 80 % of 3.35 TB/s
     assert ao.recompute_bytes == 3 * sum(m * k_ + k_ * n for m, n, k_ in gemms) == 1_962_934_272
     assert 0.00073 < rec < 0.00077
@@ -110,15 +122,17 @@ def test_repeat_kv_of_llama3_8b_by_hand():
     assert repeat_kv_bytes(TOKENS, 32, 8, 128, 2) == 2 * 16384 * 128 * 40 * 2 == 335_544_320
 
 
-def test_bf16_differs_between_stacks_by_the_repeat_kv_copy_and_the_separate_projections():
-    """Without FP8 the compiled and fused stacks share their fused element-wise chains; torch's
-    SDPA adds the GQA K/V copy forward and backward (and in op-level recompute), and torch's
-    separate q, k, v and gate, up GEMMs their own times and the sum of their input gradients."""
+def test_bf16_differs_between_stacks_by_torchs_rope_the_repeat_kv_copy_and_the_separate_projections():
+    """Without FP8 the compiled and fused stacks share their fused norms and SwiGLU; torch's
+    RoPE runs its complex multiply outside Inductor's kernels, torch's SDPA adds the GQA K/V copy
+    forward and backward (and in op-level recompute), and torch's separate q, k, v and gate, up
+    GEMMs their own times and the sum of their input gradients."""
     compiled, fused = _ops("compiled", "bf16"), _ops("fused", "bf16")
     rep = _repeat_kv_time()
-    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rep, rel=1e-12)
-    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep + _grad_sum_time(), rel=1e-12)
-    assert compiled.fwd_op_recompute - fused.fwd_op_recompute == pytest.approx(rep, rel=1e-12)
+    rope_f, rope_b = _rope_extra()
+    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rep + rope_f, rel=1e-12)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(rep + rope_b + _grad_sum_time(), rel=1e-12)
+    assert compiled.fwd_op_recompute - fused.fwd_op_recompute == pytest.approx(rep + rope_f, rel=1e-12)
     assert (compiled.fwd_attention, compiled.bwd_attention) == (fused.fwd_attention, fused.bwd_attention)
     assert compiled.fwd_gemm > fused.fwd_gemm and compiled.bwd_gemm > fused.bwd_gemm
 
@@ -127,8 +141,11 @@ def test_no_copy_without_grouped_query_attention():
     mha = load_model("llama2-7b")  # 32 heads, 32 K/V heads
     args = (mha, 1, 4096, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2)
     compiled, fused = layer_op_times(*args, "compiled"), layer_op_times(*args, "fused")
-    assert (compiled.fwd_memory, compiled.fwd_op_recompute) == (fused.fwd_memory, fused.fwd_op_recompute)
-    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(2 * 3 * 4096 * 4096 * 2 / (H100.hbm_bandwidth * CAL.hbm_efficiency), rel=1e-12)
+    rope_f, rope_b = _rope_extra(4096 * 64 * 128)  # 4,096 tokens, 32 + 32 heads of 128
+    assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(rope_f, rel=1e-12)
+    assert compiled.fwd_op_recompute - fused.fwd_op_recompute == pytest.approx(rope_f, rel=1e-12)
+    grad_sum = 2 * 3 * 4096 * 4096 * 2 / (H100.hbm_bandwidth * CAL.hbm_efficiency)
+    assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(grad_sum + rope_b, rel=1e-12)
 
 
 def test_the_lm_head_stays_16_bit_under_fp8():

@@ -116,3 +116,25 @@ def test_with_tensor_parallelism_the_compiled_sum_is_the_collectives_input():
         gemms = projection_gemms(model, n, tp, kernels)
         assert input_gradient_sum_bytes(gemms, 8192, 2, kernels, tp) == passes * nh2
         assert input_gradient_sum_kernels(gemms, kernels, tp) == launches
+
+
+def test_compiled_rope_falls_back_to_atens_complex_multiply():
+    """Inductor generates no code for complex tensors: in a compiled bf16 torchtitan block the
+    rotation of q and of k is aten's complex ``mul`` between cast kernels, forward and backward
+    (compute.rope_bytes: 2e + 16 bytes an element each way, as eager)."""
+    from torch._inductor.utils import run_and_get_code
+
+    block, fc = _block()
+    block = block.to(torch.bfloat16)
+    fn = torch.compile(block, fullgraph=True)
+    x = torch.randn(B, S, H, requires_grad=True, dtype=torch.bfloat16)
+
+    def step():
+        fn(x, fc).sum().backward()
+
+    _, codes = run_and_get_code(step)
+    forward = next(c for c in codes if "tangents_1" not in c)
+    backward = next(c for c in codes if "tangents_1" in c)
+    for code in (forward, backward):
+        assert len(re.findall(r"= torch\.ops\.aten\.mul\.Tensor\(", code)) == 2  # q and k
+        assert "torch.ops.aten.view_as_complex.default" in code

@@ -274,6 +274,34 @@ def input_gradient_sum_kernels(gemms: list[tuple[str, tuple[float, float, float]
     return sum(max(j - 1, 0) for j in groups)
 
 
+#: Kernels RoPE adds to a compiled layer's forward beyond the one counted: Inductor generates no
+#: code for complex tensors and falls back to aten's complex multiply, so q and k each take a
+#: cast kernel and a complex multiply (the casts back fuse with their consumers).
+COMPILED_ROPE_EXTRA_KERNELS = 3
+
+
+def rope_bytes(e: int, kernels: str = "fused") -> tuple[float, float]:
+    """HBM bytes per rotated element of q and k of RoPE, forward and backward, ``e``-byte
+    activations:
+
+    * ``fused`` (Transformer Engine's and Apex's fused RoPE kernels): read e, write e, each way:
+      2e and 2e;
+    * ``compiled`` and ``eager`` (torchtitan's ``apply_rotary_emb``: ``x.float()`` viewed as
+      complex, times ``freqs_cis``, ``view_as_real``, ``type_as(x)``): a cast to fp32 (e + 4),
+      the complex multiply (an fp32 pair read and written per two elements: 4 + 4), the cast back
+      (4 + e): 2e + 16; the backward runs the same chain with the conjugate, 2e + 16. Compiled
+      alike: Inductor does not generate code for complex operators ("Torchinductor does not
+      support code generation for complex operators") and falls back to aten's complex multiply
+      between two cast kernels, forward and backward (``tests/test_torch_projections.py`` reads
+      the generated code of a bf16 block).
+
+    The backward of RoPE is the same rotation and moves what the forward does, where meshplan
+    takes twice the forward's bytes for the other element-wise ops."""
+    if kernels == "fused":
+        return 2 * e, 2 * e
+    return 2 * e + 16, 2 * e + 16
+
+
 def softmax_bytes(e: int, kernels: str = "fused") -> tuple[float, float]:
     """HBM bytes per attention score of materialized attention's scale, causal mask and softmax,
     forward and backward, for ``e``-byte scores:
@@ -297,20 +325,19 @@ def elementwise_bytes(e: int, kernels: str = "fused") -> dict[str, float]:
     ``e``-byte activations, by software stack (``kernels``):
 
     * fused (Megatron-Core/TE/Apex fused kernels) and compiled (torch.compile/Inductor fuses the
-      same chains): norm ``2e`` (read, write), RoPE ``2e``, SwiGLU ``3e`` (read gate and up,
-      write the product);
+      same chains): norm ``2e`` (read, write), SwiGLU ``3e`` (read gate and up, write the
+      product);
     * eager (one kernel per op, as written in torchtitan's model): RMSNorm upcasts to fp32 —
       cast (e + 4), square (4 + 4), mean (4), scale by 1/rms (4 + 4), cast back (4 + e), times
-      the weight (e + e) = ``4e + 28``; RoPE as a complex product in fp32 — cast (e + 4),
-      complex multiply (an fp32 pair read and written per two elements: 4 + 4), cast back
-      (4 + e) = ``2e + 16``; SwiGLU as SiLU (2e) then the product (3e) = ``5e``.
+      the weight (e + e) = ``4e + 28``; SwiGLU as SiLU (2e) then the product (3e) = ``5e``.
 
-    Each op's bytes are its tensors' sizes (PyTorch's kernels read each input and write each
-    output once); the eager/fused ratio is the source of torch.compile's speed-up on
-    element-wise chains (Ansel et al. 2024, "PyTorch 2", ASPLOS, Sec. 6)."""
+    RoPE, which Inductor does not fuse, is :func:`rope_bytes`. Each op's bytes are its tensors'
+    sizes (PyTorch's kernels read each input and write each output once); the eager/fused ratio
+    is the source of torch.compile's speed-up on element-wise chains (Ansel et al. 2024,
+    "PyTorch 2", ASPLOS, Sec. 6)."""
     if kernels == "eager":
-        return {"norm": 4 * e + 28, "rope": 2 * e + 16, "swiglu": 5 * e}
-    return {"norm": 2 * e, "rope": 2 * e, "swiglu": 3 * e}
+        return {"norm": 4 * e + 28, "swiglu": 5 * e}
+    return {"norm": 2 * e, "swiglu": 3 * e}
 
 
 def layer_op_times(
@@ -399,7 +426,9 @@ def layer_op_times(
     nh = tokens * h / rep  # elements of one hidden-state tensor
     eb = elementwise_bytes(e, kernels)
     mem = model.norms_per_layer * nh * eb["norm"]  # two norms (Gemma 2/3: four)
-    mem += tokens * (a_r + g_r) * d * eb["rope"]  # RoPE on q and k
+    rope_elems = tokens * (a_r + g_r) * d if model.position == "rope" else 0.0  # q and k
+    rope_f, rope_b = rope_bytes(e, kernels)
+    mem += rope_elems * rope_f
     if moe:  # the experts' activations over the n·k routed copies and the shared expert's, plus
         # the permutation before and after the experts (read + write of each copy)
         width = tokens * model.experts_per_token * model.expert_ffn_hidden + tokens * model.shared_expert_ffn_hidden
@@ -410,9 +439,11 @@ def layer_op_times(
     mem += 2 * (3 * nh * e)  # two residual adds: read 2, write 1
     if model.dropout:
         mem += 2 * (2 * nh * e + nh)
-    n_mem_kernels = 7 if kernels != "eager" else EAGER_LAYER_KERNELS
+    n_mem_kernels = {"fused": 7, "compiled": 7 + COMPILED_ROPE_EXTRA_KERNELS}.get(kernels, EAGER_LAYER_KERNELS)
     fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead
-    bm = 2 * fm
+    # the backward of each element-wise op moves twice its forward's bytes, but RoPE's, the same
+    # rotation with the conjugate, moves its own (rope_bytes)
+    bm = 2 * fm + rope_elems * (rope_b - 2 * rope_f) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
     grad_sum = input_gradient_sum_bytes(named, h, e, kernels, tp)
     if grad_sum:  # separate projections' input gradients summed (compiled, t = 1: inside the norm's backward)
         bm += memory_time(grad_sum, gpu, cal) + (input_gradient_sum_kernels(named, kernels, tp) - 1) * cal.kernel_overhead
