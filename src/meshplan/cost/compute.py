@@ -235,6 +235,17 @@ def projection_gemms(model: ModelSpec, tokens: float, tp: int, kernels: str = "f
     return attn + mlp
 
 
+def _shared_input_groups(gemms: list[tuple[str, tuple[float, float, float]]]) -> list[tuple[int, float]]:
+    """(j, n) of the attention's and the MLP's GEMMs that read the layer's normed input: how many
+    (:data:`INPUT_PROJECTIONS`) and their token count m."""
+    out = []
+    for in_mlp in (False, True):
+        group = [m for name, (m, _, _) in gemms if name in INPUT_PROJECTIONS and (name in MLP_GEMM_NAMES) == in_mlp]
+        if group:
+            out.append((len(group), group[0]))
+    return out
+
+
 def input_gradient_sum_bytes(gemms: list[tuple[str, tuple[float, float, float]]], hidden: int, e: int,
                              kernels: str = "fused", tp: int = 1) -> float:
     """HBM bytes of summing the input gradients of projections that read the same input, one
@@ -255,23 +266,20 @@ def input_gradient_sum_bytes(gemms: list[tuple[str, tuple[float, float, float]]]
       sequence parallelism, all-reduce without) takes as its input, a buffer Inductor must write:
       one fused add, read j, write 1: (j + 1)·n·h·e."""
     total = 0.0
-    for in_mlp in (False, True):
-        group = [m for name, (m, _, _) in gemms if name in INPUT_PROJECTIONS and (name in MLP_GEMM_NAMES) == in_mlp]
-        j = len(group)
+    for j, n in _shared_input_groups(gemms):
         if j > 1:
             per = (j + 1 if tp > 1 else 2 * (j - 1)) if kernels == "compiled" else 3 * (j - 1)
-            total += per * group[0] * hidden * e
+            total += per * n * hidden * e
     return total
 
 
 def input_gradient_sum_kernels(gemms: list[tuple[str, tuple[float, float, float]]], kernels: str = "fused", tp: int = 1) -> int:
     """Kernels :func:`input_gradient_sum_bytes` launches: j − 1 adds per group eager (and on the
     fused stack), one fused add per group compiled with TP, none compiled without."""
-    groups = [sum(1 for name, _ in gemms if name in INPUT_PROJECTIONS and (name in MLP_GEMM_NAMES) == in_mlp)
-              for in_mlp in (False, True)]
+    groups = [j for j, _ in _shared_input_groups(gemms) if j > 1]
     if kernels == "compiled":
-        return sum(1 for j in groups if j > 1) if tp > 1 else 0
-    return sum(max(j - 1, 0) for j in groups)
+        return len(groups) if tp > 1 else 0
+    return sum(j - 1 for j in groups)
 
 
 #: Kernels RoPE adds to a compiled layer's forward beyond the one counted: Inductor generates no
@@ -439,7 +447,7 @@ def layer_op_times(
     mem += 2 * (3 * nh * e)  # two residual adds: read 2, write 1
     if model.dropout:
         mem += 2 * (2 * nh * e + nh)
-    n_mem_kernels = {"fused": 7, "compiled": 7 + COMPILED_ROPE_EXTRA_KERNELS}.get(kernels, EAGER_LAYER_KERNELS)
+    n_mem_kernels = {"fused": 7, "compiled": 7 + (COMPILED_ROPE_EXTRA_KERNELS if rope_elems else 0)}.get(kernels, EAGER_LAYER_KERNELS)
     fm = memory_time(mem, gpu, cal) + (n_mem_kernels - 1) * cal.kernel_overhead
     # the backward of each element-wise op moves twice its forward's bytes, but RoPE's, the same
     # rotation with the conjugate, moves its own (rope_bytes)
