@@ -138,3 +138,34 @@ def test_compiled_rope_falls_back_to_atens_complex_multiply():
     for code in (forward, backward):
         assert len(re.findall(r"= torch\.ops\.aten\.mul\.Tensor\(", code)) == 2  # q and k
         assert "torch.ops.aten.view_as_complex.default" in code
+
+
+@pytest.mark.parametrize(("name", "fused", "torch_names"), [
+    ("llama3-8b", ["qkv", "attn_out", "mlp_in", "mlp_out"], ["q", "k", "v", "o", "gate", "up", "down"]),
+    ("gpt3-175b", ["qkv", "attn_out", "mlp_in", "mlp_out"], ["q", "k", "v", "o", "fc1", "fc2"]),
+    ("deepseek-v3-671b", ["q_a", "q_b", "kv_a", "kv_b", "o", "mlp_in", "mlp_out"],
+     ["q_a", "q_b", "kv_a", "kv_b", "o", "gate", "up", "down"]),
+])
+def test_both_layouts_do_the_same_flops(name, fused, torch_names):
+    """Two derivations of one layer's projection FLOPs: Megatron's fused GEMMs and torch's separate
+    ones (MLA's projections separate on both) multiply the same weights, exactly; MLA's down
+    projections q_a and kv_a share the input, so their input gradients are summed on every stack."""
+    from meshplan.catalog import load_model
+    from meshplan.cost.compute import input_gradient_sum_bytes
+
+    model = load_model(name)
+    a, b = projection_gemms(model, 4096, 8, "fused"), projection_gemms(model, 4096, 8, "compiled")
+    assert [n for n, _ in a] == fused and [n for n, _ in b] == torch_names
+    flops = [sum(2 * m * n * k for _, (m, n, k) in g) for g in (a, b)]
+    assert flops[0] == flops[1]
+    assert flops[0] == 2 * 4096 * sum(i * o for _, i, o in _per_rank(model, 8))
+    shared = input_gradient_sum_bytes(a, model.hidden, 2, "fused", 8)
+    assert shared == (3 * 4096 * model.hidden * 2 if model.is_mla else 0)
+
+
+def _per_rank(model, tp):
+    """(name, input width, output width) of each layer matmul on one TP rank."""
+    from meshplan.cost.params import layer_matmuls, matmuls_per_rank
+
+    widths = matmuls_per_rank(model, tp)
+    return [(nm, *widths[nm]) for nm, _, _ in layer_matmuls(model)]
