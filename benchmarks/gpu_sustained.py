@@ -1,0 +1,150 @@
+"""Burst against sustained: a layer's and attention's time once the GPU has settled at its power cap.
+
+``meshplan verify kernels`` times each kernel in a burst (a median of 5 after 2 warm-ups), where
+the SM clock can still be above the one a training step settles at under the board's power cap.
+This script runs each workload back to back for ``--seconds`` and reports, per ~1 s window, the
+time of one call (CUDA events) with the board power and SM clock (NVML): the first window is the
+burst, the median of the last half the sustained figure.
+
+Workloads (random normal data, bf16, SDPA restricted to FlashAttention):
+
+* torchtitan's Llama 3 8B block (:mod:`meshplan.verify.llama_block`), ``torch.compile``'d and
+  eager, forward + backward at micro-batch 2 × 8192, and compiled at 1 × 32768;
+* FlashAttention alone, causal, forward + backward, 64 heads of 128 over 8192 (the 8B layer's
+  attention at micro-batch 2);
+* the 8B gate GEMM alone (16384 × 14336 × 4096), for the GEMM's own sustained rate.
+
+Run on the GPU machine with ``PYTHONPATH=src``: ``python3 benchmarks/gpu_sustained.py --out s.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_sweep import PowerSampler  # noqa: E402
+
+
+def sustain(fn, seconds: float) -> dict:
+    """``fn`` back to back for ``seconds``: seconds per call in ~1 s windows, power and clock."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    sampler = PowerSampler()
+    windows = []
+    start = time.perf_counter()
+    with sampler:
+        while time.perf_counter() - start < seconds:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            calls, w0 = 0, time.perf_counter()
+            while time.perf_counter() - w0 < 1.0:
+                fn()
+                calls += 1
+                if calls % 4 == 0:
+                    torch.cuda.synchronize()
+            e1.record()
+            torch.cuda.synchronize()
+            windows.append(e0.elapsed_time(e1) / 1e3 / calls)
+    late = [s for s in sampler.samples if s[0] > seconds / 2]
+    early = [s for s in sampler.samples if s[0] <= 1.0]
+    return {
+        "window_seconds_per_call": windows,
+        "burst_s": windows[0],
+        "sustained_s": statistics.median(windows[len(windows) // 2:]),
+        "power_w_first_s": statistics.median([s[1] for s in early]) if early else None,
+        "sm_mhz_first_s": statistics.median([s[2] for s in early]) if early else None,
+        "power_w_sustained": statistics.median([s[1] for s in late]) if late else None,
+        "sm_mhz_sustained": statistics.median([s[2] for s in late]) if late else None,
+    }
+
+
+def block_step(b: int, s: int, compiled: bool):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from meshplan.verify.llama_block import Block, precompute_freqs_cis
+
+    torch.manual_seed(0)
+    block = Block(4096, 32, 8, 14336, 128).to(device="cuda", dtype=torch.bfloat16)
+    freqs = precompute_freqs_cis(128, s).to("cuda")
+    fn = torch.compile(block, fullgraph=True) if compiled else block
+    x = torch.randn(b, s, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(x)
+    params = tuple(block.parameters())
+
+    def step():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            torch.autograd.grad(fn(x, freqs), (x, *params), g)
+    return step
+
+
+def attention_step(heads: int, s: int):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(1, heads, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn(1, heads, s, 128, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), g)
+    return step
+
+
+def gemm_step():
+    import torch
+
+    a = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(14336, 4096, device="cuda", dtype=torch.bfloat16)
+    return lambda: torch.mm(a, w.t())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_sustained: needs a CUDA GPU (none found)", file=sys.stderr)
+        return 2
+    cases = [("block compiled 2x8192", lambda: block_step(2, 8192, True)),
+             ("attention 64x8192 fwd+bwd", lambda: attention_step(64, 8192)),
+             ("gemm 16384x14336x4096", gemm_step),
+             ("block eager 2x8192", lambda: block_step(2, 8192, False)),
+             ("block compiled 1x32768", lambda: block_step(1, 32768, True))]
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d", time.gmtime()), "seconds": args.seconds, "cases": {}}
+    out = Path(args.out)
+    print(f"{'case':<28} {'burst ms':>9} {'sust. ms':>9} {'ratio':>6} {'W first':>8} {'W sust':>7} {'MHz first':>9} {'MHz sust':>8}")
+    for name, make in cases:
+        try:
+            r = sustain(make(), args.seconds)
+        except Exception as exc:  # noqa: BLE001 - keep the other cases
+            result["cases"][name] = {"error": str(exc).splitlines()[0][:200]}
+            print(f"{name:<28} error: {result['cases'][name]['error']}", flush=True)
+            continue
+        result["cases"][name] = r
+        out.write_text(json.dumps(result, indent=1))
+        print(f"{name:<28} {r['burst_s'] * 1e3:9.3f} {r['sustained_s'] * 1e3:9.3f} {r['sustained_s'] / r['burst_s']:6.3f} "
+              f"{r['power_w_first_s'] or 0:8.0f} {r['power_w_sustained'] or 0:7.0f} {r['sm_mhz_first_s'] or 0:9.0f} "
+              f"{r['sm_mhz_sustained'] or 0:8.0f}", flush=True)
+        torch.cuda.empty_cache()
+        time.sleep(3)  # let the clock recover, so that each case's first window is a burst
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
