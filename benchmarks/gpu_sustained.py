@@ -9,7 +9,9 @@ burst, the median of the last half the sustained figure.
 Workloads (random normal data, bf16, SDPA restricted to FlashAttention):
 
 * torchtitan's Llama 3 8B block (:mod:`meshplan.verify.llama_block`), ``torch.compile``'d and
-  eager, forward + backward at micro-batch 2 × 8192, and compiled at 1 × 32768;
+  eager, forward + backward at micro-batch 2 × 8192, and compiled at 1 × 32768; with ``--cases``,
+  also under torchtitan's op-level selective checkpointing (``block eager op-sac 2x8192``,
+  ``block compiled op-sac 2x8192``);
 * FlashAttention alone, causal, forward + backward, 64 heads of 128 over 8192 (the 8B layer's
   attention at micro-batch 2);
 * the 8B gate GEMM alone (16384 × 14336 × 4096), for the GEMM's own sustained rate.
@@ -68,16 +70,19 @@ def sustain(fn, seconds: float) -> dict:
     }
 
 
-def block_step(b: int, s: int, compiled: bool):
+def block_step(b: int, s: int, compiled: bool, sac: bool = False):
+    """One forward + backward of the 8B block; ``sac``: under torchtitan's op-level selective
+    activation checkpointing (:func:`meshplan.verify.llama_block.op_sac`)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from meshplan.verify.llama_block import Block, precompute_freqs_cis
+    from meshplan.verify.llama_block import Block, op_sac, precompute_freqs_cis
 
     torch.manual_seed(0)
     block = Block(4096, 32, 8, 14336, 128).to(device="cuda", dtype=torch.bfloat16)
     freqs = precompute_freqs_cis(128, s).to("cuda")
-    fn = torch.compile(block, fullgraph=True) if compiled else block
+    fn = op_sac(block) if sac else block
+    fn = torch.compile(fn, fullgraph=True) if compiled else fn
     x = torch.randn(b, s, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn_like(x)
     params = tuple(block.parameters())
@@ -114,6 +119,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all but the op-SAC ones)")
     args = ap.parse_args()
     import torch
 
@@ -124,7 +130,11 @@ def main() -> int:
              ("attention 64x8192 fwd+bwd", lambda: attention_step(64, 8192)),
              ("gemm 16384x14336x4096", gemm_step),
              ("block eager 2x8192", lambda: block_step(2, 8192, False)),
-             ("block compiled 1x32768", lambda: block_step(1, 32768, True))]
+             ("block compiled 1x32768", lambda: block_step(1, 32768, True)),
+             ("block eager op-sac 2x8192", lambda: block_step(2, 8192, False, True)),
+             ("block compiled op-sac 2x8192", lambda: block_step(2, 8192, True, True))]
+    chosen = [c for c in args.cases.split(",") if c]
+    cases = [c for c in cases if c[0] in chosen] if chosen else [c for c in cases if "op-sac" not in c[0]]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "seconds": args.seconds, "cases": {}}
     out = Path(args.out)
@@ -133,7 +143,8 @@ def main() -> int:
         try:
             r = sustain(make(), args.seconds)
         except Exception as exc:  # noqa: BLE001 - keep the other cases
-            result["cases"][name] = {"error": str(exc).splitlines()[0][:200]}
+            result["cases"][name] = {"error": " ".join(str(exc).split())[:400]}
+            out.write_text(json.dumps(result, indent=1))
             print(f"{name:<28} error: {result['cases'][name]['error']}", flush=True)
             continue
         result["cases"][name] = r

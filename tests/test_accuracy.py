@@ -13,6 +13,7 @@ from meshplan.accuracy import map_run, map_runs, predict, published_run, publish
 from meshplan.accuracy.meta import h100_96gb
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost import calibration
+from meshplan.cost.calibration import power_cap_clock_ratio
 from meshplan.cost.params import count_params
 from meshplan.estimate import estimate
 from meshplan.units import GiB
@@ -103,7 +104,7 @@ def test_plan_settings_follow_the_sources(runs):
 def test_h100_96gb_variant_is_the_power_capped_hbm2e_part():
     base, v = load_gpu("h100-sxm-80gb"), h100_96gb()
     assert (v.hbm_bytes, v.hbm_bandwidth, v.tdp_watts) == (96 * GiB, 2.4e12, 500.0)
-    assert v.peak("bf16") == base.peak("bf16") * (500 / 700) ** (1 / 3)  # 884.2 TFLOP/s
+    assert v.peak("bf16") == base.peak("bf16") * power_cap_clock_ratio(500, 700)  # 857.7 TFLOP/s
     assert (v.generation, v.nic_bandwidth, v.sm_count) == (base.generation, base.nic_bandwidth, base.sm_count)
 
 

@@ -85,37 +85,16 @@ def op_sac_kept_bytes(compiled: bool) -> int:
     ``_apply_ac_to_transformer_block``: save the outputs of mm — every other one — SDPA, reduce-
     scatter and max, recompute the rest) still holds after its forward, its input and output
     aside: the allocations of the forward not freed by its end (torch's profiler)."""
-    from collections import defaultdict
-    from functools import partial
-
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-
     from meshplan.verify.allocator import profiled_events
-    from meshplan.verify.llama_block import Block, precompute_freqs_cis
-
-    aten = torch.ops.aten
-    # the CPU flash kernel stands in for the CUDA ones torchtitan names
-    save = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default, aten.max.default}
-
-    def policy():
-        meta = defaultdict(int)
-
-        def decide(ctx, func, *args, **kwargs):
-            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-            if func == aten.mm.default:
-                meta[key] += 1
-            keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
-            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-        return decide
+    from meshplan.verify.llama_block import Block, op_sac, precompute_freqs_cis
 
     torch.manual_seed(0)
     block = Block(H, A, G, F).to(torch.bfloat16)
     freqs = precompute_freqs_cis(H // A, S)
+    sac = op_sac(block)
 
     def run(x):
-        return checkpoint(block, x, freqs, use_reentrant=False, preserve_rng_state=False,
-                          context_fn=partial(create_selective_checkpoint_contexts, policy()))
+        return sac(x, freqs)
 
     fn = torch.compile(run, fullgraph=True) if compiled else run
     x = torch.randn(B, S, H, dtype=torch.bfloat16, requires_grad=True)

@@ -93,7 +93,7 @@ def h100_96gb() -> GPUSpec:
     """Meta Grand Teton's H100 SXM: 96 GiB of HBM2e at 2.4 TB/s, power-limited to 500 W (Liang et
     al. 2024, torchtitan, arXiv 2410.06511, Sec. 4: "non-standard H100 ... 96 GB HBM2e ... TDP
     limited to 500 W; its peak lies between the SXM's and the NVL's"), the dense peaks scaled by
-    the power-cap law of :func:`meshplan.cost.calibration.power_capped` (x 0.894: 884 TFLOP/s
+    the power-cap law of :func:`meshplan.cost.calibration.power_capped` (x 0.867: 858 TFLOP/s
     BF16, between the NVL's 835 and the SXM's 989)."""
     return power_capped(
         load_gpu("h100-sxm-80gb"), GRAND_TETON_POWER_W, name="h100-sxm-96gb-500w",
@@ -245,8 +245,8 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
             "all-gathered once per layer forward and again backward (rotate method allgather, hidden behind the "
             "step-0 call only), fp32 dK/dV passed one ring step at a time, the last transfer exposed")
     assumptions += _torchtitan_common(r, recompute, fp8, compiled) + _fsdp_notes(pp) + [
-        "Grand Teton H100: 96 GiB HBM2e at 2.4 TB/s, 500 W power cap: dense peaks x (500/700)^(1/3) "
-        "= 0.894 (884 TFLOP/s BF16)",
+        "Grand Teton H100: 96 GiB HBM2e at 2.4 TB/s, 500 W power cap: dense peaks x "
+        "((500 - 126)/(700 - 126))^(1/3) = 0.867 (858 TFLOP/s BF16; 126 W the static power, measured idle on an H200)",
         "Grand Teton: 8 GPUs per NVSwitch node, 400 Gb/s RDMA per GPU",
         "published memory is torchtitan's peak (reserved) memory; meshplan's is its allocated peak "
         "plus a 2 GiB runtime reserve",

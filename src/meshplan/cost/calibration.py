@@ -23,8 +23,9 @@ scale_out_latency        per-step latency across the fabric (s)
 runtime_reserve          HBM taken by the CUDA/ROCm context, library workspaces and NCCL buffers
 =======================  ==========================================================================
 
-Beside the table, :data:`POWER_CAP_EXPONENT` and :func:`power_capped` derive a power-limited
-GPU's sustained peaks from its catalog entry (sustained clock ∝ P^(1/3)), and
+Beside the table, :func:`power_capped` derives a power-limited GPU's sustained peaks from its
+catalog entry (sustained clock ∝ (P − P_static)^(1/3): :data:`POWER_CAP_EXPONENT`,
+:data:`STATIC_POWER_FRACTION`), and
 :mod:`meshplan.cost.contention` holds the SMs an overlapped collective takes from compute (NCCL's
 and Transformer Engine's defaults over the catalog's SM count: library settings, not per
 generation).
@@ -158,24 +159,44 @@ CALIBRATIONS: dict[str, Calibration] = {
 }
 
 
-#: Exponent of the sustained tensor-core clock in the board power: f ∝ P^(1/3). Dynamic power is
-#: C·V²·f and, in the DVFS range where power-limited GEMMs run, the voltage rises about linearly
-#: with the clock, so P ∝ f³ (Mudge 2001, "Power: a first-class architectural design
-#: constraint", IEEE Computer 34(4), Eq. 1-2). Check against NVIDIA's own power-limited part:
-#: H100 NVL (132 SMs, 400 W) is rated 835 TFLOP/s dense BF16; 989.4 x (400/700)^(1/3) = 821 (-1.7%).
+#: Exponent of the sustained tensor-core clock in the board's dynamic power: f ∝ P_dyn^(1/3).
+#: Dynamic power is C·V²·f and, in the DVFS range where power-limited GEMMs run, the voltage rises
+#: about linearly with the clock, so P_dyn ∝ f³ (Mudge 2001, "Power: a first-class architectural
+#: design constraint", IEEE Computer 34(4), Eq. 1-2).
 POWER_CAP_EXPONENT = 1.0 / 3.0
+
+#: The share of the board power that does not scale with the SM clock (leakage, HBM, I/O), as a
+#: fraction of the TDP: an idle H200 SXM in P0 with a CUDA context draws 126.3 W of its 700 W
+#: (NVML and nvidia-smi, 46.6 W of it the HBM's; docs/gpu_measurements.md, 2026-11-28). The cube
+#: law applies to the rest only. Idle power is a lower bound of the static power under load
+#: (leakage rises with temperature), so the term errs on the small side.
+STATIC_POWER_FRACTION = 126.3 / 700.0
+
+
+def power_cap_clock_ratio(watts: float, tdp_watts: float) -> float:
+    """Sustained clock at a board power cap ``watts`` over the clock at the TDP:
+    ((P − P_s)/(TDP − P_s))^(1/3), P_s = :data:`STATIC_POWER_FRACTION`·TDP, the static power
+    that the clock does not move (:data:`POWER_CAP_EXPONENT`). Grand Teton's 500 W H100:
+    (373.7/573.7)^(1/3) = 0.867. NVIDIA rates its own 400 W H100 NVL at 835 TFLOP/s dense BF16,
+    0.844 of the SXM's 989.4; this law gives 0.781 (773 TFLOP/s, −7.4 %) and the law without the
+    static term 0.830 (−1.7 %). A rating is a clock chosen for the data sheet, not one sustained
+    under load: the 700 W part is rated at 1830 MHz and sustains 1455 MHz on a large GEMM
+    (docs/gpu_measurements.md)."""
+    static = STATIC_POWER_FRACTION * tdp_watts
+    return ((watts - static) / (tdp_watts - static)) ** POWER_CAP_EXPONENT
 
 
 def power_capped(gpu, watts: float, *, name: str | None = None, hbm_bandwidth: float | None = None, hbm_bytes: float | None = None):
     """``gpu`` run under a board power cap of ``watts`` (below its TDP): every dense peak scaled by
-    the sustained-clock ratio ``(watts / TDP)^(1/3)`` (:data:`POWER_CAP_EXPONENT`); HBM bandwidth
-    is on its own clock and unchanged unless given (a different memory part). Used for Meta's
-    Grand Teton H100 (500 W, 96 GB HBM2e) behind the torchtitan benchmarks."""
+    the sustained-clock ratio of :func:`power_cap_clock_ratio`; HBM bandwidth is on its own clock
+    and unchanged unless given (a different memory part). Used for Meta's Grand Teton H100
+    (500 W, 96 GB HBM2e) behind the torchtitan benchmarks."""
     from meshplan.errors import InputError
 
-    if not 0 < watts <= gpu.tdp_watts:
-        raise InputError("gpu.power_cap", f"must be in (0, {gpu.tdp_watts:g}] W, the TDP of {gpu.name} (got {watts!r})")
-    ratio = (watts / gpu.tdp_watts) ** POWER_CAP_EXPONENT
+    if not STATIC_POWER_FRACTION * gpu.tdp_watts < watts <= gpu.tdp_watts:
+        raise InputError("gpu.power_cap", f"must be in ({STATIC_POWER_FRACTION * gpu.tdp_watts:.0f}, {gpu.tdp_watts:g}] W: "
+                                          f"above the static power of {gpu.name} and up to its TDP (got {watts!r})")
+    ratio = power_cap_clock_ratio(watts, gpu.tdp_watts)
     peaks = {k: (v * ratio if v is not None else None) for k, v in gpu.peak_flops.model_dump().items()}
     update = {
         "name": name or f"{gpu.name}@{watts:g}W",

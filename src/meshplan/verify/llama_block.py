@@ -86,3 +86,42 @@ class Block(nn.Module):
         h = x + self.attention(self.attention_norm(x), fc)
         y = self.ffn_norm(h)
         return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+def op_sac_policy():
+    """torchtitan's op-level selective activation checkpointing policy (9dec370,
+    ``_apply_ac_to_transformer_block``, ``ac_mode = "selective"``, ``selective_ac_option = "op"``):
+    save the outputs of ``aten.mm`` — all but every second one, counted apart in the forward and
+    in the recomputation — of SDPA (the CUDA flash and memory-efficient kernels, and the CPU one
+    standing in for them) and of ``aten.max``; recompute the rest. A fresh policy per forward (its
+    mm counter restarts), as torchtitan's ``selective_checkpointing_context_fn`` makes one."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default, aten.max.default}
+    meta: dict[str, int] = defaultdict(int)
+
+    def decide(ctx, func, *args, **kwargs):
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func == aten.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return decide
+
+
+def op_sac(block: nn.Module):
+    """``block`` under :func:`op_sac_policy`: a callable ``(x, freqs_cis) -> output`` that runs it
+    through ``torch.utils.checkpoint`` (non-reentrant, no RNG state kept, as torchtitan wraps it)."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    def run(x, fc):  # a partial, not a closure, as context_fn: what torch.compile traces
+        return checkpoint(block, x, fc, use_reentrant=False, preserve_rng_state=False,
+                          context_fn=partial(create_selective_checkpoint_contexts, op_sac_policy()))
+    return run
