@@ -14,7 +14,8 @@ Workloads (random normal data, bf16, SDPA restricted to FlashAttention):
   ``block compiled op-sac 2x8192``);
 * FlashAttention alone, causal, forward + backward, 64 heads of 128 over 8192 (the 8B layer's
   attention at micro-batch 2);
-* the 8B gate GEMM alone (16384 × 14336 × 4096), for the GEMM's own sustained rate.
+* the 8B gate GEMM alone (16384 × 14336 × 4096), for the GEMM's own sustained rate; with
+  ``--cases``, also as an FP8 ``torch._scaled_mm`` (``gemm fp8 16384x14336x4096``).
 
 Run on the GPU machine with ``PYTHONPATH=src``: ``python3 benchmarks/gpu_sustained.py --out s.json``.
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,43 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_sweep import PowerSampler  # noqa: E402
-
-
-def sustain(fn, seconds: float) -> dict:
-    """``fn`` back to back for ``seconds``: seconds per call in ~1 s windows, power and clock."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    sampler = PowerSampler()
-    windows = []
-    start = time.perf_counter()
-    with sampler:
-        while time.perf_counter() - start < seconds:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            calls, w0 = 0, time.perf_counter()
-            while time.perf_counter() - w0 < 1.0:
-                fn()
-                calls += 1
-                if calls % 4 == 0:
-                    torch.cuda.synchronize()
-            e1.record()
-            torch.cuda.synchronize()
-            windows.append(e0.elapsed_time(e1) / 1e3 / calls)
-    late = [s for s in sampler.samples if s[0] > seconds / 2]
-    early = [s for s in sampler.samples if s[0] <= 1.0]
-    return {
-        "window_seconds_per_call": windows,
-        "burst_s": windows[0],
-        "sustained_s": statistics.median(windows[len(windows) // 2:]),
-        "power_w_first_s": statistics.median([s[1] for s in early]) if early else None,
-        "sm_mhz_first_s": statistics.median([s[2] for s in early]) if early else None,
-        "power_w_sustained": statistics.median([s[1] for s in late]) if late else None,
-        "sm_mhz_sustained": statistics.median([s[2] for s in late]) if late else None,
-    }
+from gpu_sweep import sustain  # noqa: E402
 
 
 def block_step(b: int, s: int, compiled: bool, sac: bool = False):
@@ -107,12 +71,18 @@ def attention_step(heads: int, s: int):
     return step
 
 
-def gemm_step():
+def gemm_step(fp8: bool = False):
+    """The 8B gate GEMM (16384 × 14336 × 4096): bf16 ``torch.mm``, or FP8 ``torch._scaled_mm`` of
+    E4M3 operands (B column-major, unit tensorwise scales, bf16 out: torchao's forward)."""
     import torch
 
     a = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(14336, 4096, device="cuda", dtype=torch.bfloat16)
-    return lambda: torch.mm(a, w.t())
+    if not fp8:
+        return lambda: torch.mm(a, w.t())
+    a8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    return lambda: torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
 def main() -> int:
@@ -129,12 +99,13 @@ def main() -> int:
     cases = [("block compiled 2x8192", lambda: block_step(2, 8192, True)),
              ("attention 64x8192 fwd+bwd", lambda: attention_step(64, 8192)),
              ("gemm 16384x14336x4096", gemm_step),
+             ("gemm fp8 16384x14336x4096", lambda: gemm_step(True)),
              ("block eager 2x8192", lambda: block_step(2, 8192, False)),
              ("block compiled 1x32768", lambda: block_step(1, 32768, True)),
              ("block eager op-sac 2x8192", lambda: block_step(2, 8192, False, True)),
              ("block compiled op-sac 2x8192", lambda: block_step(2, 8192, True, True))]
     chosen = [c for c in args.cases.split(",") if c]
-    cases = [c for c in cases if c[0] in chosen] if chosen else [c for c in cases if "op-sac" not in c[0]]
+    cases = [c for c in cases if c[0] in chosen] if chosen else [c for c in cases if "op-sac" not in c[0] and "fp8" not in c[0]]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "seconds": args.seconds, "cases": {}}
     out = Path(args.out)

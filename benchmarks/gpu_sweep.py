@@ -121,43 +121,62 @@ def ceilings() -> dict:
     return {"copy_bytes_per_s": copy_bw, "gemm_8192_bf16_flops": 2 * 8192 ** 3 / t}
 
 
-def sustained_gemm(seconds: float, sampler: PowerSampler) -> dict:
-    """The 8B gate GEMM back to back; throughput per ~1 s window (CUDA events)."""
+def sustain(fn, seconds: float, sampler: PowerSampler | None = None) -> dict:
+    """``fn`` back to back for ``seconds``: seconds per call in ~1 s windows (CUDA events), with
+    the board power and SM clock NVML samples meanwhile: the first window is the burst, the
+    median of the last half the sustained figure."""
     import torch
 
-    m, n, k = 16384, 14336, 4096
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
-    flops = 2.0 * m * n * k
-    for _ in range(5):
-        torch.mm(a, b)
+    for _ in range(3):
+        fn()
     torch.cuda.synchronize()
+    sampler = sampler or PowerSampler()
     windows = []
     start = time.perf_counter()
     with sampler:
         while time.perf_counter() - start < seconds:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
-            calls = 0
-            w0 = time.perf_counter()
+            calls, w0 = 0, time.perf_counter()
             while time.perf_counter() - w0 < 1.0:
-                for _ in range(20):
-                    torch.mm(a, b)
-                calls += 20
-                torch.cuda.synchronize()
+                fn()
+                calls += 1
+                if calls % 4 == 0:
+                    torch.cuda.synchronize()
             e1.record()
             torch.cuda.synchronize()
-            windows.append(flops * calls / (e0.elapsed_time(e1) / 1e3))
-    samples = sampler.samples
-    late = [s for s in samples if s[0] > seconds / 2]
+            windows.append(e0.elapsed_time(e1) / 1e3 / calls)
+    late = [s for s in sampler.samples if s[0] > seconds / 2]
+    early = [s for s in sampler.samples if s[0] <= 1.0]
+    return {
+        "window_seconds_per_call": windows,
+        "burst_s": windows[0],
+        "sustained_s": statistics.median(windows[len(windows) // 2:]),
+        "power_w_first_s": statistics.median([s[1] for s in early]) if early else None,
+        "sm_mhz_first_s": statistics.median([s[2] for s in early]) if early else None,
+        "power_w_sustained": statistics.median([s[1] for s in late]) if late else None,
+        "sm_mhz_sustained": statistics.median([s[2] for s in late]) if late else None,
+        "samples": sampler.samples[::5],
+    }
+
+
+def sustained_gemm(seconds: float, sampler: PowerSampler) -> dict:
+    """The 8B gate GEMM (bf16) back to back (:func:`sustain`), as FLOP/s per window."""
+    import torch
+
+    m, n, k = 16384, 14336, 4096
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    flops = 2.0 * m * n * k
+    r = sustain(lambda: torch.mm(a, b), seconds, sampler)
     return {
         "shape": [m, n, k],
-        "window_flops": windows,
-        "first_window_flops": windows[0] if windows else None,
-        "last_half_median_flops": statistics.median(windows[len(windows) // 2:]) if windows else None,
-        "power_w_last_half_median": statistics.median([s[1] for s in late]) if late else None,
-        "sm_clock_mhz_last_half_median": statistics.median([s[2] for s in late]) if late else None,
-        "samples": samples[::5],
+        "window_flops": [flops / t for t in r["window_seconds_per_call"]],
+        "first_window_flops": flops / r["burst_s"],
+        "last_half_median_flops": flops / r["sustained_s"],
+        "power_w_last_half_median": r["power_w_sustained"],
+        "sm_clock_mhz_last_half_median": r["sm_mhz_sustained"],
+        "samples": r["samples"],
     }
 
 

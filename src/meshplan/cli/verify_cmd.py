@@ -205,8 +205,10 @@ def print_kernel_report(report) -> None:
         mine = "" if r.meshplan_constant is None else f"{r.meshplan_constant:.3f}"
         table.add_row(name, shape, work, f"{1e3 * c.predicted:,.3f} ms", f"{1e3 * r.measured:,.3f} ms", f"{r.ratio:.3f}", implied, mine)
     con.print(table)
-    con.print("Constants: gemm rows gemm_efficiency (η_max), attention rows attention_fwd/bwd_efficiency (η∞), "
-              "the copy hbm_efficiency; implied = the value that makes meshplan's prediction equal the measurement.")
+    con.print("Constants: gemm rows gemm_efficiency (η_max; gemm_fp8_efficiency under FP8), attention rows "
+              "attention_fwd/bwd_efficiency (η∞), the copy hbm_efficiency; implied = the value that makes meshplan's "
+              "prediction equal the measurement. GEMM rows are bursts: the calibration's GEMM constants are what a "
+              "GEMM sustains at the power cap, lower.")
     con.print("Implied calibration, pooled (the value that reproduces each constant's total time; meshplan's in brackets):")
     for name, (value, mine) in report.pooled.items():
         con.print(f"  {name}: " + ("—" if value is None else f"{value:.3f}") + f" [{mine:.3f}]")

@@ -44,7 +44,7 @@ all-reduces, which the pass does not touch.
 from __future__ import annotations
 
 from meshplan.cost import collectives as coll
-from meshplan.cost.calibration import Calibration
+from meshplan.cost.calibration import Calibration, gemm_calibration
 from meshplan.cost.collectives import GroupPlacement
 from meshplan.cost.comm import tp_collective_time
 from meshplan.cost.compute import (
@@ -124,7 +124,7 @@ def micro_pipeline_tp_times(
     reduce = memory_time((1 + 1 / tp) * msg, gpu, cal)
 
     def fused(comm: float, shapes: list[tuple[float, float, float]]) -> float:
-        return fused_exposed(comm, shapes, tp, gpu, cal, peak, e, gemm_operand_bytes(compute_dtype, e))
+        return fused_exposed(comm, shapes, tp, gpu, gemm_calibration(cal, compute_dtype), peak, e, gemm_operand_bytes(compute_dtype, e))
 
     def half(mlp: bool) -> tuple[float, float]:
         out = outputs[mlp][0]

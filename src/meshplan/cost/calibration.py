@@ -7,7 +7,8 @@ table. Every other figure is derived from specs and formulas.
 =======================  ==========================================================================
 constant                 meaning
 =======================  ==========================================================================
-gemm_efficiency          fraction of dense peak a large, well-shaped GEMM reaches (cuBLAS/hipBLASLt)
+gemm_efficiency          fraction of dense peak a large, well-shaped GEMM sustains (cuBLAS/hipBLASLt)
+gemm_fp8_efficiency      the same for an FP8 GEMM, of the FP8 peak (:func:`gemm_calibration`)
 gemm_k_half              reduction depth at which a GEMM reaches half its large-k efficiency
 attention_fwd_efficiency fraction of peak FlashAttention's forward reaches on long sequences
 attention_bwd_efficiency the same for its backward (which does 2.5x the forward's matmul work)
@@ -34,6 +35,7 @@ generation).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from meshplan.units import GiB, US
 
@@ -42,6 +44,7 @@ from meshplan.units import GiB, US
 class Calibration:
     generation: str
     gemm_efficiency: float
+    gemm_fp8_efficiency: float
     gemm_k_half: float
     attention_fwd_efficiency: float
     attention_bwd_efficiency: float
@@ -64,7 +67,13 @@ HOPPER = Calibration(
     # (Transformer Engine and cuBLAS benchmarks; clocks drop under sustained tensor-core load):
     # 0.70 of 989. Tile/wave quantization and short-k losses are modelled on top (compute.py).
     # Checked against the Megatron-LM H100 table and Llama 3 (docs/accuracy.md), not fitted per run.
+    # Measured (docs/gpu_measurements.md, one H200 at its 700 W cap, 2026-11-28): the 8B gate GEMM
+    # 16384 x 14336 x 4096 back to back settles at 663-671 TFLOP/s (1425-1500 MHz), implied 0.695-0.704.
     gemm_efficiency=0.70,
+    # FP8 (torch._scaled_mm, E4M3, the same GEMM back to back): 1180 TFLOP/s of 1979 at 1350 MHz,
+    # implied 0.62: twice the math per clock draws more power, so the cap holds the clock lower,
+    # and a burst reaches less of its peak too (0.71 against bf16's 0.77).
+    gemm_fp8_efficiency=0.62,
     gemm_k_half=96.0,
     # FlashAttention-2, the kernel of the 2023-24 stacks behind the published H100 runs (torch
     # SDPA, Megatron/TE): ~335-370 TFLOP/s forward at head dim 128 on long causal sequences,
@@ -108,6 +117,7 @@ AMPERE = replace(
     # peak-shape microbenchmarks reach ~0.88, real layers with bias epilogues and clocks under
     # load less). Checked against Narayanan 2021 and Korthikanti 2022 (docs/accuracy.md).
     gemm_efficiency=0.82,
+    gemm_fp8_efficiency=0.82,  # no FP8 tensor cores: never used (the catalog gives A100 no FP8 peak)
     gemm_k_half=64.0,
     # FlashAttention-2 (Dao 2023, Fig. 4): forward up to ~73% of peak on A100, backward ~60%.
     attention_fwd_efficiency=0.65,
@@ -128,6 +138,7 @@ BLACKWELL = replace(
     generation="blackwell",
     # Early B200 cuBLAS measurements reach ~0.7 of dense BF16 peak; assumed like Hopper.
     gemm_efficiency=0.72,
+    gemm_fp8_efficiency=0.72,  # no sustained FP8 measurement: taken as the 16-bit figure
     gemm_k_half=128.0,
     attention_fwd_efficiency=0.60,
     attention_bwd_efficiency=0.45,
@@ -142,6 +153,7 @@ CDNA3 = replace(
     # hipBLASLt on MI300X: ~0.55-0.65 of the 1307 TFLOP/s dense BF16 peak on large GEMMs
     # (public MI300X GEMM benchmarks, e.g. SemiAnalysis 2024).
     gemm_efficiency=0.60,
+    gemm_fp8_efficiency=0.60,  # no sustained FP8 measurement: taken as the 16-bit figure
     gemm_k_half=128.0,
     attention_fwd_efficiency=0.40,
     attention_bwd_efficiency=0.30,
@@ -153,6 +165,17 @@ CDNA3 = replace(
     scale_out_latency=6 * US,
     rationale="MI300X with ROCm 6, hipBLASLt, CK FlashAttention, RCCL",
 )
+
+
+@lru_cache(maxsize=None)
+def gemm_calibration(cal: Calibration, compute_dtype: str) -> Calibration:
+    """The calibration a GEMM in ``compute_dtype`` runs under: ``cal`` with η_max =
+    ``gemm_fp8_efficiency`` for FP8, ``cal`` itself otherwise. Every GEMM of a layer in FP8 (not the
+    16-bit LM head, not attention) is timed with it at the FP8 peak."""
+    if compute_dtype != "fp8" or cal.gemm_fp8_efficiency == cal.gemm_efficiency:
+        return cal
+    return replace(cal, gemm_efficiency=cal.gemm_fp8_efficiency)
+
 
 CALIBRATIONS: dict[str, Calibration] = {
     c.generation: c for c in (AMPERE, HOPPER, BLACKWELL, CDNA3)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.activations import compiled_loss
-from meshplan.cost.calibration import Calibration
+from meshplan.cost.calibration import Calibration, gemm_calibration
 from meshplan.cost.cp_exchange import sdpa_kv_heads
 from meshplan.cost.float8 import torchao_float8_passes
 from meshplan.cost.params import (
@@ -376,6 +376,7 @@ def layer_op_times(
     recompute repeats."""
     peak = gpu.peak(compute_dtype)
     peak16 = gpu.peak("bf16") if compute_dtype == "fp8" else peak  # attention stays 16-bit
+    cal_g = gemm_calibration(cal, compute_dtype)  # the layer GEMMs' (FP8's own η_max)
     e = act_bytes
     h, f, d = model.hidden, model.ffn_hidden, model.head_dim
     tokens = micro_batch * seq_len / cp
@@ -389,12 +390,12 @@ def layer_op_times(
     fg = bi = bw = 0.0
     ge = gemm_operand_bytes(compute_dtype, e)
     for m_, n_, k_ in gemms:
-        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, ge, e)
+        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal_g, peak, ge, e)
         fg += a
         bi += b
         bw += w
     for m_, n_, k_, count in grouped:  # one grouped-GEMM launch for the local experts
-        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal, peak, ge, e)
+        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal_g, peak, ge, e)
         o = cal.kernel_overhead
         fg += (a - o) * count + o
         bi += (b - o) * count + o
@@ -463,7 +464,7 @@ def layer_op_times(
     # writes them) and the element-wise work, not the attention kernel
     shapes = matmuls_per_rank(model, tp)
     op_rec = fm + sum(
-        float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal, peak, ge, e)) for nm, _, _ in op_sac_recomputed(model)
+        float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal_g, peak, ge, e)) for nm, _, _ in op_sac_recomputed(model)
     )
     if compute_dtype == "fp8" and kernels == "fused":
         cast_f, cast_b = fp8_cast_bytes(gemms, e)

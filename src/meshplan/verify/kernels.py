@@ -32,7 +32,8 @@ calibration constant that would make the prediction equal the measurement (the *
 constant), t_kernel and the other factors held:
 
     gemm       η_max' = 2·m·n·k / (P · q(m, n) · k/(k + k½) · (t − t_kernel))   (compute-bound rows;
-               P the FP8 peak under FP8, where attention and copies stay at 16 bits)
+               under FP8 P is the FP8 peak and the constant ``gemm_fp8_efficiency``, while
+               attention and copies stay at 16 bits)
     attention  η∞'   = F_a / (P · (t − t_kernel)) · (L + L₀)/L,  F_a = F or 2.5·F (backward)
     memory     η_hbm' = bytes / (W · (t − t_kernel))
 
@@ -40,7 +41,9 @@ constant), t_kernel and the other factors held:
 :func:`~meshplan.cost.compute.causal_attention_flops`). The summary pools each kind as
 Σ work / Σ (t − t_kernel), the constant that reproduces the kind's total time. These are the
 figures a calibration of :mod:`meshplan.cost.calibration` would be set from; they are printed, never
-written back.
+written back. The GEMM rows are bursts of a few calls, faster than the same GEMM sustains once the
+power cap brings the clock down (13-17 % on an H200: docs/gpu_measurements.md); the calibration's
+GEMM constants are the sustained figures.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.calibration import Calibration, calibration_for, gemm_calibration
 from meshplan.cost.compute import (
     causal_attention_flops,
     flash_attention_efficiency,
@@ -194,6 +197,7 @@ def kernel_cases(model: ModelSpec, gpu: GPUSpec, micro_batch: int, seq_len: int,
     and gate|up, or torch's separate projections), and a layer row (forward, backward) per stack in
     ``stacks``."""
     cal = cal or calibration_for(gpu)
+    cal_g = gemm_calibration(cal, precision)
     e = DTYPES[precision][0]
     peak, peak16 = peaks(gpu, precision)
     n = micro_batch * seq_len
@@ -202,7 +206,7 @@ def kernel_cases(model: ModelSpec, gpu: GPUSpec, micro_batch: int, seq_len: int,
         for direction, order in GEMM_DIRECTIONS:
             m, nn, k = (mnk[i] for i in order)
             cases.append(KernelCase(f"gemm {name} {direction}", "gemm", (m, nn, k), 2.0 * m * nn * k,
-                                    float(gemm_time(m, nn, k, gpu, cal, peak, gemm_operand_bytes(precision, e), e))))
+                                    float(gemm_time(m, nn, k, gpu, cal_g, peak, gemm_operand_bytes(precision, e), e))))
     heads, d = micro_batch * (model.n_heads // tp), model.head_dim
     fwd, bwd = flash_attention_times(heads, d, seq_len, seq_len, seq_len, peak16, cal)
     flops = causal_attention_flops(heads, d, seq_len, seq_len)
@@ -226,10 +230,12 @@ def implied_constant(case: KernelCase, measured: float, gpu: GPUSpec, cal: Calib
     if case.kind == "gemm":
         m, n, k = case.shape
         e = DTYPES[precision][0]
-        t_flop, t_mem = gemm_bounds(m, n, k, gpu, cal, peak, gemm_operand_bytes(precision, e), e)
-        shape_factor = gemm_efficiency(m, n, k, gpu, cal) / cal.gemm_efficiency
+        cal_g = gemm_calibration(cal, precision)
+        t_flop, t_mem = gemm_bounds(m, n, k, gpu, cal_g, peak, gemm_operand_bytes(precision, e), e)
+        shape_factor = gemm_efficiency(m, n, k, gpu, cal_g) / cal_g.gemm_efficiency
         value = case.work / (peak * shape_factor * busy) if busy > 0 and t_flop >= t_mem else None
-        return "gemm_efficiency", value, cal.gemm_efficiency
+        name = "gemm_fp8_efficiency" if precision == "fp8" else "gemm_efficiency"
+        return name, value, cal_g.gemm_efficiency
     if case.kind == "attention":
         bwd = case.name.endswith("bwd")
         eta_inf = cal.attention_bwd_efficiency if bwd else cal.attention_fwd_efficiency
