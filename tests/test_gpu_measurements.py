@@ -144,20 +144,20 @@ def test_layer_with_op_level_checkpointing_within_6_percent(h200):
     assert ops.fwd_op_recompute == pytest.approx(measured - plain, rel=0.25)
 
 
-@pytest.mark.parametrize("part, loss_kernels, tolerance", [("head eager loss", "eager", 0.10), ("head compiled loss", "compiled", 0.06)])
-def test_head_and_loss_within_tolerance_model_faster(h200, part, loss_kernels, tolerance):
+@pytest.mark.parametrize("part, loss_kernels", [("head eager loss", "eager"), ("head compiled loss", "compiled")])
+def test_head_and_loss_within_6_percent(h200, part, loss_kernels):
     """Final norm, LM head (16384 × 128256 × 4096) and cross-entropy, forward + backward: measured
-    102.8 ms over fp32 logits and 84.1 ms compiled; the model 94.0 (−8.6 %) and 80.8 (−3.9 %).
-    The eager loss moves more than the (e + 16) + (12 + e) bytes a logit the model counts (about
-    10 more in the backward: nll_loss's zero-filled fp32 gradient and the cast back's read)."""
+    102.8 ms over fp32 logits and 84.1 ms compiled; the model 102.7 (−0.1 %) and 80.8 (−3.9 %).
+    With the GEMMs at the model's times, the eager loss's memory-bound passes take 26.6 ms:
+    48.6 bytes a logit at η_hbm, against the (e + 20) + (24 + e) = 48 the model counts (it
+    counted 32 before these measurements, 94.0 ms, −8.6 %)."""
     from meshplan.cost.compute import head_op_times
 
     gpu, cal = h200
     measured = _load("step_parts.json")["parts"][part]
     ops = head_op_times(load_model("llama3-8b"), 2, 8192, 1, 1, gpu, cal, "bf16", 2, loss_kernels)
     total = measured["fwd_s"] + measured["bwd_s"]
-    assert ops.fwd + ops.bwd == pytest.approx(total, rel=tolerance)
-    assert ops.fwd + ops.bwd < total
+    assert ops.fwd + ops.bwd == pytest.approx(total, rel=0.06)
 
 
 def test_torch_optimizer_step_within_10_percent(h200):
@@ -172,3 +172,19 @@ def test_torch_optimizer_step_within_10_percent(h200):
     recipe = next(r for r in map_runs() if r.id == "torchtitan_8b_8gpu_fsdp").plan.precision
     predicted = optimizer_step_time(measured["params"], recipe, gpu, cal, "eager")
     assert predicted == pytest.approx(measured["clip_and_step_s"], rel=0.10)
+
+
+def test_embedding_backward_counts_the_zero_filled_table_and_stays_under_the_measurement(h200):
+    """aten's embedding backward zero-fills the whole V × h gradient (128,256 × 4,096 bf16: 1.05 GB)
+    before it scatters the micro-batch's rows: 0.49 ms of bytes on the H200, against 1.50 ms
+    measured (the index sort's small kernels are not counted); the forward's gather 0.07 against
+    0.10."""
+    from meshplan.cost.compute import embedding_op_times, memory_time
+
+    gpu, cal = h200
+    n, h, V = 2 * 8192, 4096, 128_256
+    ops = embedding_op_times(load_model("llama3-8b"), 2, 8192, 1, 1, gpu, cal, 2)
+    assert ops.bwd == ops.bwd_weight == memory_time(V * h * 2 + 2 * n * h * 2 + 8 * n * h, gpu, cal)
+    measured = _load("step_parts.json")["parts"]["embedding"]
+    assert ops.bwd < measured["bwd_s"] < 4 * ops.bwd
+    assert ops.fwd < measured["fwd_s"] < 2 * ops.fwd

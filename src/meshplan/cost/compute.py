@@ -634,9 +634,18 @@ def eager_ring_attention_times(
 
 def embedding_op_times(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, gpu: GPUSpec, cal: Calibration, act_bytes: int) -> OpTimes:
     """Embedding lookup (gather, then an all-reduce across TP counted as communication) and its
-    backward (scatter-add into the V/t × h gradient)."""
-    nh = micro_batch * seq_len / cp * model.hidden * act_bytes
-    bwd = memory_time(3 * nh, gpu, cal)  # all of it is the weight (table) gradient
+    backward into the V/t × h table gradient, all of it weight gradient. The backward as aten's
+    CUDA ``embedding_backward_cuda_kernel`` runs it (n = b·s/c tokens, e-byte activations): the
+    whole gradient zero-filled in the weights' dtype (V/t·h·e, which dominates: the table is far
+    larger than the micro-batch), the output gradient read (n·h·e), its rows summed per token into
+    fp32 partial sums written and read back (2·4·n·h, at most one partial row per token) and
+    scattered into the table (n·h·e). On an H200 the 8B's backward took 1.50 ms where these
+    bytes give 0.48 (docs/gpu_measurements.md): the index sort and its dozen small kernels are
+    not counted."""
+    n = micro_batch * seq_len / cp
+    nh = n * model.hidden * act_bytes
+    table = padded_vocab(model, tp) // tp * model.hidden * act_bytes
+    bwd = memory_time(table + 2 * nh + 8 * n * model.hidden, gpu, cal)
     return OpTimes(0.0, 0.0, memory_time(2 * nh, gpu, cal), 0.0, 0.0, bwd, bwd)
 
 
@@ -644,10 +653,18 @@ def head_op_times(
     model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, gpu: GPUSpec, cal: Calibration,
     compute_dtype: str, act_bytes: int, loss_kernels: str = "fused",
 ) -> OpTimes:
-    """Final norm, LM head GEMM (n × V/t × h) and the cross-entropy over the n·V/t logits:
+    """Final norm, LM head GEMM (n × V/t × h) and the cross-entropy over the n·V/t logits, bytes
+    per logit:
 
-    * over fp32 logits (read e bytes, write fp32, softmax read/write, loss: ~4 passes of 4 bytes
-      forward, 3 backward): (e + 16) bytes per logit forward, (12 + e) backward;
+    * ``eager`` (torch's ``F.cross_entropy(logits.float(), labels)``, torchtitan's loss): forward,
+      the cast (read e, write 4), then ``log_softmax`` over a row too long for shared memory
+      (``cunn_SoftMaxForward``: a max pass, a sum-of-exponentials pass, then read and write: 16),
+      e + 20; backward, ``nll_loss_backward``'s zero-filled fp32 gradient (4), the softmax
+      backward (``cunn_SoftMaxBackward``: a sum pass over the gradient, then read it and the
+      output and write: 16) and the cast back (read 4, write e), 24 + e. Measured on an H200
+      (docs/gpu_measurements.md): 48.6 bytes a logit both ways against 48 counted;
+    * ``fused`` (Megatron's vocab-parallel cross-entropy over fp32 logits: ~4 passes of 4 bytes
+      forward, 3 backward): (e + 16) forward, (12 + e) backward;
     * compiled (:func:`meshplan.cost.activations.compiled_loss`): the forward's two reductions
       (max, then the sum of exponentials) each read the e-byte logits; the backward reads them
       once and writes the e-byte gradient: 2e bytes per logit each way."""
@@ -659,8 +676,10 @@ def head_op_times(
     nh = tokens * model.hidden * act_bytes
     if compiled_loss(loss_kernels, tp):
         fwd_per, bwd_per = 2 * act_bytes, 2 * act_bytes
-    else:
+    elif loss_kernels == "fused":
         fwd_per, bwd_per = act_bytes + 4 * 4, 3 * 4 + act_bytes
+    else:  # torch's cross_entropy over the upcast logits, eager (or under loss_parallel with TP)
+        fwd_per, bwd_per = act_bytes + 5 * 4, 6 * 4 + act_bytes
     fm = memory_time(2 * nh + logits * fwd_per, gpu, cal)
     bm = memory_time(4 * nh + logits * bwd_per, gpu, cal)
     return OpTimes(fg, 0.0, fm, bi + bw, 0.0, bm, bw)
