@@ -137,6 +137,19 @@ def test_median_seconds_takes_the_median_of_the_timed_calls(monkeypatch):
         K.median_seconds(lambda: None, "cpu", reps=0)
 
 
+def test_median_seconds_settles_back_to_back_before_the_warm_up(monkeypatch):
+    """``settle`` seconds of untimed calls back to back come first (a GPU's clock comes down to what
+    its power cap sustains), then the warm-up, then the timed calls."""
+    # settle start 0; the loop checks 0.0, 0.4, 0.9 (calls), 1.2 (stops); then 2 timed calls
+    clock = iter([0.0, 0.0, 0.4, 0.9, 1.2, 5.0, 6.0, 7.0, 10.0])
+    monkeypatch.setattr(K.time, "perf_counter", lambda: next(clock))
+    calls = []
+    assert K.median_seconds(lambda: calls.append(1), "cpu", warmup=1, reps=2, settle=1.0) == 2.0
+    assert len(calls) == 3 + 1 + 2
+    with pytest.raises(InputError, match="^settle: must be at least 0 seconds"):
+        K.median_seconds(lambda: None, "cpu", settle=-1.0)
+
+
 @pytest.mark.parametrize("model,kw,field,message", [
     ("mixtral-8x7b", {}, "model", "mixture of experts"),
     ("deepseek-v3-671b", {}, "model", "mixture of experts"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Optional
 
 import typer
 from rich import box
@@ -207,8 +207,8 @@ def print_kernel_report(report) -> None:
     con.print(table)
     con.print("Constants: gemm rows gemm_efficiency (η_max; gemm_fp8_efficiency under FP8), attention rows "
               "attention_fwd/bwd_efficiency (η∞), the copy hbm_efficiency; implied = the value that makes meshplan's "
-              "prediction equal the measurement. GEMM rows are bursts: the calibration's GEMM constants are what a "
-              "GEMM sustains at the power cap, lower.")
+              "prediction equal the measurement. The calibration's GEMM constants are what a GEMM sustains at the "
+              "power cap: with --settle 0 (bursts) the GEMM rows read faster.")
     con.print("Implied calibration, pooled (the value that reproduces each constant's total time; meshplan's in brackets):")
     for name, (value, mine) in report.pooled.items():
         con.print(f"  {name}: " + ("—" if value is None else f"{value:.3f}") + f" [{mine:.3f}]")
@@ -228,6 +228,10 @@ def kernels(
                                               "or none (no layer rows).")] = "eager,compiled",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls before timing each kernel.")] = 2,
     reps: Annotated[int, typer.Option("--reps", help="Timed calls per kernel; the median is kept.")] = 5,
+    settle: Annotated[Optional[float], typer.Option("--settle", help="Seconds each kernel runs back to back before it is "
+                                                    "timed, so that the GPU's clock has come down to what its power cap "
+                                                    "sustains (0: a burst, which reads GEMMs 13-17 % fast). "
+                                                    "(default: 1 on cuda, 0 on cpu)")] = None,
 ) -> None:
     """Kernel times of one layer on one GPU (--device cuda) against meshplan's compute model: each GEMM forward and backward (as the plan's --kernels stack launches them: fused QKV and gate|up, or torch's separate projections), FlashAttention forward and backward, an HBM copy and torchtitan's Llama block eager and compiled, with the calibration constant each measurement implies."""
     setup = _setup(plan, "kernels")
@@ -240,8 +244,8 @@ def kernels(
     if stacks == ("none",):
         stacks = ()
     mod.check_layer_stacks(setup.model, stacks, p.precision.precision)
-    for name, value, least in (("warmup", warmup, 0), ("reps", reps, 1)):
-        if value < least:
+    for name, value, least in (("warmup", warmup, 0), ("reps", reps, 1), ("settle", settle, 0)):
+        if value is not None and value < least:
             raise InputError(name, f"must be at least {least} (got {value})")
     _check_device(device, 1)
     gpu = setup.cluster.gpu
@@ -259,7 +263,8 @@ def kernels(
         def step(name: str) -> None:
             bar.update(task, advance=1, description=f"timing {name}")
 
-        report = mod.measure(setup.model, gpu, cases, p.tp, p.precision.precision, device, warmup, reps, progress=step)
+        report = mod.measure(setup.model, gpu, cases, p.tp, p.precision.precision, device, warmup, reps, progress=step,
+                             settle=settle)
     if json_out:
         typer.echo(json.dumps(report.to_dict(), default=str))
     else:

@@ -23,7 +23,9 @@ layer       torchtitan's Llama block (:mod:`.llama_block`),   ``layer_op_times``
             backward (no recompute)                            (its fwd and bwd)
 ==========  ================================================  =================================
 
-Each time is the median of ``reps`` timed runs after ``warmup`` untimed ones: CUDA events on a GPU,
+Each time is the median of ``reps`` timed runs after ``warmup`` untimed ones, and before those
+``settle`` seconds of the kernel back to back (:data:`GPU_SETTLE_S` on a GPU by default, so that
+the clock has come down to what the power cap sustains): CUDA events on a GPU,
 ``time.perf_counter`` on the CPU (where the rows only exercise the code: the predictions are for
 the catalog GPU, not for the CPU).
 
@@ -41,9 +43,9 @@ constant), t_kernel and the other factors held:
 :func:`~meshplan.cost.compute.causal_attention_flops`). The summary pools each kind as
 Σ work / Σ (t − t_kernel), the constant that reproduces the kind's total time. These are the
 figures a calibration of :mod:`meshplan.cost.calibration` would be set from; they are printed, never
-written back. The GEMM rows are bursts of a few calls, faster than the same GEMM sustains once the
-power cap brings the clock down (13-17 % on an H200: docs/gpu_measurements.md); the calibration's
-GEMM constants are the sustained figures.
+written back. Timed as bursts (``settle`` 0), GEMM rows read faster than the same GEMM sustains
+once the power cap brings the clock down (13-17 % on an H200: docs/gpu_measurements.md); the
+calibration's GEMM constants are the sustained figures.
 """
 
 from __future__ import annotations
@@ -264,13 +266,30 @@ def pooled_constants(rows: list[KernelRow], cal: Calibration) -> dict[str, tuple
     return {k: (v[0] / v[1] if v[1] > 0 else None, v[2]) for k, v in sums.items()}
 
 
-def median_seconds(fn: Callable[[], Any], device: str, warmup: int = 2, reps: int = 5) -> float:
-    """Median seconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones: CUDA events on a GPU
-    (the device synchronized around each call), ``time.perf_counter`` on the CPU."""
+#: Seconds each kernel runs back to back before it is timed on a GPU, unless ``--settle`` says
+#: otherwise: a large GEMM alone reaches the clock the power cap sustains within about half a
+#: second (an H200 at 700 W: 1980 → ~1450 MHz), and a burst timed before that reads 13-17 %
+#: faster than the kernel sustains (docs/gpu_measurements.md).
+GPU_SETTLE_S = 1.0
+
+
+def median_seconds(fn: Callable[[], Any], device: str, warmup: int = 2, reps: int = 5, settle: float = 0.0) -> float:
+    """Median seconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones, and before those
+    after calling ``fn`` back to back for ``settle`` seconds of wall time (so that a GPU's clock
+    has come down to what its power cap sustains): CUDA events on a GPU (the device synchronized
+    around each call), ``time.perf_counter`` on the CPU."""
     import torch
 
     if warmup < 0 or reps < 1:
         raise InputError("reps", f"needs warmup >= 0 and reps >= 1 (got {warmup}, {reps})")
+    if settle < 0:
+        raise InputError("settle", f"must be at least 0 seconds (got {settle})")
+    if settle > 0:
+        start = time.perf_counter()
+        while time.perf_counter() - start < settle:
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
     for _ in range(warmup):
         fn()
     times = []
@@ -394,8 +413,10 @@ def _measure_layer(model: ModelSpec, tp: int, fwd: KernelCase, dev, dtype, timer
 
 
 def measure(model: ModelSpec, gpu: GPUSpec, cases: list[KernelCase], tp: int = 1, precision: str = "bf16",
-            device: str = "cpu", warmup: int = 2, reps: int = 5, progress: Callable[[str], None] | None = None) -> KernelReport:
-    """Time every case on ``device`` (module docstring) and set it beside its prediction."""
+            device: str = "cpu", warmup: int = 2, reps: int = 5, progress: Callable[[str], None] | None = None,
+            settle: float | None = None) -> KernelReport:
+    """Time every case on ``device`` (module docstring) and set it beside its prediction, each
+    after ``settle`` seconds back to back (default :data:`GPU_SETTLE_S` on a GPU, 0 on the CPU)."""
     import torch
 
     from meshplan.verify.device import here
@@ -406,8 +427,10 @@ def measure(model: ModelSpec, gpu: GPUSpec, cases: list[KernelCase], tp: int = 1
     dev = here(device)
     dtype = getattr(torch, DTYPES[precision][1])
 
+    settle = (GPU_SETTLE_S if device == "cuda" else 0.0) if settle is None else settle
+
     def timer(fn):
-        return median_seconds(fn, device, warmup, reps)
+        return median_seconds(fn, device, warmup, reps, settle)
 
     measured: dict[int, float] = {}
     for i, case in enumerate(cases):
@@ -434,6 +457,8 @@ def measure(model: ModelSpec, gpu: GPUSpec, cases: list[KernelCase], tp: int = 1
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "timing": f"median of {reps} after {warmup} warm-up calls ({'CUDA events' if device == 'cuda' else 'perf_counter'})",
+        "timing": f"median of {reps} after {warmup} warm-up calls and {settle:g} s back to back "
+                  f"({'CUDA events' if device == 'cuda' else 'perf_counter'})",
+        "settle_s": settle,
     }
     return KernelReport(rows, pooled_constants(rows, cal), setup)
