@@ -640,7 +640,7 @@ def embedding_op_times(model: ModelSpec, micro_batch: int, seq_len: int, tp: int
     larger than the micro-batch), the output gradient read (n·h·e), its rows summed per token into
     fp32 partial sums written and read back (2·4·n·h, at most one partial row per token) and
     scattered into the table (n·h·e). On an H200 the 8B's backward took 1.50 ms where these
-    bytes give 0.48 (docs/gpu_measurements.md): the index sort and its dozen small kernels are
+    bytes give 0.49 (docs/gpu_measurements.md): the index sort and its dozen small kernels are
     not counted."""
     n = micro_batch * seq_len / cp
     nh = n * model.hidden * act_bytes
