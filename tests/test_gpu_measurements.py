@@ -188,3 +188,22 @@ def test_embedding_backward_counts_the_zero_filled_table_and_stays_under_the_mea
     measured = _load("step_parts.json")["parts"]["embedding"]
     assert ops.bwd < measured["bwd_s"] < 4 * ops.bwd
     assert ops.fwd < measured["fwd_s"] < 2 * ops.fwd
+
+
+def test_figures_draw_from_the_recorded_results(tmp_path):
+    """benchmarks/gpu_figures.py writes the two SVGs of docs/gpu_measurements.md: well-formed, with
+    a point per measured FA2 and cuDNN row and a bar per block, measured and modelled."""
+    import importlib.util
+    import xml.dom.minidom
+
+    spec = importlib.util.spec_from_file_location("gpu_figures", RESULTS.parents[1] / "gpu_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    assert figures.main(["--out", str(tmp_path)]) == 0
+    attention = (tmp_path / "gpu-attention.svg").read_text()
+    split = (tmp_path / "gpu-layer-split.svg").read_text()
+    for text in (attention, split):
+        xml.dom.minidom.parseString(text)
+    causal = [r for r in _load("sweep.json")["attention"] if r.get("causal") and "error" not in r and r["backend"] != "efficient"]
+    assert attention.count("<circle") == len(causal) + 2  # a forward point per row, two legend dots
+    assert split.count("measured</text>") == split.count("model</text>") == 3
