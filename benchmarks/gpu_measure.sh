@@ -8,7 +8,9 @@
 # (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions), is installed
 # into a private target first. Every step has its own time limit and writes its JSON to OUTDIR as
 # soon as it ends, so one failing step leaves the others' results. The verify kernels rows predict
-# for the catalog H200 (the GPU measured), so their implied constants are fractions of its peaks.
+# for the catalog H200 (the GPU measured), so their implied constants are fractions of its peaks;
+# each kernel runs back to back for verify kernels' default --settle (1 s on a GPU) before it is
+# timed. (The 2026-11-28 results predate --settle: their GEMM rows are bursts.)
 set -u
 out=${1:?usage: gpu_measure.sh OUTDIR [WHEELS]}
 wheels=${2:-}
@@ -34,10 +36,10 @@ step() {  # step FILE SECONDS COMMAND...: its standard output to OUTDIR/FILE, wi
 
 k=(python3 -m meshplan.cli.app verify kernels --gpu "$gpu" --device cuda --json)
 
-step k8b.json 120 "${k[@]}" --model llama3-8b --micro-batch 2 --seq-len 8192 --kernels compiled --layer-stacks eager,compiled
+step k8b.json 150 "${k[@]}" --model llama3-8b --micro-batch 2 --seq-len 8192 --kernels compiled --layer-stacks eager,compiled
 [ "${SKIP_SWEEP:-}" ] || step sweep.txt 120 python3 benchmarks/gpu_sweep.py --out "$out/sweep.json" --sustain 15
-step k8b32k.json 90 "${k[@]}" --model llama3-8b --micro-batch 1 --seq-len 32768 --kernels compiled --layer-stacks compiled
-step k70b.json 60 "${k[@]}" --model llama3-70b --tp 8 --micro-batch 16 --seq-len 8192 --kernels compiled --layer-stacks eager
-step k8bfp8.json 30 "${k[@]}" --model llama3-8b --micro-batch 2 --seq-len 8192 --precision fp8 --kernels compiled --layer-stacks none
-step k405b.json 50 "${k[@]}" --model llama3-405b --tp 8 --micro-batch 4 --seq-len 8192 --kernels compiled --layer-stacks eager
+step k8b32k.json 120 "${k[@]}" --model llama3-8b --micro-batch 1 --seq-len 32768 --kernels compiled --layer-stacks compiled
+step k70b.json 90 "${k[@]}" --model llama3-70b --tp 8 --micro-batch 16 --seq-len 8192 --kernels compiled --layer-stacks eager
+step k8bfp8.json 60 "${k[@]}" --model llama3-8b --micro-batch 2 --seq-len 8192 --precision fp8 --kernels compiled --layer-stacks none
+step k405b.json 80 "${k[@]}" --model llama3-405b --tp 8 --micro-batch 4 --seq-len 8192 --kernels compiled --layer-stacks eager
 tail -c 3000 "$log"
