@@ -31,17 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_sweep import events_median  # noqa: E402
 
 
-def fwd_bwd(forward, inputs, reps: int) -> tuple[float, float]:
-    """(forward seconds, backward seconds) of ``forward()`` whose scalar or tensor output is
-    back-propagated into ``inputs``."""
+def fwd_bwd(forward, inputs, reps: int, grad=None) -> dict:
+    """Forward and backward seconds of ``forward()``, whose output is back-propagated into
+    ``inputs`` with ``grad`` (none for a scalar loss): backward = (forward + backward) − forward."""
     import torch
 
     def both():
-        out = forward()
-        torch.autograd.grad(out, inputs, torch.ones_like(out) if out.dim() else None)
+        torch.autograd.grad(forward(), inputs, grad)
     tf = events_median(forward, 3, reps)
     tfb = events_median(both, 3, reps)
-    return tf, max(tfb - tf, 0.0)
+    return {"fwd_s": tf, "bwd_s": max(tfb - tf, 0.0)}
 
 
 def embedding(b: int, s: int, vocab: int, hidden: int, reps: int) -> dict:
@@ -50,15 +49,7 @@ def embedding(b: int, s: int, vocab: int, hidden: int, reps: int) -> dict:
     emb = torch.nn.Embedding(vocab, hidden, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, vocab, (b, s), device="cuda")
     g = torch.randn(b, s, hidden, device="cuda", dtype=torch.bfloat16)
-
-    def forward():
-        return emb(ids)
-
-    def both():
-        torch.autograd.grad(emb(ids), (emb.weight,), g)
-    tf = events_median(forward, 3, reps)
-    tfb = events_median(both, 3, reps)
-    return {"fwd_s": tf, "bwd_s": max(tfb - tf, 0.0)}
+    return fwd_bwd(lambda: emb(ids), (emb.weight,), reps, g)
 
 
 def head(b: int, s: int, vocab: int, hidden: int, reps: int, compiled_loss: bool) -> dict:
@@ -76,8 +67,7 @@ def head(b: int, s: int, vocab: int, hidden: int, reps: int, compiled_loss: bool
         return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
     loss = torch.compile(loss_fn) if compiled_loss else loss_fn
     params = (x, norm.weight, out.weight)
-    tf, tb = fwd_bwd(lambda: loss(out(norm(x)), labels), params, reps)
-    return {"fwd_s": tf, "bwd_s": tb}
+    return fwd_bwd(lambda: loss(out(norm(x)), labels), params, reps)
 
 
 def optimizer(shards: int, reps: int) -> dict:

@@ -33,23 +33,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from meshplan.cost.compute import causal_attention_flops  # noqa: E402
+from meshplan.verify.kernels import median_seconds  # noqa: E402
 
 
 def events_median(fn, warmup: int = 3, reps: int = 10) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+    """Median seconds of ``reps`` calls after ``warmup``, by CUDA events
+    (:func:`meshplan.verify.kernels.median_seconds` on the GPU)."""
+    return median_seconds(fn, "cuda", warmup, reps)
 
 
 class PowerSampler:
