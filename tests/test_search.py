@@ -29,6 +29,10 @@ SPACES = [
     ("gpt3-175b", 64, 2048, 128, SearchLimits(max_micro_batch=2, max_vpp=4, max_tp=8), {"precision": PrecisionRecipe(precision="fp8")}),
     # torch's pipeline buffers: per micro-batch, and stage outputs kept until their backward
     ("llama3-70b", 32, 4096, 64, SearchLimits(max_micro_batch=2, max_vpp=3, zero=(1, 3)), {"pp_buffers": "per-micro-batch"}),
+    # torch's pipeline returning outputs: the last stage keeps every micro-batch's logits, merged
+    # at the step's end, or beside the backward; about a third of the plans peak at one of the two)
+    ("llama3-70b", 64, 4096, 256, SearchLimits(max_micro_batch=2, max_vpp=2, zero=(1, 3)),
+     {"pp_buffers": "per-micro-batch", "pp_return_outputs": True, "kernels": "eager"}),
 ]
 
 

@@ -19,6 +19,7 @@ from meshplan.catalog import load_gpu  # noqa: E402
 from meshplan.catalog.hf_config import model_from_hf_config  # noqa: E402
 from meshplan.cli.app import main  # noqa: E402
 from meshplan.cost import collectives as coll  # noqa: E402
+from meshplan.cost.activations import logits_output_bytes  # noqa: E402
 from meshplan.cost.calibration import calibration_for  # noqa: E402
 from meshplan.cost.compose import pp_buffer_messages  # noqa: E402
 from meshplan.cost.params import count_params, embedding_params_per_rank, head_params_per_rank, layer_params_per_rank  # noqa: E402
@@ -45,7 +46,8 @@ WORLD2 = {
     "tp": P(tp=2, sequence_parallel=False),
     "tp+sp": P(tp=2, sequence_parallel=True),
     "pp-1f1b": P(pp=2, schedule="1f1b", global_batch=4),
-    "pp-gpipe": P(pp=2, schedule="gpipe", global_batch=4),
+    # returning outputs, as torch's schedule.step does by default: the last stage keeps its logits
+    "pp-gpipe": P(pp=2, schedule="gpipe", global_batch=4, pp_buffers="per-micro-batch", pp_return_outputs=True),
     "pp-interleaved": P(pp=2, vpp=2, schedule="interleaved", global_batch=4),
     "pp-zbv": P(pp=2, vpp=2, schedule="zbv", global_batch=4),
     # 6 chunks of 4 layers: 0, 1, 1, 1, 1, 0, the first holding only the embedding, the last only the head
@@ -57,7 +59,7 @@ WORLD2 = {
 WORLD4 = {
     "fsdp2+tp+sp": P(dp=2, tp=2, zero=3, global_batch=4),
     "ddp+pp": P(dp=2, pp=2, zero=0, global_batch=8),
-    "tp+sp+pp": P(tp=2, pp=2, schedule="gpipe", global_batch=4),
+    "tp+sp+pp": P(tp=2, pp=2, schedule="gpipe", global_batch=4, pp_buffers="per-micro-batch", pp_return_outputs=True),
     "hsdp": P(dp=4, dp_shard=2, zero=3, global_batch=8),
     "cp4": P(cp=4),
 }
@@ -182,6 +184,21 @@ def test_fsdp_charges_the_embedding_and_head_units(runs, name):
         for what, value in (("count", count), ("bytes", 2 * nbytes)):
             row = c.row(f"{where}: fsdp2 {key}: {what}")
             assert row.measured == value == row.predicted and row.tolerance == 0.0
+
+
+@pytest.mark.parametrize("name", ["pp-1f1b", "pp-interleaved", "pp-gpipe", "tp+sp+pp"])
+def test_last_stage_keeps_every_output_when_the_schedule_returns_them(runs, name):
+    """pp_return_outputs is what torch's last stage holds after a step that returns outputs: its
+    output_chunks, one logits tensor of O = e·n·V/t bytes per micro-batch (the vocabulary-sharded
+    local logits under TP), which estimate counts (logits_output_bytes); nothing without it, and
+    nothing on the other stages."""
+    plan = {**WORLD2, **WORLD4}[name]
+    last = plan.pp * plan.vpp - 1
+    o = logits_output_bytes(MODEL, plan.micro_batch, plan.seq_len, plan.tp, plan.cp, 4)
+    assert o == plan.micro_batch * plan.seq_len * MODEL.vocab_size // plan.tp * 4
+    for res in runs["raw"][name]:
+        for k, kept in zip(res["stages"], res["pp_outputs"]):
+            assert kept == ([o] * plan.grad_accum if k == last and plan.pp_return_outputs else []), (name, res["rank"], k)
 
 
 def test_zero1_is_ddp_all_reduce_and_owner_broadcasts(runs):

@@ -16,6 +16,7 @@ from meshplan.cost.activations import (
     freed_logits_block_bytes,
     head_activation_bytes,
     layer_activations,
+    logits_output_bytes,
     loss_grad_bytes,
     saved_gemm_input_bytes,
 )
@@ -28,7 +29,9 @@ from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
     after_pipeline,
     hidden_comm,
+    kept_outputs_bytes,
     layer_times,
+    merged_outputs_items,
     pp_buffer_messages,
     rank_other_items,
     stage_activations,
@@ -65,6 +68,7 @@ from meshplan.cost.params import (
     rank_params,
 )
 from meshplan.explain import Derivation
+from meshplan.pipeline.inflight import last_stage_live_peaks, state_rows
 from meshplan.pipeline.lockstep import runs_lockstep, runtime_words
 from meshplan.pipeline.schedules import compile_schedule, stage_style
 from meshplan.pipeline.simulate import SimResult, simulate
@@ -433,9 +437,12 @@ def estimate(
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
     head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels, plan.kernels)
     p2p_bytes = act_msg / (t if sp else 1)
-    # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers)
+    # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers): the
+    # message sent on, and on the last stage the logits
+    torch_pp = plan.pp_buffers == "per-micro-batch" and pp > 1
     kept_output = p2p_bytes if plan.pp_buffers == "per-micro-batch" else 0.0
-    stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output)
+    head_output = logits_output_bytes(model, b, s, t, c, e) if torch_pp else 0.0
+    stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output, head_output)
     working, backward_grads, layer_stored = la.working, la.gradients, la.stored
     if model.is_moe:
         la_moe = layer_activations(
@@ -457,8 +464,15 @@ def estimate(
     pg_times = []
     dp_hidden = []
     logits_grad = loss_grad_bytes(model, b, s, t, c, plan.loss_kernels, e)
-    logits_block = freed_logits_block_bytes(model, b, s, t, c, plan.loss_kernels, e)
+    # under torch's pipelining the schedule holds the logits through the loss (counted as the last
+    # stage's output): no freed block
+    logits_block = 0.0 if torch_pp else freed_logits_block_bytes(model, b, s, t, c, plan.loss_kernels, e)
     head_params = head_params_per_rank(model, t, pp)
+    # torch's pipelining returning outputs: the last stage keeps each micro-batch's logits to the step's end,
+    # (m − L)·O beyond the L in flight at its peak
+    returns = plan.pp_return_outputs and pp > 1
+    kept_outputs = kept_outputs_bytes(m, int(last_stage_live_peaks(state_rows(plan.schedule, pp, m, v)[None], plan.schedule, pp, v)[0]),
+                                      head_output) if returns else 0.0
     layer_params, down_params = largest_layer_params(model, t, plan.ep)  # ZeRO-3 buffers hold the largest layer
     if model.is_moe:
         expert_shard = expert_shard_degree(plan)
@@ -482,31 +496,29 @@ def estimate(
             "backward_working_set": working - backward_grads,
             "backward_gradients": backward_grads,
         }
+        messages = pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine))
+        step_outputs = m * head_output if returns and last in mine else 0.0
         other = rank_other_items(
             reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
             shard=shard, params=params, layer_params=layer_params, head_params=head_params,
             kept_embedding_params=kept_embedding, weight_bytes=rec.weight_bytes,
             grad_bytes=rec.grad_bytes, reshard_after_forward=plan.reshard_after_forward,
-            once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
-            pp_messages=pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine)),
+            once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes, pp_messages=messages,
             working=working, root_embedding_params=root_embedding, head_in_root=plan.fsdp_head_in_root,
             down_params=down_params, layer_stored=layer_stored, logits_block=logits_block,
+            kept_outputs=kept_outputs,
         )
-        stages.append(
-            StageMemory(
-                rank=r,
-                layers=n_layers,
-                params=params,
-                weights=state.weights,
-                gradients=state.gradients,
-                optimizer=state.optimizer,
-                activations=total_of(act_items),
-                other=total_of(other),
-                peak_inflight=sim.peak_inflight[r],
-                activation_items=act_items,
-                other_items=other,
-            )
-        )
+        rank_mem = dict(rank=r, layers=n_layers, params=params, weights=state.weights, gradients=state.gradients,
+                        optimizer=state.optimizer, peak_inflight=sim.peak_inflight[r])
+        mem = StageMemory(**rank_mem, activations=total_of(act_items), other=total_of(other),
+                          activation_items=act_items, other_items=other)
+        if step_outputs:  # the step's end, the kept outputs merged: no activations left
+            merged = merged_outputs_items(reserve=cal.runtime_reserve, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
+                                          pp_messages=messages, step_outputs=step_outputs)
+            at_end = StageMemory(**rank_mem, activations=0.0, other=total_of(merged),
+                                 activation_items={k: 0.0 for k in act_items}, other_items=merged)
+            mem = at_end if at_end.total > mem.total else mem
+        stages.append(mem)
         grad_comm, pg = dp_sync_times(params - experts, plan.zero, once_per_step, shard, rec, pl, cluster, cal)
         if experts:
             ex_comm, ex_pg = dp_sync_times(experts, plan.zero, once_per_step, expert_shard, rec, pl_experts, cluster, cal)

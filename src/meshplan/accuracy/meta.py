@@ -220,6 +220,7 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
         precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
         tp_comm_overlap=async_tp, tp_overlap_kind="micro-pipeline", kernels="compiled" if compiled else "eager",
         pipeline_runtime="lockstep" if vpp > 1 else "dependency", compile_loss=False, pp_buffers="per-micro-batch",
+        pp_return_outputs=pp > 1,
         fsdp_head_in_root=pp == 1,
     )
     cluster = ClusterSpec.of(h100_96gb(), n)
@@ -233,6 +234,11 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
     elif pp > 1:
         assumptions.append("pipeline dependency-driven: torch's Schedule1F1B (a PipelineScheduleSingle) posts each "
                            "receive when its data is due")
+    if pp > 1:
+        assumptions.append(
+            "the last stage keeps every micro-batch's logits to the step's end and concatenates them then "
+            "(meshplan pp_return_outputs): torch 1963fc8's forward_one_chunk appends each output to output_chunks "
+            "and step() returns their merge; schedule.step's return_outputs=False came in pytorch/pytorch#165822 (2025-10)")
     if tp > 1:
         assumptions.append("TP with sequence parallelism, the loss under torch's loss_parallel on the "
                            "vocabulary-sharded logits (torchtitan's default with TP)" + (

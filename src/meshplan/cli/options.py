@@ -94,6 +94,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "attention_flops": (Optional[Literal["causal", "full"]], _opt("--attention-flops", "Count causal (half) or full s² attention FLOPs. (default: causal)", P_MEMORY)),
     "kernels": (Optional[Literal["fused", "compiled", "eager"]], _opt("--kernels", "Software stack of the element-wise kernels and the loss: fused (Megatron-Core/Transformer Engine), compiled (torch.compile), eager (PyTorch eager: one kernel per op, torch's cross-entropy). (default: fused)", P_MEMORY)),
     "compile_loss": (Optional[bool], _opt("--compile-loss/--no-compile-loss", "With --kernels compiled: torch.compile compiles the loss too (torchtitan since 2025; it keeps e-byte logits, no fp32 copy), or the cross-entropy runs eager beside the compiled blocks (torchtitan of 2024). (default: on)", P_MEMORY)),
+    "pp_return_outputs": (Optional[bool], _opt("--pp-return-outputs/--no-pp-return-outputs", "With --pp-buffers per-micro-batch (torch.distributed.pipelining): the last stage keeps every micro-batch's output, the logits, through the step and concatenates them at its end, 2·m logits tensors at that moment (torch's schedule.step(return_outputs=True), its default, and every torch before the option, pytorch/pytorch#165822, 2025-10); off: return_outputs=False, as torchtitan's trainer passes since. (default: off)", P_MEMORY)),
     "fsdp_head_in_root": (Optional[bool], _opt("--fsdp-head-in-root/--no-fsdp-head-in-root", "With --zero 3 on --kernels compiled or eager (torch's FSDP2), pp 1: the embedding, final norm and LM head are left to FSDP2's root unit, which is never resharded after forward, and the last block stays gathered (torchtitan's units until pytorch/torchtitan#1094, 2025-07); off: each is a unit of its own (torchtitan since then). Changes the gathered weights at the peak. (default: off)", P_MEMORY)),
     "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with GEMMs. (default: off)", P_NET)),
     "tp_overlap_kind": (Optional[Literal["userbuffers", "micro-pipeline"]], _opt("--tp-overlap-kind", "How TP overlap works: userbuffers (Megatron/Transformer Engine: all TP collectives behind the GEMMs) or micro-pipeline (torch's AsyncTP: fused all-gather/reduce-scatter matmuls in TP chunks; backward input-gradient reduce-scatters exposed). (default: userbuffers)", P_NET)),
@@ -141,6 +142,7 @@ class PlanArgs:
     attention_flops: Optional[str] = None
     kernels: Optional[str] = None
     compile_loss: Optional[bool] = None
+    pp_return_outputs: Optional[bool] = None
     fsdp_head_in_root: Optional[bool] = None
     tp_comm_overlap: Optional[bool] = None
     tp_overlap_kind: Optional[str] = None
@@ -411,7 +413,7 @@ def resolve(args: PlanArgs) -> Setup:
         global_batch=global_batch, seq_len=s, precision=_spec(PrecisionRecipe, "precision", **recipe),
     )
     for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "compile_loss", "tp_comm_overlap",
-              "tp_overlap_kind", "pipeline_runtime", "pp_buffers", "fsdp_head_in_root"):
+              "tp_overlap_kind", "pipeline_runtime", "pp_buffers", "pp_return_outputs", "fsdp_head_in_root"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
     if v.get("zero") is not None:

@@ -107,13 +107,21 @@ def memory_table(est: Estimate, unit: str) -> Table:
     for col in ("weights", "gradients", "optimizer", "activations", "other", "total"):
         t.add_column(col, justify="right")
     t.add_column("in flight (micro-batches)", justify="right")
+    at_end = []
     for i, s in enumerate(est.stages):
         style = ("bold red" if not est.fits else "bold") if i == worst else None
+        ends = "merged_outputs" in s.other_items  # the peak is the step's end (pp_return_outputs)
+        at_end += [s] if ends else []
         t.add_row(
             str(s.rank) + (" *" if i == worst else ""), str(s.layers),
             *(_mem(x, unit) for x in (s.weights, s.gradients, s.optimizer, s.activations, s.other, s.total)),
-            str(s.peak_inflight), style=style,
+            "0 (step's end)" if ends else str(s.peak_inflight), style=style,
         )
+    for s in at_end:
+        kept = s.other_items["step_outputs"]
+        t.caption = ((t.caption + "\n") if t.caption else "") + (
+            f"rank {s.rank} peaks at the step's end: the last stage's {est.plan.num_microbatches} kept outputs "
+            f"({_mem(kept, unit)} {unit}) and their concatenation ({_mem(kept, unit)} {unit}), every activation freed")
     return t
 
 

@@ -457,3 +457,12 @@ def freed_logits_block_bytes(
     if kernels == "fused" or compiled_loss(kernels, tp) or act_bytes >= 4:
         return 0.0
     return act_bytes * _logit_entries(model, micro_batch, seq_len, tp, cp)
+
+
+def logits_output_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, act_bytes: int = 2) -> float:
+    """O = e·n·V/t: the last pipeline stage's output for one micro-batch, the LM head's e-byte logits
+    (n = b·s/c tokens, V/t vocabulary entries per GPU: torchtitan's head returns its
+    vocabulary-sharded logits under ``loss_parallel``), which torch.distributed.pipelining's last
+    stage appends to ``output_chunks`` in every forward when the plan returns outputs
+    (``pp_return_outputs``; :func:`meshplan.cost.compose.rank_other_items`)."""
+    return act_bytes * _logit_entries(model, micro_batch, seq_len, tp, cp)

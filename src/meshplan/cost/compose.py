@@ -275,28 +275,33 @@ def stage_times(split: tuple[int, ...], lt: LayerTimes) -> StageTimes:
     return out
 
 
-def stage_activations(split: tuple[int, ...], layer: Num, embedding: Num, head: Num, output: Num = 0.0) -> list:
+def stage_activations(split: tuple[int, ...], layer: Num, embedding: Num, head: Num, output: Num = 0.0,
+                      last_output: Num = 0.0) -> list:
     """Activation bytes one micro-batch leaves on each virtual stage: n_k × the layer's stored
-    bytes, plus what the embedding (stage 0) and the LM head (last stage) keep, plus ``output``
-    on every stage but the last: the stage's output message, which torch.distributed.pipelining
-    keeps until the micro-batch's backward (``fwd_cache``; :func:`pp_buffer_messages`) and
-    Megatron-LM frees once sent (``output`` 0)."""
-    table = stage_activation_table(split, layer, embedding, head, output)
+    bytes, plus what the embedding (stage 0) and the LM head (last stage) keep, plus the stage's
+    output, which torch.distributed.pipelining keeps until the micro-batch's backward is done
+    (``fwd_cache``; :func:`pp_buffer_messages`) and Megatron-LM frees once sent (0): ``output``
+    on every stage but the last, the message sent on, and ``last_output`` on the last, the LM
+    head's logits (:func:`meshplan.cost.activations.logits_output_bytes`), which the schedule
+    holds through the loss and the stage's backward."""
+    table = stage_activation_table(split, layer, embedding, head, output, last_output)
     if table.ndim == 1:  # one plan: numbers
         return table.tolist()
     return list(table.T)
 
 
-def stage_activation_table(split: tuple[int, ...], layer: Num, embedding: Num, head: Num, output: Num = 0.0) -> np.ndarray:
+def stage_activation_table(split: tuple[int, ...], layer: Num, embedding: Num, head: Num, output: Num = 0.0,
+                           last_output: Num = 0.0) -> np.ndarray:
     """:func:`stage_activations` as one array: (stages,) for numbers, (rows, stages) for arrays
     over rows, each entry ((n_k·layer + embedding on stage 0) + head on the last stage) + output
-    on the others (0.0 where a term does not apply), the same sum in the same order."""
+    on the others, last_output on the last (0.0 where a term does not apply), the same sum in the
+    same order."""
     k = np.arange(len(split))
     last = len(split) - 1
     col = (lambda x: x) if np.ndim(layer) == 0 else (lambda x: np.asarray(x, dtype=float)[..., None])  # noqa: E731
     return (
         (np.asarray(split) * col(layer) + np.where(k == 0, col(embedding), 0.0)) + np.where(k == last, col(head), 0.0)
-    ) + np.where(k != last, col(output), 0.0)
+    ) + np.where(k != last, col(output), col(last_output))
 
 
 def pp_buffer_messages(kind: str, m: Num, not_first: Num, not_last: Num) -> Num:
@@ -346,6 +351,7 @@ def rank_other_items(
     down_params: Num,
     layer_stored: Num,
     logits_block: Num,
+    kept_outputs: Num = 0.0,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
@@ -390,6 +396,10 @@ def rank_other_items(
     1.4 % over torch's peak, where 2·P_l·γ beside W was 7.1 % and 4.6 % over (``meshplan verify
     memory``; the layer's own weights, resharded before its reduce-scatter, are still counted at
     its end).
+    ``kept_outputs`` (last stage, ``pp_return_outputs``): the outputs torch.distributed.pipelining
+    keeps for the step's end beyond those of the micro-batches in flight (which the activations
+    count: :func:`stage_activations`), the same at both moments and listed last (item
+    ``kept_outputs``; :func:`kept_outputs_bytes`); the step's end is :func:`merged_outputs_items`.
     An item that does not apply is 0 (for one plan: absent)."""
     sharded = shard > 1
     z3 = (zero == 3) & sharded
@@ -428,6 +438,7 @@ def rank_other_items(
         "working_set_not_yet_built": pick(head_wins, -working, 0.0),
         "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
         "pp_comm_buffers": pp_messages * p2p_bytes if pp > 1 else 0.0,
+        "kept_outputs": kept_outputs if holds_head else 0.0,
     }
     if not any(isinstance(x, np.ndarray) for x in (shard, zero, tp)):  # one plan: list what applies
         items = {k: v for k, v in items.items()
@@ -450,7 +461,44 @@ def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, shard
         "working_set_not_yet_built": False,
         "tp_comm_buffers": tp > 1,
         "pp_comm_buffers": pp > 1,
+        "kept_outputs": False,
     }[name]
+
+
+def kept_outputs_bytes(m: Num, live_peak: Num, output: Num) -> Num:
+    """(m − L)·O: what torch.distributed.pipelining's last stage holds beyond its in-flight
+    micro-batches when the schedule returns outputs (``pp_return_outputs``): every forward appends
+    the micro-batch's output O (the logits, :func:`meshplan.cost.activations.logits_output_bytes`)
+    to ``output_chunks`` and keeps it to the step's end, while the activations count the L
+    micro-batches in flight at the peak (the last stage's largest live count,
+    :func:`meshplan.pipeline.inflight.last_stage_live_peaks`), each with its output. Exact where
+    the last stage's live count is the same at its last micro-batch as at its peak (1F1B: one
+    micro-batch in flight throughout, m − 1 kept beside it; GPipe: all m in flight, none beyond);
+    on a rank whose peak comes before its last forwards (interleaved schedules) an upper bound."""
+    return (m - live_peak) * output
+
+
+def merged_outputs_items(*, reserve: float, tp: Num, act_msg: Num, pp: int, p2p_bytes: Num, pp_messages: Num,
+                         step_outputs: Num) -> dict[str, Num]:
+    """The last pipeline rank at the end of a step that returns outputs (``pp_return_outputs``):
+    torch's schedule merges the m outputs its last stage kept (``step_outputs`` = m·O, the logits
+    of :func:`meshplan.cost.activations.logits_output_bytes`) into one batch
+    (``_merge_outputs`` → ``merge_chunks``: ``torch.cat``) while it still holds them, 2·m·O
+    (items ``step_outputs`` and ``merged_outputs``). By then every backward has run: no
+    activations are stored, FSDP2 has resharded the weights and reduce-scattered the gradients it
+    accumulated unsharded, so beside the model state only the buffers that are always there
+    remain (:func:`rank_other_items`). The rank's peak is the larger of this moment and the
+    backward's."""
+    items = {
+        "runtime_reserve": reserve,
+        "step_outputs": step_outputs,
+        "merged_outputs": step_outputs,
+        "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
+        "pp_comm_buffers": pp_messages * p2p_bytes if pp > 1 else 0.0,
+    }
+    if not isinstance(tp, np.ndarray):  # one plan: the buffers only where they apply, as rank_other_items lists them
+        items = {k: v for k, v in items.items() if k != "tp_comm_buffers" or tp > 1}
+    return items
 
 
 def total_of(items: dict[str, Num]) -> Num:

@@ -73,6 +73,10 @@ def stage_buffers(plan: TrainingPlan, led: Ledger, engine: str, kind: str) -> No
     pipeline keeps (:func:`meshplan.cost.compose.pp_buffer_messages`)."""
     if plan.pp > 1 and plan.pp_buffers != kind:
         led.lose("pp_buffers", f"{engine} keeps {kind} pipeline stage buffers; exported so")
+    if plan.pp > 1 and plan.pp_return_outputs:
+        led.lose("pp_return_outputs", f"{engine} has no setting for it: whether the last stage keeps every micro-batch's "
+                 "output to the step's end is its training loop's schedule.step(return_outputs=...) call (torch's "
+                 "default keeps them); exported without")
 
 
 # ---- plans ----------------------------------------------------------------------------------------
@@ -100,7 +104,7 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     """The plan with settings that change nothing put back to meshplan's defaults, so that two
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
     overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
-    GPipe and 1F1B), the pipeline buffers without a pipeline, compile_loss without compiled kernels (the loss then runs on the blocks'
+    GPipe and 1F1B), the pipeline buffers without a pipeline (and the last stage's kept outputs without torch's), compile_loss without compiled kernels (the loss then runs on the blocks'
     stack), the ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
@@ -113,6 +117,8 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
         up.update(pipeline_runtime="dependency")
     if plan.pp == 1:
         up.update(pp_buffers="in-flight")
+    if plan.pp == 1 or up.get("pp_buffers", plan.pp_buffers) != "per-micro-batch":
+        up.update(pp_return_outputs=False)
     if plan.kernels != "compiled":
         up.update(compile_loss=True)
     if plan.zero != 3 and plan.dp * plan.cp > 1:

@@ -62,8 +62,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.pipeline.schedules import check_vpp, compile_schedule, rounds_of
+from meshplan.pipeline.schedules import check_vpp, compile_schedule, rounds_of, stage_style
 from meshplan.pipeline.simulate import live_count_peaks
+from meshplan.pipeline.stages import stages_of_rank
 
 #: schedule → (warm-up factor f, backward split) for the schedules built by ``_looped``
 LOOPED = {"1f1b": (1, False), "interleaved": (2, False), "zbh1": (1, True), "interleaved-zb": (1, True)}
@@ -210,6 +211,16 @@ def state_rows_many(name: str, pp: int, ms, vpp: int) -> np.ndarray:
         for r, x in enumerate(e):
             out[i, r, : len(x)] = x
     return out
+
+
+def last_stage_live_peaks(rows: np.ndarray, name: str, pp: int, vpp: int) -> np.ndarray:
+    """Per micro-batch count of :func:`state_rows_many`'s ``rows`` (counts, p, n, v): the largest
+    number of micro-batches the pipeline's last stage holds in flight, its column (the rank's
+    last chunk, chunks in increasing stage order) on the rank that runs it (p − 1; rank 0 for V
+    schedules). For 1F1B 1, for GPipe m (:func:`meshplan.cost.compose.kept_outputs_bytes`)."""
+    n_stages = pp * vpp
+    r = next(r for r in range(pp) if n_stages - 1 in stages_of_rank(r, pp, vpp, stage_style(name)))
+    return rows[:, r, :, -1].max(axis=1)
 
 
 def distinct_state_rows(rows: np.ndarray) -> np.ndarray:

@@ -65,8 +65,8 @@ import numpy as np
 
 from meshplan.cost import collectives as coll
 from meshplan.cost.activations import (
-    embedding_activation_bytes, freed_logits_block_bytes, head_activation_bytes, layer_activations, loss_grad_bytes,
-    saved_gemm_input_bytes,
+    embedding_activation_bytes, freed_logits_block_bytes, head_activation_bytes, layer_activations, logits_output_bytes,
+    loss_grad_bytes, saved_gemm_input_bytes,
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
@@ -77,7 +77,9 @@ from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, root_unit_applies, 
 from meshplan.cost.compose import (
     after_pipeline,
     LayerTimes,
+    kept_outputs_bytes,
     layer_times,
+    merged_outputs_items,
     pick,
     pp_buffer_messages,
     rank_other_items,
@@ -99,7 +101,7 @@ from meshplan.cost.moe import (
 )
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, largest_layer_params, rank_params
 from meshplan.pipeline.schedules import stage_style
-from meshplan.pipeline.inflight import distinct_state_rows, state_rows_many
+from meshplan.pipeline.inflight import distinct_state_rows, last_stage_live_peaks, state_rows_many
 from meshplan.pipeline.simulate import padded_peak_bytes
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, PlanTable
@@ -113,7 +115,7 @@ _UNSPLIT_MASK = np.isin(np.arange(len(SCHEDULE_NAMES)), [SCHEDULE_NAMES.index(n)
 _KERNEL_FIELDS = (
     "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute",
     "emb_fwd", "emb_bwd", "emb_wgt", "head_fwd", "head_bwd", "head_wgt",
-    "act_stored", "act_working", "emb_act", "head_act", "kept_output",
+    "act_stored", "act_working", "emb_act", "head_act", "kept_output", "head_output",
 )
 #: the collectives of one micro-batch (:meth:`Engine._comm_terms`)
 _MB_FIELDS = ("tp_one", "cp_kv", "cp_dkv", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd")
@@ -230,12 +232,18 @@ def _gather_distinct(fn: Callable[..., tuple], keys: list[np.ndarray], n_out: in
 
 
 def _peak_rank(stored: np.ndarray, pair_inv: np.ndarray, cls_of: np.ndarray, cls_ranks: list[np.ndarray],
-               fixed: np.ndarray, working: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               fixed: np.ndarray, working: np.ndarray, other: np.ndarray,
+               merged: Optional[np.ndarray] = None, kept: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """Per plan: the largest rank total ((w + g + o) + (activations + working)) + other items and
     the first rank that has it, as ``estimate``'s maximum over ranks; ``stored`` (pairs × ranks)
     holds the activation peaks, ``pair_inv`` each plan's pair, ``cls_of`` each rank's class,
     ``cls_ranks`` each class's ranks, ``fixed`` and ``other`` the classes' terms (classes ×
-    plans) and ``working`` each plan's.
+    plans) and ``working`` each plan's. ``kept`` (classes × plans): the last stage's kept
+    outputs beyond those in flight (:func:`meshplan.cost.compose.kept_outputs_bytes`), the other
+    items' last, added to them. ``merged`` (classes × plans, −inf where it does not apply): the other items of a second moment without activations, the step's end of a
+    pipeline that returns its outputs (:func:`meshplan.cost.compose.merged_outputs_items`); a
+    rank's total is the larger of the two, and where the second wins, every rank of the class
+    has it and the class's first rank is the first to.
 
     Rounding to nearest is monotone, so a rank's total never decreases with its activations s:
     within a class, whose ranks share the other terms, the largest total is that of the largest
@@ -257,13 +265,23 @@ def _peak_rank(stored: np.ndarray, pair_inv: np.ndarray, cls_of: np.ndarray, cls
         else:
             first[ci] = ranks[0]
     inner = fixed + (np.take(top, pair_inv, axis=1) + working)
+    if kept is not None:
+        other = other + kept
     totals = inner + other
+    first = np.take(first, pair_inv, axis=1)
+    if merged is not None:
+        at_end = fixed + merged
+        end_wins = at_end > totals
+        totals = np.where(end_wins, at_end, totals)
+        first = np.where(end_wins, np.array([r.min() for r in cls_ranks])[:, None], first)
     peak = totals.max(axis=0)
-    worst = np.where(totals == peak, np.take(first, pair_inv, axis=1), len(cls_of)).min(axis=0)
+    worst = np.where(totals == peak, first, len(cls_of)).min(axis=0)
     # inner sums non-negative terms: its largest entry is the largest intermediate magnitude
     close = np.flatnonzero(gap[pair_inv] <= 8 * np.spacing(np.maximum(peak, inner.max(axis=0))))
     if len(close):
         by_rank = (fixed[cls_of][:, close] + (stored[pair_inv[close]].T + working[close])) + other[cls_of][:, close]
+        if merged is not None:
+            by_rank = np.maximum(by_rank, fixed[cls_of][:, close] + merged[cls_of][:, close])
         worst[close] = by_rank.argmax(axis=0)
     return peak, worst
 
@@ -418,6 +436,7 @@ class Engine:
             la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp),
             head_activation_bytes(m, b, s, t, c, sp, e, base.loss_kernels, base.kernels),
             self._p2p_bytes(t, c, b, sp) if base.pp_buffers == "per-micro-batch" else 0.0,
+            logits_output_bytes(m, b, s, t, c, e) if base.pp_buffers == "per-micro-batch" else 0.0,
         )
 
     def _p2p_bytes(self, t: int, c: int, b: int, sp: int) -> float:
@@ -503,11 +522,13 @@ class Engine:
     def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
         """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
         layer's parameters (ZeRO-3's buffers hold it), the head's and the embedding's parameters,
-        the largest layer's down projection's, and the freed logits' block per token."""
+        the largest layer's down projection's, the freed logits' block per token, and the last
+        stage's output (the logits) per token."""
         model, kernels = self.model, self.base.loss_kernels
         layer, down = largest_layer_params(model, x, y)
         return (loss_grad_bytes(model, 1, 1, x, 1, kernels, self.e), layer, head_params_per_rank(model, x, pp),
-                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e))
+                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e),
+                logits_output_bytes(model, 1, 1, x, 1, self.e))
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -613,7 +634,9 @@ class Engine:
         st = _shared_stage_times(split, _take(pre.layer, lt_rows))
         # stage activations depend on the kernel row only: once per distinct row
         ku = dict(zip(_KERNEL_FIELDS, kernel.T))
-        act_mat = stage_activation_table(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"])  # (kernel rows, stages)
+        # torch's pipelining keeps each stage's output to its backward, the last stage's logits too
+        head_output = ku["head_output"] if pp > 1 else 0.0
+        act_mat = stage_activation_table(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"], head_output)  # (kernel rows, stages)
         if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
             kmu = dict(zip(_MOE_FIELDS, pre.moe_kernel_ep1.T))
@@ -698,7 +721,7 @@ class Engine:
         # LM head and one for those with it
         buf_where, buf_of_state = _distinct(with_batch(state_mesh * len(kernel) + kid[state_where], state_where))
         buf_mesh, buf_plans = state_mesh[buf_where], state_where[buf_where]
-        other_buf = np.empty((n_cls, len(buf_where)))
+        other_buf, merged_buf = np.empty((n_cls, len(buf_where))), np.empty((n_cls, len(buf_where)))
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
         messages = pp_buffer_messages(base.pp_buffers, m[buf_plans][None, :], not_first[:, None], not_last[:, None])
         at = np.arange(idx.start, idx.stop)[buf_plans]
@@ -709,9 +732,9 @@ class Engine:
         params_b = np.take(params_c, buf_mesh, axis=1)
         for rows_ in [np.arange(n_cls)] if len(buf_where) * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
-                other_buf[rows_] = self._rank_other(
+                other_buf[rows_], merged_buf[rows_] = self._rank_other(
                     T, pre, at, te_of_mesh[buf_mesh], k_at, cm_at, pp, head_c[rows_], params_b[rows_],
-                    messages[rows_] if isinstance(messages, np.ndarray) else messages)
+                    messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans])
         opt_pg = np.take(opt, mesh_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
 
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
@@ -729,6 +752,11 @@ class Engine:
             first, pair_inv = _distinct(m_eff * len(kernel) + mem_kid)  # the distinct (m, kernel row) pairs
             m_where, m_inv = _distinct(m_eff[first])  # the live counts of every micro-batch count at once
             rows = state_rows_many(SCHEDULE_NAMES[code], pp, m_eff[first][m_where], v)
+            kept = None
+            if base.pp_return_outputs and pp > 1:  # the outputs the last stage keeps beyond those in flight
+                live = last_stage_live_peaks(rows, SCHEDULE_NAMES[code], pp, v)[m_inv][pair_inv]
+                per_row = kept_outputs_bytes(m[sub][mem_where], live, ku["head_output"][mem_kid])
+                kept = np.where(head_c[:, None], per_row[None, :], 0.0)
             act_pairs = np.take(act_mat[mem_kid[first]], chunks, axis=1)
             # the counts as doubles (exact: small integers) before they are gathered per pair, so that
             # the products do not convert them again
@@ -746,7 +774,7 @@ class Engine:
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
             peak_u, worst_u = _peak_rank(
                 stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, state_mesh[mem_rows], axis=1), working.take(lt_inv[sub][mem_where]),
-                np.take(other_buf, buf_of_state[mem_rows], axis=1),
+                np.take(other_buf, buf_of_state[mem_rows], axis=1), np.take(merged_buf, buf_of_state[mem_rows], axis=1), kept,
             )
             peak[sub], worst[sub] = peak_u.take(mem_inv), worst_u.take(mem_inv)
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
@@ -797,7 +825,7 @@ class Engine:
         return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal, self.base.kernels)
 
     def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
-                    head: np.ndarray, params: np.ndarray, pp_messages) -> np.ndarray:
+                    head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
         columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``act_msg``, ``p2p_bytes``), and its classes of
@@ -808,20 +836,29 @@ class Engine:
         of both kinds the buffers are those of a rank with the LM head, whose head terms (loss
         gradient, head activations and parameters) are 0 on the classes without it: each such
         item is then ±0, as the rank without the head lists, and adds nothing to the positive
-        total."""
+        total. Second, the total of the step's-end items (:func:`merged_outputs_items`) where the
+        plan returns outputs and the class holds the LM head (``m`` micro-batches per plan), −inf
+        elsewhere: a rank's peak is the larger of its backward and that moment."""
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 6).T.take(te, axis=1)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 7).T.take(te, axis=1)
         tokens = row(T.micro_batch) * base.seq_len / c
         logits_grad, logits_block = tokens * per_tp[:1], tokens * per_tp[5:6]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
+        if base.pp_buffers == "per-micro-batch" and pp > 1:  # torch's schedule holds the logits: no freed block
+            logits_block = 0.0 * logits_block
+        returns = base.pp_return_outputs and pp > 1  # the last stage keeps its outputs to the step's end
+        step_outputs = m[None, :] * (tokens * per_tp[6:7]) if returns else 0.0
         root = base.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
         holds_head = bool(head.all())
+        head_rows = head
         if head.any() and not holds_head:
             head = head[:, None]
             holds_head, logits_grad, logits_block = True, np.where(head, logits_grad, 0.0), np.where(head, logits_block, 0.0)
             head_act, head_params = np.where(head, head_act, 0.0), np.where(head, head_params, 0)
+            if returns:
+                step_outputs = np.where(head, step_outputs, 0.0)
         other = rank_other_items(
             reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad,
             head_act=head_act, zero=zero, shard=shard, params=params,
@@ -833,7 +870,14 @@ class Engine:
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
             head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :], logits_block=logits_block,
         )
-        return np.broadcast_to(total_of(other), (len(head), len(at)))
+        shape = (len(head_rows), len(at))
+        merged = np.full(shape, -np.inf)
+        if returns and holds_head:
+            end = total_of(merged_outputs_items(
+                reserve=self.cal.runtime_reserve, tp=t, act_msg=cm["act_msg"][None, :], pp=pp,
+                p2p_bytes=cm["p2p_bytes"][None, :], pp_messages=pp_messages, step_outputs=step_outputs))
+            merged = np.where(head_rows[:, None], np.broadcast_to(end, shape), -np.inf)
+        return np.broadcast_to(total_of(other), shape), merged
 
     def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
         """Peak memory, worst rank and step lower bound of every plan of ``T``; ``progress`` is

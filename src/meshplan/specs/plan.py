@@ -149,6 +149,12 @@ class TrainingPlan(Spec):
     # allocates a receive buffer per micro-batch, every stage but the last a gradient receive
     # buffer per micro-batch, kept through the step; each stage output kept until its backward)
     pp_buffers: Literal["in-flight", "per-micro-batch"] = "in-flight"
+    # with per-micro-batch buffers (torch.distributed.pipelining): whether the last stage keeps
+    # every micro-batch's output (the logits) through the step and concatenates them at its end
+    # (meshplan.cost.compose.merged_outputs_items): torch's schedule.step(return_outputs=True), its
+    # default, and what every torch did before the option (pytorch/pytorch#165822, 2025-10);
+    # off: return_outputs=False, which torchtitan's trainer passes since
+    pp_return_outputs: bool = False
     reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered weights after forward
     # ZeRO-3/FSDP: keep weights gathered and gradients unsharded across the step's micro-batches,
     # one all-gather and one reduce-scatter per step (torch.distributed.pipelining with FSDP2)
@@ -179,6 +185,8 @@ class TrainingPlan(Spec):
             raise ValueError(f"dp_shard ({self.dp_shard}) must divide dp ({self.dp})")
         if self.fsdp_accumulate_unsharded and self.zero != 3:
             raise ValueError("fsdp_accumulate_unsharded applies to ZeRO-3 / FSDP (zero = 3) only")
+        if self.pp_return_outputs and self.pp_buffers != "per-micro-batch":
+            raise ValueError("pp_return_outputs describes torch.distributed.pipelining's last stage: give pp_buffers per-micro-batch")
         if self.fsdp_head_in_root and (self.zero != 3 or self.kernels == "fused" or self.pp > 1):
             raise ValueError("fsdp_head_in_root describes torch's FSDP2 units: zero = 3 on the compiled or eager kernels, pp = 1")
         if self.dp % self.ep:

@@ -38,6 +38,7 @@ with an all-reduce underneath, which is not what NCCL would put on the wire.
 
 from __future__ import annotations
 
+import inspect
 import os
 import queue as queue_mod
 import socket
@@ -448,6 +449,8 @@ class _Trainer:
         with mode, lp:
             if self.sched is not None:
                 kw = {"target": ids, "losses": []} if self.n_stages - 1 in self.mine else {}
+                if "return_outputs" in inspect.signature(self.sched.step).parameters:  # torch 2.10 on
+                    kw["return_outputs"] = plan.pp_return_outputs
                 if 0 in self.mine:
                     self.sched.step(ids, **kw)
                 else:
@@ -507,7 +510,7 @@ def run_rank(model: ModelSpec, plan: TrainingPlan, device: str = "cpu") -> dict[
     trainer.step(counter)
     dist.barrier()
     return {"rank": dist.get_rank(), "pp_rank": rank_pp, "stages": list(trainer.mine), "records": counter.records,
-            "pp_buffers": _stage_buffers(trainer)}
+            "pp_buffers": _stage_buffers(trainer), "pp_outputs": _stage_outputs(trainer)}
 
 
 def _stage_buffers(trainer: "_Trainer") -> list[int]:
@@ -520,6 +523,17 @@ def _stage_buffers(trainer: "_Trainer") -> list[int]:
         for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values()):
             out += [int(info.buffer.numel()) for info in infos if getattr(info, "buffer", None) is not None]
     return out
+
+
+def _stage_outputs(trainer: "_Trainer") -> list[list[int]]:
+    """Per pipeline stage of this rank, the bytes of every output it still keeps after the step
+    (torch's ``output_chunks``, local shards of DTensors): m logits tensors on the last stage when
+    the schedule returns outputs (meshplan's ``pp_return_outputs``), none otherwise."""
+    def local_bytes(t: Any) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    return [[local_bytes(t) for t in stage.output_chunks] for stage in getattr(trainer, "stages", [])]
 
 
 # ---- the launcher -----------------------------------------------------------------------------
