@@ -306,6 +306,7 @@ class Estimate:
                 "tp_overlap_kind": p.tp_overlap_kind,
                 "pipeline_runtime": p.pipeline_runtime,
                 "pp_buffers": p.pp_buffers,
+                "pp_return_outputs": p.pp_return_outputs,
                 "fsdp_head_in_root": p.fsdp_head_in_root,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
