@@ -37,3 +37,57 @@ def copy_records(rank: int, world: int, port: int, out) -> None:
         out.put([(r["kind"], r["phase"], r["bytes"]) for r in counter.records if r["op"] in COPY_KIND])
     finally:
         dist.destroy_process_group()
+
+
+#: an embedding-sized first unit (4,096 parameters) before four equal blocks (8,192 each)
+POOL_UNITS = (4096, 8192, 8192, 8192, 8192)
+
+
+def gather_buffer_events(rank: int, world: int, port: int, out) -> None:
+    """The flat all-gather buffers FSDP2 allocates in one forward (torchtitan's mixed precision, each
+    unit resharded after forward), as ("alloc", bytes, i) and ("free", bytes, i) in program order,
+    the frees seen by a finalizer on each buffer; put them on ``out``."""
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        torch.manual_seed(0)
+        # 64 x 64 = 4,096 parameters, then 64 x 128 and 128 x 64 = 8,192 each (POOL_UNITS)
+        mod = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False),
+                                  *(torch.nn.Linear(64, 128, bias=False) if j % 2 == 0 else torch.nn.Linear(128, 64, bias=False)
+                                    for j in range(4)))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in mod:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(mod, mesh=mesh, mp_policy=policy)
+        x = torch.randn(4, 64)
+        mod(x).sum().backward()  # warm-up: lazy init
+        events: list = []
+        original = group_mod.foreach_all_gather
+
+        def recording(*args, **kwargs):
+            result = original(*args, **kwargs)
+            buf = result.all_gather_output
+            i, nbytes = sum(e[0] == "alloc" for e in events), buf.numel() * buf.element_size()
+            events.append(("alloc", nbytes, i))
+            weakref.finalize(buf, events.append, ("free", nbytes, i))
+            return result
+
+        group_mod.foreach_all_gather = recording
+        try:
+            y = mod(x)  # the forward whose all-gathers are recorded
+            forward = list(events)
+            y.sum().backward()
+        finally:
+            group_mod.foreach_all_gather = original
+        out.put(forward)
+    finally:
+        dist.destroy_process_group()

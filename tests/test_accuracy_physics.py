@@ -26,7 +26,7 @@ from meshplan.cost.compute import (
     rope_bytes,
     softmax_bytes,
 )
-from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times
+from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, gather_pool_bytes
 from meshplan.errors import InputError
 from meshplan.estimate import estimate
 from meshplan.specs.hardware import ClusterSpec
@@ -180,8 +180,9 @@ def test_loss_buffers_per_stack():
 def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     """Compiled blocks with torch's eager cross-entropy beside them (compile_loss off, torchtitan
     of 2024) against Megatron's fused loss: one more fp32 logits tensor at the peak, the bf16
-    logits' block the caching allocator keeps reserved beside the eager loss's fp32 tensors, and the
-    final norm's fp32 input and 1/RMS (it runs eager beside the compiled blocks)."""
+    logits' block the caching allocator keeps reserved beside the eager loss's fp32 tensors, the
+    final norm's fp32 input and 1/RMS (it runs eager beside the compiled blocks), and FSDP2's
+    all-gather pool."""
     model = load_model("llama3-8b")
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
     plans = {k: TrainingPlan.build(where="plan", dp=8, micro_batch=2, global_batch=16, seq_len=8192, zero=3,
@@ -195,8 +196,12 @@ def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     # under torch.compile, op-level checkpointing keeps no down-projection output (the backward
     # never reads it): n·h·e less in each of the 32 layers (activations.op_sac_saved)
     down_outputs = 32 * n * h * 2
-    diff = 4 * n * V + 2 * n * V + (4 * n * h + 4 * n) - bf16_shard - down_outputs
-    assert est["compiled"].peak_bytes - est["fused"].peak_bytes == diff == 6_574_046_208
+    # FSDP2's all-gather pool on its copy-in stream (the torch stack's ZeRO-3; Megatron's has none):
+    # the final norm + LM head unit's bf16 buffer beside a block's, at the loss (the head unit last)
+    pool = gather_pool_bytes(model, 1, 1, ((32, True, True),), 2)
+    assert pool == (V * h + h) * 2 + 218_112_000 * 2 == est["compiled"].stages[0].other_items["all_gather_pool"]
+    diff = 4 * n * V + 2 * n * V + (4 * n * h + 4 * n) - bf16_shard - down_outputs + pool
+    assert est["compiled"].peak_bytes - est["fused"].peak_bytes == diff == 6_574_046_208 + 1_486_905_344
     assert est["compiled"].stages[0].other_items["freed_logits_block"] == 2 * n * V
     assert "freed_logits_block" not in est["fused"].stages[0].other_items
     # same fused element-wise kernels; the torch stack adds the GQA K/V copy forward, backward and

@@ -46,30 +46,35 @@ def test_only_torch_zero3_is_fsdp2():
     assert not runs_fsdp2(3, "fused") and not runs_fsdp2(1, "eager") and not runs_fsdp2(2, "compiled")
 
 
-def test_torch_fsdp2_copies_are_the_costed_bytes():
-    """torch's own FSDP2 under torchtitan's mixed precision on two gloo ranks: per unit of P = 8,192
-    parameters, each all-gather's copy-out moves 2·P·2 bytes and each reduce-scatter's copy-in
-    P·(2 + 4), forward and backward (weights resharded after forward)."""
-    pytest.importorskip("torch")
+def _on_two_ranks(worker) -> list:
+    """What ``worker(rank, 2, port, out)`` puts on ``out`` on each of two spawned gloo ranks."""
     import multiprocessing as mp
-
-    from fsdp_copy_support import WIDTHS, copy_records
 
     from meshplan.verify.comm import _free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=copy_records, args=(r, 2, port, out), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=worker, args=(r, 2, port, out), daemon=True) for r in range(2)]
     for proc in procs:
         proc.start()
     try:
-        ranks = [out.get(timeout=120) for _ in procs]
+        return [out.get(timeout=120) for _ in procs]
     finally:
         for proc in procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
+
+
+def test_torch_fsdp2_copies_are_the_costed_bytes():
+    """torch's own FSDP2 under torchtitan's mixed precision on two gloo ranks: per unit of P = 8,192
+    parameters, each all-gather's copy-out moves 2·P·2 bytes and each reduce-scatter's copy-in
+    P·(2 + 4), forward and backward (weights resharded after forward)."""
+    pytest.importorskip("torch")
+    from fsdp_copy_support import WIDTHS, copy_records
+
+    ranks = _on_two_ranks(copy_records)
     units = [a * b for a, b in zip(WIDTHS, WIDTHS[1:])]
     assert units == [8192, 8192]
     expected = sorted([("copy_out", "forward", copy_out_bytes(p, BF16)) for p in units]
@@ -147,3 +152,83 @@ def test_explain_shows_the_copies_on_the_torch_stack_only():
         assert d.value.startswith(f"{est.time.fsdp_comm_s * 1e3:.2f} ms")
     ddp = estimate(run.model, run.cluster, run.plan.model_copy(update={"zero": 1}))
     assert not any(x.key == "time.fsdp" for x in ddp.derivations)
+
+
+def test_torch_fsdp2_keeps_two_all_gather_buffers_in_the_forward():
+    """torch's own FSDP2 (torchtitan's mixed precision, two gloo ranks, an embedding-sized unit of
+    4,096 parameters before four blocks of 8,192): the forward allocates each unit's flat bf16
+    all-gather buffer (2·P bytes) and frees the previous unit's only after it, as
+    meshplan.cost.allocator.all_gather_pool_bytes replays them; the pool of that order is the
+    smaller unit plus two blocks (a block does not fit the smaller unit's hole)."""
+    pytest.importorskip("torch")
+    from fsdp_copy_support import POOL_UNITS, gather_buffer_events
+
+    from meshplan.cost.allocator import CachingAllocator, all_gather_pool_bytes
+
+    ranks = _on_two_ranks(gather_buffer_events)
+    sizes = [2 * p for p in POOL_UNITS]
+    order = [("alloc", sizes[0], 0)]
+    for i in range(1, len(sizes)):
+        order += [("alloc", sizes[i], i), ("free", sizes[i - 1], i - 1)]
+    for events in ranks:
+        # the last unit's buffer is freed by the root's post-forward or with the next all-gather
+        assert events[:len(order)] == order and events[len(order):] in ([], [("free", sizes[-1], len(sizes) - 1)])
+        events = events[:len(order)]
+        pool, where = CachingAllocator(), {}
+        for kind, nbytes, i in events:
+            if kind == "alloc":
+                where[i] = pool.malloc(nbytes)
+            else:
+                pool.release(where.pop(i))
+        assert pool.peak_reserved == all_gather_pool_bytes(sizes) == sizes[0] + 2 * sizes[1]
+
+
+def test_all_gather_pool_of_real_units():
+    """The pool's three shapes at real sizes (bytes, 512-byte multiples): equal blocks reserve two;
+    a smaller unit first (a 405B first pipeline rank: the embedding's 0.49 GiB before 0.74 GiB
+    blocks) adds its hole; a larger one (torchtitan's 2024 root unit of Llama 3 8B, embedding and LM
+    head, 1.96 GiB, before 0.41 GiB blocks) one block beside it."""
+    from meshplan.catalog import load_model
+    from meshplan.cost.allocator import all_gather_pool_bytes
+    from meshplan.cost.fsdp_copies import gather_pool_bytes
+    from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+
+    b405, e405 = layer_params_per_rank(load_model("llama3-405b"), 8) * 2, embedding_params_per_rank(load_model("llama3-405b"), 8) * 2
+    assert all_gather_pool_bytes([b405] * 16) == 2 * b405
+    assert gather_pool_bytes(load_model("llama3-405b"), 8, 8, ((15, True, False),), 2) == e405 + 2 * b405
+    assert e405 < b405 and round((e405 + 2 * b405) / 2**30, 2) == 1.97
+    m8 = load_model("llama3-8b")
+    root, b8 = (embedding_params_per_rank(m8, 1) + head_params_per_rank(m8, 1, 1)) * 2, layer_params_per_rank(m8, 1) * 2
+    assert gather_pool_bytes(m8, 1, 1, ((32, True, True),), 2, head_in_root=True) == root + b8
+    # the 2025 units: the embedding first, the blocks in its hole, the final norm + LM head last,
+    # larger than the embedding by the norm's 8,192 bytes: the segment grows by that much
+    head = head_params_per_rank(m8, 1, 1) * 2
+    assert head - embedding_params_per_rank(m8, 1) * 2 == 4096 * 2
+    assert gather_pool_bytes(m8, 1, 1, ((32, True, True),), 2) == head + b8
+
+
+def test_estimate_counts_the_pool_beside_each_moment():
+    """FSDP2's pool stands beside the compute stream's peak: in full where weights stay gathered
+    (torch's pipeline with FSDP2, the 405B first rank: 0.49 + 2 x 0.74 GiB) or at the loss, and
+    less the prefetched layer, which meshplan counts unsharded, at a layer's backward when
+    weights are resharded after forward. Megatron's ZeRO (fused stack) has no such pool."""
+    from meshplan.catalog import load_gpu, load_model
+    from meshplan.cost.fsdp_copies import gather_pool_bytes
+    from meshplan.cost.params import layer_params_per_rank
+    from meshplan.estimate import estimate
+    from meshplan.specs import ClusterSpec, TrainingPlan
+
+    m405 = load_model("llama3-405b")
+    piped = TrainingPlan(tp=8, pp=8, dp=8, zero=3, global_batch=256, seq_len=8192, recompute="full", kernels="compiled",
+                         reshard_after_forward=False, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", micro_batch=4)
+    est = estimate(m405, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 512), piped)
+    assert est.stages[0].other_items["all_gather_pool"] == gather_pool_bytes(m405, 8, 8, ((15, True, False),), 2)
+    assert est.stages[1].other_items["all_gather_pool"] == 2 * layer_params_per_rank(m405, 8) * 2
+    m8 = load_model("llama3-8b")
+    flat = TrainingPlan(dp=8, zero=3, global_batch=16, micro_batch=2, seq_len=8192, recompute="op", kernels="compiled")
+    one = estimate(m8, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8), flat).stages[0]
+    pool = gather_pool_bytes(m8, 1, 1, ((32, True, True),), 2)
+    at_layer = "logits_grad" not in one.other_items
+    assert one.other_items["all_gather_pool"] == (pool - layer_params_per_rank(m8, 1) * 2 if at_layer else pool)
+    fused = estimate(m8, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8), flat.model_copy(update={"kernels": "fused"})).stages[0]
+    assert "all_gather_pool" not in fused.other_items

@@ -417,7 +417,11 @@ def test_root_unit_plan_is_torchs_fsdp2_without_a_pipeline():
     assert own.stages[0].other_items["logits_grad"] == root.stages[0].other_items["logits_grad"] > 0
     counts = count_params(model)
     emb, block = counts.embedding, counts.layer.total
-    # the loss's moment: the embedding and the last block gathered in bf16 beside the head unit
-    assert root.peak_bytes - own.peak_bytes == 2 * (emb + block)
+    # the loss's moment: the embedding and the last block gathered in bf16 beside the head unit; and
+    # FSDP2's all-gather pool, the root's buffer (embedding and head) beside a block's where the own
+    # units' ends with the head unit's beside one: the embedding's bf16 bytes more
+    pools = [e.stages[0].other_items["all_gather_pool"] for e in (own, root)]
+    assert pools[1] - pools[0] == 2 * emb
+    assert root.peak_bytes - own.peak_bytes == 2 * (emb + block) + 2 * emb
     # and the embedding is not gathered again before its backward
     assert root.time.fsdp_comm_s < own.time.fsdp_comm_s

@@ -23,7 +23,7 @@ from meshplan.cost.activations import (
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_overlap_ctas
-from meshplan.cost.fsdp_copies import fsdp2_step_copy_times, fsdp2_unit_copy_times, runs_fsdp2
+from meshplan.cost.fsdp_copies import fsdp2_step_copy_times, fsdp2_unit_copy_times, gather_pool_bytes, runs_fsdp2
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
@@ -360,8 +360,12 @@ def estimate(
     budget: Budget | None = None,
     *,
     keep_timeline: bool = False,
+    stream_pools: bool = True,
 ) -> Estimate:
-    """Estimate ``plan`` for ``model`` on ``cluster`` (see the module docstring)."""
+    """Estimate ``plan`` for ``model`` on ``cluster`` (see the module docstring). ``stream_pools``
+    off leaves out the pool FSDP2's all-gather buffers reserve on their own stream (item
+    ``all_gather_pool``): the peak is then the allocated bytes the compute stream holds, what
+    torch's memory trackers count (``meshplan verify memory``)."""
     check_plan(model, cluster, plan)
     budget = budget or Budget()
     gpu = cluster.gpu
@@ -498,6 +502,9 @@ def estimate(
             "backward_gradients": backward_grads,
         }
         messages = pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine))
+        # FSDP2's all-gather buffers, in the pool of its copy-in stream
+        pool = gather_pool_bytes(model, t, pp, tuple((split[k], k == 0, k == last) for k in mine), rec.weight_bytes,
+                                 plan.fsdp_head_in_root, plan.ep) if fsdp2 and stream_pools else 0.0
         step_outputs = m * head_output if returns and last in mine else 0.0
         other = rank_other_items(
             reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
@@ -507,7 +514,7 @@ def estimate(
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes, pp_messages=messages,
             working=working, root_embedding_params=root_embedding, head_in_root=plan.fsdp_head_in_root,
             down_params=down_params, layer_stored=layer_stored, logits_block=logits_block,
-            kept_outputs=kept_outputs,
+            kept_outputs=kept_outputs, gather_pool=pool,
         )
         rank_mem = dict(rank=r, layers=n_layers, params=params, weights=state.weights, gradients=state.gradients,
                         optimizer=state.optimizer, peak_inflight=sim.peak_inflight[r])

@@ -352,6 +352,7 @@ def rank_other_items(
     layer_stored: Num,
     logits_block: Num,
     kept_outputs: Num = 0.0,
+    gather_pool: Num = 0.0,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
@@ -396,6 +397,12 @@ def rank_other_items(
     1.4 % over torch's peak, where 2·P_l·γ beside W was 7.1 % and 4.6 % over (``meshplan verify
     memory``; the layer's own weights, resharded before its reduce-scatter, are still counted at
     its end).
+    ``gather_pool`` (ZeRO-3 as torch's FSDP2; 0 otherwise): the reserved pool of FSDP2's all-gather
+    copy-in stream (:func:`meshplan.cost.allocator.all_gather_pool_bytes`), which the compute
+    stream cannot use, at both moments (item ``all_gather_pool``). G' above counts the prefetched
+    unit as unsharded; FSDP2's prefetch gathers it into the pool and copies it out only when its
+    backward begins, so where weights are resharded after forward the layer moment holds the pool
+    less that unit, P_l·w.
     ``kept_outputs`` (last stage, ``pp_return_outputs``): the outputs torch.distributed.pipelining
     keeps for the step's end beyond those of the micro-batches in flight (which the activations
     count: :func:`stage_activations`), the same at both moments and listed last (item
@@ -422,8 +429,11 @@ def rank_other_items(
     freed = head_act if holds_head else 0.0
     root_held = head_in_root and reshard_after_forward and not once_per_step
     held = head_here * weight_bytes if root_held else 0.0
-    at_head = (logits_grad + logits_block if holds_head else 0.0) + pick(z3, g_head, 0.0)
-    at_layer = pick(z3, g_layer + held, 0.0) + pick(z2, buckets, 0.0) + layer_freed - freed + working
+    prefetched = layer_params * weight_bytes if reshard_after_forward and not once_per_step else 0.0
+    pooled = np.logical_and(z3, gather_pool > 0)  # FSDP2 only: other ZeRO-3 gathers into its own buffers
+    pool_head, pool_layer = pick(pooled, gather_pool, 0.0), pick(pooled, gather_pool - prefetched, 0.0)
+    at_head = (logits_grad + logits_block if holds_head else 0.0) + pick(z3, g_head, 0.0) + pool_head
+    at_layer = pick(z3, g_layer + held, 0.0) + pick(z2, buckets, 0.0) + layer_freed - freed + working + pool_layer
     head_wins = at_head >= at_layer
     items = {
         "runtime_reserve": reserve,
@@ -436,6 +446,7 @@ def rank_other_items(
         "layer_activations_freed": pick(head_wins, 0.0, layer_freed),
         "head_activations_freed": pick(head_wins, 0.0, -freed) if holds_head else 0.0,
         "working_set_not_yet_built": pick(head_wins, -working, 0.0),
+        "all_gather_pool": pick(head_wins, pool_head, pool_layer),
         "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
         "pp_comm_buffers": pp_messages * p2p_bytes if pp > 1 else 0.0,
         "kept_outputs": kept_outputs if holds_head else 0.0,
@@ -459,6 +470,7 @@ def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, shard
         "layer_activations_freed": False,
         "head_activations_freed": holds_head and zero >= 2 and sharded,
         "working_set_not_yet_built": False,
+        "all_gather_pool": False,
         "tp_comm_buffers": tp > 1,
         "pp_comm_buffers": pp > 1,
         "kept_outputs": False,

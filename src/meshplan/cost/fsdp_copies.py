@@ -33,9 +33,10 @@ counts both ops of a real FSDP2 step on gloo and matches these bytes exactly
 
 from __future__ import annotations
 
+from meshplan.cost.allocator import all_gather_pool_bytes
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.compute import memory_time
-from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
+from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, largest_layer_params, layer_params_per_rank
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import PrecisionRecipe
@@ -87,3 +88,23 @@ def fsdp2_step_copy_times(params: float, units: int, rec: PrecisionRecipe, gpu: 
     overheads = (units - 1) * cal.kernel_overhead  # memory_time charges one kernel
     return (memory_time(copy_in_bytes(params, rec, accumulated=True), gpu, cal) + overheads,
             memory_time(copy_out_bytes(params, rec), gpu, cal) + overheads)
+
+
+def gather_pool_bytes(model: ModelSpec, tp: int, pp: int, stages: tuple[tuple[int, bool, bool], ...], weight_bytes: int,
+                      head_in_root: bool = False, ep: int = 1) -> float:
+    """The reserved pool of FSDP2's all-gather copy-in stream on one pipeline rank
+    (:func:`meshplan.cost.allocator.all_gather_pool_bytes`) over its units in forward order:
+    per stage it runs (``stages``: its layer count, whether it holds the embedding, whether the
+    LM head), the embedding unit, one unit per layer, the final norm + LM head unit; with
+    ``head_in_root`` (torchtitan's 2024 units) the root holding both, gathered first. Each unit is
+    P_u·w bytes (``weight_bytes``: FSDP2 gathers in the compute dtype); a layer is the model's
+    largest (the dense and mixture-of-experts layers of an MoE model alike, an upper bound)."""
+    layer = largest_layer_params(model, tp, ep)[0] * weight_bytes
+    emb, head = embedding_params_per_rank(model, tp) * weight_bytes, head_params_per_rank(model, tp, pp) * weight_bytes
+    units: list[float] = []
+    for n_layers, first, last in stages:
+        if head_in_root:
+            units += [(emb if first else 0) + (head if last else 0)] + [layer] * n_layers
+        else:
+            units += ([emb] if first else []) + [layer] * n_layers + ([head] if last else [])
+    return all_gather_pool_bytes(units)

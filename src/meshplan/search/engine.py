@@ -73,7 +73,7 @@ from meshplan.cost.calibration import calibration_for
 from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
-from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, root_unit_applies, runs_fsdp2
+from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, gather_pool_bytes, root_unit_applies, runs_fsdp2
 from meshplan.cost.compose import (
     after_pipeline,
     LayerTimes,
@@ -420,6 +420,7 @@ class Engine:
         self._rank_params = lru_cache(maxsize=None)(lambda *a: rank_params(model, *a))
         self._expert_params = lru_cache(maxsize=None)(lambda *a: rank_expert_params(model, *a))
         self._per_tp = lru_cache(maxsize=None)(self._per_tp_counts)
+        self._pool = lru_cache(maxsize=None)(lambda *a: gather_pool_bytes(model, *a))
 
     # ---- terms computed once per distinct argument ---------------------------------------------
     def _kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int) -> tuple:
@@ -686,6 +687,9 @@ class Engine:
         busy_c, after_c = np.empty((n_cls, G)), np.empty((n_cls, G))
         params_c, experts_c = np.empty((n_cls, len(mesh_rows)), dtype=np.int64), np.zeros((n_cls, len(mesh_rows)), dtype=np.int64)
         pg_c, head_c = np.empty((n_cls, G)), np.zeros(n_cls, dtype=bool)
+        # FSDP2's all-gather pool per class and mesh row (ZeRO-3 plans on a torch stack use it)
+        pool_c = np.zeros((n_cls, len(mesh_rows)))
+        root = base.fsdp_head_in_root and pp == 1
         # per class: its stages other than the pipeline's first, and other than its last
         not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
         for ci, r in enumerate(cls_first):
@@ -697,6 +701,9 @@ class Engine:
             p_of = {(x, y): (self._rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
                              self._expert_params(x, y, n_moe)) for x, y in te_vals}
             params_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
+            if runs_fsdp2(3, base.kernels):
+                units = tuple((split[j], j == 0, j == last) for j in mine)
+                pool_c[ci] = np.array([self._pool(x, pp, units, self.rec.weight_bytes, root, y) for x, y in te_vals])[te_of_mesh]
             if model.is_moe:
                 experts_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
             # (gradient sync, weight gather) per mesh row, each gathered per plan as a contiguous array
@@ -729,12 +736,12 @@ class Engine:
                 "layer_stored": pre.layer_stored[pre.lt_inv[at]]}
         mb_at = pre.mb[pre.mb_of_lt[pre.lt_inv[at]]]
         cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
-        params_b = np.take(params_c, buf_mesh, axis=1)
+        params_b, pool_b = np.take(params_c, buf_mesh, axis=1), np.take(pool_c, buf_mesh, axis=1)
         for rows_ in [np.arange(n_cls)] if len(buf_where) * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
                 other_buf[rows_], merged_buf[rows_] = self._rank_other(
                     T, pre, at, te_of_mesh[buf_mesh], k_at, cm_at, pp, head_c[rows_], params_b[rows_],
-                    messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans])
+                    messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans], pool_b[rows_])
         opt_pg = np.take(opt, mesh_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
 
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
@@ -825,12 +832,13 @@ class Engine:
         return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal, self.base.kernels)
 
     def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
-                    head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
         columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
-        ``pp_messages`` (:func:`pp_buffer_messages`) as (classes × plans): the total of the other
+        ``pp_messages`` (:func:`pp_buffer_messages`) and ``pool`` (FSDP2's all-gather pool,
+        :func:`meshplan.cost.fsdp_copies.gather_pool_bytes`) as (classes × plans): the total of the other
         items (:func:`rank_other_items`), as ``estimate`` adds them. Per-plan terms are rows
         broadcast over the classes: elementwise, so every entry is the one-plan value. With classes
         of both kinds the buffers are those of a rank with the LM head, whose head terms (loss
@@ -869,6 +877,7 @@ class Engine:
             pp_messages=pp_messages, working=k["working"][None, :],
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
             head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :], logits_block=logits_block,
+            gather_pool=pool,
         )
         shape = (len(head_rows), len(at))
         merged = np.full(shape, -np.inf)

@@ -312,7 +312,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
     got = measured if measured is not None else measure(model, plan, device)
     peak, state = got["peak"], got["state"]
     mplan = torch_plan(plan)  # torch's eager stack: its cross-entropy
-    st = estimate(model, cluster, mplan).stages[0]
+    st = estimate(model, cluster, mplan, stream_pools=False).stages[0]  # allocated bytes, as the trackers count
     fsdp = plan.dp > 1 and plan.zero >= 2
     key = {
         "weights": "Sharded Param" if fsdp else "Parameter",
