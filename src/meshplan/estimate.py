@@ -755,6 +755,16 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
          ("working", fmt_bytes(worst.activation_items.get('backward_working_set', 0.0))),
          ("gradients", fmt_bytes(worst.activation_items.get('backward_gradients', 0.0)))),
         fmt_bytes(worst.activations), "Korthikanti et al. 2022 Table 2, derived from the layer's tensor list"))
+    at_end = "merged_outputs" in worst.other_items
+    d.append(Derivation(
+        f"memory.stages[{worst.rank}].other", "Buffers and reserves per GPU (worst stage)",
+        "Σ of the items live at the peak's moment: " + (
+            "the step's end, the last stage's kept outputs and their concatenation" if at_end else
+            "the larger of the loss's backward and the top layer's (negative items: what that moment has freed or not yet built)"),
+        tuple((name, fmt_bytes(v)) for name, v in worst.other_items.items() if v) or (("items", "none"),),
+        fmt_bytes(worst.other),
+        "meshplan.cost.compose.rank_other_items" + ("; merged_outputs_items" if at_end else "")
+        + ("; reserved pools: meshplan.cost.allocator" if "all_gather_pool" in worst.other_items else "")))
     d.append(Derivation(
         "memory.peak_bytes", "Peak memory per GPU", "max over pipeline ranks of weights + gradients + optimizer + activations + other",
         tuple((f"rank {st.rank}", fmt_bytes(st.total)) for st in est.stages[:4]) + ((("...", f"{len(est.stages)} ranks"),) if len(est.stages) > 4 else ()),
