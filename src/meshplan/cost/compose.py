@@ -430,9 +430,10 @@ def rank_other_items(
     root_held = head_in_root and reshard_after_forward and not once_per_step
     held = head_here * weight_bytes if root_held else 0.0
     prefetched = layer_params * weight_bytes if reshard_after_forward and not once_per_step else 0.0
-    pooled = np.logical_and(z3, gather_pool > 0)  # FSDP2 only: other ZeRO-3 gathers into its own buffers
+    pooled = z3 & (gather_pool > 0)  # FSDP2 only: other ZeRO-3 gathers into its own buffers
     # (a rank without layers, an empty end stage, has no prefetched layer to take off)
-    pool_head, pool_layer = pick(pooled, gather_pool, 0.0), pick(pooled, np.maximum(gather_pool - prefetched, 0.0), 0.0)
+    beside = np.maximum(gather_pool - prefetched, 0.0) if isinstance(gather_pool, np.ndarray) else max(gather_pool - prefetched, 0.0)
+    pool_head, pool_layer = pick(pooled, gather_pool, 0.0), pick(pooled, beside, 0.0)
     at_head = (logits_grad + logits_block if holds_head else 0.0) + pick(z3, g_head, 0.0) + pool_head
     at_layer = pick(z3, g_layer + held, 0.0) + pick(z2, buckets, 0.0) + layer_freed - freed + working + pool_layer
     head_wins = at_head >= at_layer
