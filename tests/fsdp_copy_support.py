@@ -39,8 +39,9 @@ def copy_records(rank: int, world: int, port: int, out) -> None:
         dist.destroy_process_group()
 
 
-#: an embedding-sized first unit (4,096 parameters) before four equal blocks (8,192 each)
-POOL_UNITS = (4096, 8192, 8192, 8192, 8192)
+#: a smaller first unit (1024 x 640: 655,360 parameters, 1.25 MiB in bf16) before four equal blocks
+#: (640 x 2048: 1,310,720 each, 2.5 MiB), all beyond the allocator's 1 MiB small-pool limit
+POOL_UNITS = (655_360, 1_310_720, 1_310_720, 1_310_720, 1_310_720)
 
 
 def gather_buffer_events(rank: int, world: int, port: int, out) -> None:
@@ -60,15 +61,15 @@ def gather_buffer_events(rank: int, world: int, port: int, out) -> None:
     try:
         mesh = init_device_mesh("cpu", (world,))
         torch.manual_seed(0)
-        # 64 x 64 = 4,096 parameters, then 64 x 128 and 128 x 64 = 8,192 each (POOL_UNITS)
-        mod = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False),
-                                  *(torch.nn.Linear(64, 128, bias=False) if j % 2 == 0 else torch.nn.Linear(128, 64, bias=False)
+        # 1024 -> 640, then 640 -> 2048 and 2048 -> 640 in turn (POOL_UNITS)
+        mod = torch.nn.Sequential(torch.nn.Linear(1024, 640, bias=False),
+                                  *(torch.nn.Linear(640, 2048, bias=False) if j % 2 == 0 else torch.nn.Linear(2048, 640, bias=False)
                                     for j in range(4)))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in mod:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
         fully_shard(mod, mesh=mesh, mp_policy=policy)
-        x = torch.randn(4, 64)
+        x = torch.randn(4, 1024)
         mod(x).sum().backward()  # warm-up: lazy init
         events: list = []
         original = group_mod.foreach_all_gather

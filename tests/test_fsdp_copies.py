@@ -155,8 +155,8 @@ def test_explain_shows_the_copies_on_the_torch_stack_only():
 
 
 def test_torch_fsdp2_keeps_two_all_gather_buffers_in_the_forward():
-    """torch's own FSDP2 (torchtitan's mixed precision, two gloo ranks, an embedding-sized unit of
-    4,096 parameters before four blocks of 8,192): the forward allocates each unit's flat bf16
+    """torch's own FSDP2 (torchtitan's mixed precision, two gloo ranks, a unit of 655,360 parameters
+    before four blocks of 1,310,720): the forward allocates each unit's flat bf16
     all-gather buffer (2·P bytes) and frees the previous unit's only after it, as
     meshplan.cost.allocator.all_gather_pool_bytes replays them; the pool of that order is the
     smaller unit plus two blocks (a block does not fit the smaller unit's hole)."""
@@ -214,7 +214,7 @@ def test_estimate_counts_the_pool_beside_each_moment():
     weights are resharded after forward. Megatron's ZeRO (fused stack) has no such pool."""
     from meshplan.catalog import load_gpu, load_model
     from meshplan.cost.fsdp_copies import gather_pool_bytes
-    from meshplan.cost.params import layer_params_per_rank
+    from meshplan.cost.params import embedding_params_per_rank, layer_params_per_rank
     from meshplan.estimate import estimate
     from meshplan.specs import ClusterSpec, TrainingPlan
 
@@ -224,11 +224,21 @@ def test_estimate_counts_the_pool_beside_each_moment():
     est = estimate(m405, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 512), piped)
     assert est.stages[0].other_items["all_gather_pool"] == gather_pool_bytes(m405, 8, 8, ((15, True, False),), 2)
     assert est.stages[1].other_items["all_gather_pool"] == 2 * layer_params_per_rank(m405, 8) * 2
-    m8 = load_model("llama3-8b")
+    m8, h100 = load_model("llama3-8b"), load_gpu("h100-sxm-80gb")
+    block = layer_params_per_rank(m8, 1) * 2
+    # at the loss (the LM head's rank, its loss buffers the larger moment): the whole pool, the
+    # final norm + LM head unit's buffer beside a block's
     flat = TrainingPlan(dp=8, zero=3, global_batch=16, micro_batch=2, seq_len=8192, recompute="op", kernels="compiled")
-    one = estimate(m8, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8), flat).stages[0]
-    pool = gather_pool_bytes(m8, 1, 1, ((32, True, True),), 2)
-    at_layer = "logits_grad" not in one.other_items
-    assert one.other_items["all_gather_pool"] == (pool - layer_params_per_rank(m8, 1) * 2 if at_layer else pool)
-    fused = estimate(m8, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8), flat.model_copy(update={"kernels": "fused"})).stages[0]
+    one = estimate(m8, ClusterSpec.of(h100, 8), flat).stages[0]
+    assert one.other_items["logits_grad"] > 0 and "working_set_not_yet_built" in one.other_items  # the loss's moment
+    assert one.other_items["all_gather_pool"] == gather_pool_bytes(m8, 1, 1, ((32, True, True),), 2)
+    # at a layer's backward (the first of two pipeline ranks, resharding after forward): the pool
+    # of the embedding and two blocks, less the prefetched block counted unsharded
+    piped = flat.model_copy(update={"pp": 2, "dp": 4})
+    first = estimate(m8, ClusterSpec.of(h100, 8), piped).stages[0]
+    assert "logits_grad" not in first.other_items
+    pool = gather_pool_bytes(m8, 1, 2, ((16, True, False),), 2)
+    assert pool == embedding_params_per_rank(m8, 1) * 2 + block  # the embedding larger than a block
+    assert first.other_items["all_gather_pool"] == pool - block
+    fused = estimate(m8, ClusterSpec.of(h100, 8), flat.model_copy(update={"kernels": "fused"})).stages[0]
     assert "all_gather_pool" not in fused.other_items

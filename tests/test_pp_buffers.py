@@ -9,6 +9,7 @@ import pytest
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.activations import logits_output_bytes
 from meshplan.cost.compose import pp_buffer_messages
+from meshplan.cost.fsdp_copies import gather_pool_bytes
 from meshplan.estimate import estimate
 from meshplan.specs import ClusterSpec, TrainingPlan
 
@@ -87,6 +88,11 @@ def test_returned_outputs_are_kept_to_the_steps_end():
     o8 = logits_output_bytes(load_model("llama3-8b"), 1, 8192, 1, 1, 2)
     assert end.activations == 0.0 and end.other_items["step_outputs"] == end.other_items["merged_outputs"] == 32 * o8
     assert end.total == end.weights + end.gradients + end.optimizer + sum(end.other_items.values())
+    # under FSDP2 the all-gather pool, reserved on its own stream, is still there at the step's end
+    fsdp = estimate(load_model("llama3-8b"), CLUSTER, _plan("per-micro-batch", tp=1, dp=16, global_batch=512, zero=3,
+                                                            kernels="eager", pp_return_outputs=True)).stages[-1]
+    assert fsdp.activations == 0.0 and fsdp.peak_inflight == 0
+    assert fsdp.other_items["all_gather_pool"] == gather_pool_bytes(load_model("llama3-8b"), 1, 4, ((8, False, True),), 2) > 0
 
 
 def test_torch_last_stage_peak_measured():

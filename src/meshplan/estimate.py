@@ -15,6 +15,7 @@ from meshplan.cost.activations import (
     embedding_activation_bytes,
     freed_logits_block_bytes,
     head_activation_bytes,
+    held_logits_bytes,
     layer_activations,
     logits_output_bytes,
     loss_grad_bytes,
@@ -447,7 +448,8 @@ def estimate(
     torch_pp = plan.pp_buffers == "per-micro-batch" and pp > 1
     kept_output = p2p_bytes if plan.pp_buffers == "per-micro-batch" else 0.0
     head_output = logits_output_bytes(model, b, s, t, c, e) if torch_pp else 0.0
-    stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output, head_output)
+    held = held_logits_bytes(model, b, s, t, c, e, plan.loss_kernels) if torch_pp else 0.0
+    stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output, held)
     working, backward_grads, layer_stored = la.working, la.gradients, la.stored
     if model.is_moe:
         la_moe = layer_activations(
@@ -522,8 +524,9 @@ def estimate(
                           activation_items=act_items, other_items=other)
         if step_outputs:  # the step's end, the kept outputs merged: no activations left
             merged = merged_outputs_items(reserve=cal.runtime_reserve, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
-                                          pp_messages=messages, step_outputs=step_outputs)
-            at_end = StageMemory(**rank_mem, activations=0.0, other=total_of(merged),
+                                          pp_messages=messages, step_outputs=step_outputs,
+                                          gather_pool=pool if plan.zero == 3 and shard > 1 else 0.0)
+            at_end = StageMemory(**{**rank_mem, "peak_inflight": 0}, activations=0.0, other=total_of(merged),
                                  activation_items={k: 0.0 for k in act_items}, other_items=merged)
             mem = at_end if at_end.total > mem.total else mem
         stages.append(mem)

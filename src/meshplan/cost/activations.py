@@ -459,6 +459,15 @@ def freed_logits_block_bytes(
     return act_bytes * _logit_entries(model, micro_batch, seq_len, tp, cp)
 
 
+def held_logits_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, act_bytes: int = 2,
+                      loss_kernels: str = "fused") -> float:
+    """The last stage's output as torch.distributed.pipelining holds it to the micro-batch's backward,
+    beyond what :func:`head_activation_bytes` counts: the logits O
+    (:func:`logits_output_bytes`), or nothing when a compiled loss already saves them as its input
+    (:func:`compiled_loss`: the same tensor)."""
+    return 0.0 if compiled_loss(loss_kernels, tp) else logits_output_bytes(model, micro_batch, seq_len, tp, cp, act_bytes)
+
+
 def logits_output_bytes(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, act_bytes: int = 2) -> float:
     """O = e·n·V/t: the last pipeline stage's output for one micro-batch, the LM head's e-byte logits
     (n = b·s/c tokens, V/t vocabulary entries per GPU: torchtitan's head returns its

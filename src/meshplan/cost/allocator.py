@@ -116,13 +116,14 @@ def all_gather_pool_bytes(units: Sequence[float]) -> float:
     result to free after the next copy-out", ``comm_ctx.all_gather_state``), so two buffers are
     live at once: allocate unit i, free unit i − 1. The compute stream cannot reuse that pool, so
     its reserved peak stands beside the compute stream's through the step (the backward, which
-    frees each buffer at once, fits in it). Units without parameters (0) are skipped. Two equal
+    frees each buffer at once, fits in it). Units of at most 1 MiB go to the small pool and are
+    left out, as :func:`replay` leaves them (and units without parameters). Two equal
     blocks reserve 2·P·w; a smaller unit before them (an embedding, torchtitan's 2024 root unit)
     leaves a hole they do not fit, E + 2·P·w; a larger one, E + P·w."""
     pool = CachingAllocator()
     previous = None
     for size in units:
-        if size <= 0:
+        if size <= SMALL_REQUEST:
             continue
         current = pool.malloc(int(size))
         if previous is not None:

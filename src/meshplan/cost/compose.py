@@ -493,7 +493,7 @@ def kept_outputs_bytes(m: Num, live_peak: Num, output: Num) -> Num:
 
 
 def merged_outputs_items(*, reserve: float, tp: Num, act_msg: Num, pp: int, p2p_bytes: Num, pp_messages: Num,
-                         step_outputs: Num) -> dict[str, Num]:
+                         step_outputs: Num, gather_pool: Num = 0.0) -> dict[str, Num]:
     """The last pipeline rank at the end of a step that returns outputs (``pp_return_outputs``):
     torch's schedule merges the m outputs its last stage kept (``step_outputs`` = m·O, the logits
     of :func:`meshplan.cost.activations.logits_output_bytes`) into one batch
@@ -501,17 +501,20 @@ def merged_outputs_items(*, reserve: float, tp: Num, act_msg: Num, pp: int, p2p_
     (items ``step_outputs`` and ``merged_outputs``). By then every backward has run: no
     activations are stored, FSDP2 has resharded the weights and reduce-scattered the gradients it
     accumulated unsharded, so beside the model state only the buffers that are always there
-    remain (:func:`rank_other_items`). The rank's peak is the larger of this moment and the
-    backward's."""
+    remain (:func:`rank_other_items`), and the pools other streams reserved, which are never given
+    back (``gather_pool``: FSDP2's all-gather pool, for ZeRO-3 plans; item ``all_gather_pool``).
+    The rank's peak is the larger of this moment and the backward's."""
     items = {
         "runtime_reserve": reserve,
         "step_outputs": step_outputs,
         "merged_outputs": step_outputs,
+        "all_gather_pool": gather_pool,
         "tp_comm_buffers": pick(tp > 1, 2 * act_msg, 0.0),
         "pp_comm_buffers": pp_messages * p2p_bytes if pp > 1 else 0.0,
     }
     if not isinstance(tp, np.ndarray):  # one plan: the buffers only where they apply, as rank_other_items lists them
-        items = {k: v for k, v in items.items() if k != "tp_comm_buffers" or tp > 1}
+        items = {k: v for k, v in items.items()
+                 if (k != "tp_comm_buffers" or tp > 1) and (k != "all_gather_pool" or v)}
     return items
 
 

@@ -65,8 +65,8 @@ import numpy as np
 
 from meshplan.cost import collectives as coll
 from meshplan.cost.activations import (
-    embedding_activation_bytes, freed_logits_block_bytes, head_activation_bytes, layer_activations, logits_output_bytes,
-    loss_grad_bytes, saved_gemm_input_bytes,
+    embedding_activation_bytes, freed_logits_block_bytes, head_activation_bytes, held_logits_bytes, layer_activations,
+    logits_output_bytes, loss_grad_bytes, saved_gemm_input_bytes,
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
@@ -115,7 +115,7 @@ _UNSPLIT_MASK = np.isin(np.arange(len(SCHEDULE_NAMES)), [SCHEDULE_NAMES.index(n)
 _KERNEL_FIELDS = (
     "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute",
     "emb_fwd", "emb_bwd", "emb_wgt", "head_fwd", "head_bwd", "head_wgt",
-    "act_stored", "act_working", "emb_act", "head_act", "kept_output", "head_output",
+    "act_stored", "act_working", "emb_act", "head_act", "kept_output", "head_output", "held_logits",
 )
 #: the collectives of one micro-batch (:meth:`Engine._comm_terms`)
 _MB_FIELDS = ("tp_one", "cp_kv", "cp_dkv", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd")
@@ -438,6 +438,7 @@ class Engine:
             head_activation_bytes(m, b, s, t, c, sp, e, base.loss_kernels, base.kernels),
             self._p2p_bytes(t, c, b, sp) if base.pp_buffers == "per-micro-batch" else 0.0,
             logits_output_bytes(m, b, s, t, c, e) if base.pp_buffers == "per-micro-batch" else 0.0,
+            held_logits_bytes(m, b, s, t, c, e, base.loss_kernels) if base.pp_buffers == "per-micro-batch" else 0.0,
         )
 
     def _p2p_bytes(self, t: int, c: int, b: int, sp: int) -> float:
@@ -636,8 +637,8 @@ class Engine:
         # stage activations depend on the kernel row only: once per distinct row
         ku = dict(zip(_KERNEL_FIELDS, kernel.T))
         # torch's pipelining keeps each stage's output to its backward, the last stage's logits too
-        head_output = ku["head_output"] if pp > 1 else 0.0
-        act_mat = stage_activation_table(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"], head_output)  # (kernel rows, stages)
+        held = ku["held_logits"] if pp > 1 else 0.0
+        act_mat = stage_activation_table(split, ku["act_stored"], ku["emb_act"], ku["head_act"], ku["kept_output"], held)  # (kernel rows, stages)
         if model.is_moe:  # as estimate does: MoE layers' own times and activations, added per stage
             # the MoE layer's activations do not depend on ep: those of ep = 1, on the rows of ``kernel``
             kmu = dict(zip(_MOE_FIELDS, pre.moe_kernel_ep1.T))
@@ -884,7 +885,8 @@ class Engine:
         if returns and holds_head:
             end = total_of(merged_outputs_items(
                 reserve=self.cal.runtime_reserve, tp=t, act_msg=cm["act_msg"][None, :], pp=pp,
-                p2p_bytes=cm["p2p_bytes"][None, :], pp_messages=pp_messages, step_outputs=step_outputs))
+                p2p_bytes=cm["p2p_bytes"][None, :], pp_messages=pp_messages, step_outputs=step_outputs,
+                gather_pool=np.where((zero == 3) & (shard > 1), pool, 0.0)))
             merged = np.where(head_rows[:, None], np.broadcast_to(end, shape), -np.inf)
         return np.broadcast_to(total_of(other), shape), merged
 

@@ -28,7 +28,7 @@ import os
 import tempfile
 from typing import Any, Callable
 
-from meshplan.cost.allocator import ROUND, SMALL_REQUEST, CachingAllocator, replay  # noqa: F401
+from meshplan.cost.allocator import CachingAllocator, replay  # noqa: F401
 
 
 def profiled_events(fn: Callable[[], Any]) -> list[tuple[int, int]]:
