@@ -524,13 +524,11 @@ class Engine:
     def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
         """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
         layer's parameters (ZeRO-3's buffers hold it), the head's and the embedding's parameters,
-        the largest layer's down projection's, the freed logits' block per token, and the last
-        stage's output (the logits) per token."""
+        the largest layer's down projection's, and the freed logits' block per token."""
         model, kernels = self.model, self.base.loss_kernels
         layer, down = largest_layer_params(model, x, y)
         return (loss_grad_bytes(model, 1, 1, x, 1, kernels, self.e), layer, head_params_per_rank(model, x, pp),
-                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e),
-                logits_output_bytes(model, 1, 1, x, 1, self.e))
+                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e))
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -729,20 +727,24 @@ class Engine:
         # LM head and one for those with it
         buf_where, buf_of_state = _distinct(with_batch(state_mesh * len(kernel) + kid[state_where], state_where))
         buf_mesh, buf_plans = state_mesh[buf_where], state_where[buf_where]
-        other_buf, merged_buf = np.empty((n_cls, len(buf_where))), np.empty((n_cls, len(buf_where)))
+        returns = base.pp_return_outputs and pp > 1  # the step's end is a moment of its own
+        other_buf = np.empty((n_cls, len(buf_where)))
+        merged_buf = np.empty((n_cls, len(buf_where))) if returns else None
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
         messages = pp_buffer_messages(base.pp_buffers, m[buf_plans][None, :], not_first[:, None], not_last[:, None])
         at = np.arange(idx.start, idx.stop)[buf_plans]
         k_at = {"head_act": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_act")], "working": pre.working[pre.lt_inv[at]],
-                "layer_stored": pre.layer_stored[pre.lt_inv[at]]}
+                "layer_stored": pre.layer_stored[pre.lt_inv[at]], "head_output": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_output")]}
         mb_at = pre.mb[pre.mb_of_lt[pre.lt_inv[at]]]
         cm_at = {name: mb_at[:, _MB_FIELDS.index(name)] for name in ("act_msg", "p2p_bytes")}
         params_b, pool_b = np.take(params_c, buf_mesh, axis=1), np.take(pool_c, buf_mesh, axis=1)
         for rows_ in [np.arange(n_cls)] if len(buf_where) * n_cls <= _RUN else [np.flatnonzero(~head_c), np.flatnonzero(head_c)]:
             if len(rows_):
-                other_buf[rows_], merged_buf[rows_] = self._rank_other(
+                other_buf[rows_], merged = self._rank_other(
                     T, pre, at, te_of_mesh[buf_mesh], k_at, cm_at, pp, head_c[rows_], params_b[rows_],
                     messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans], pool_b[rows_])
+                if returns:
+                    merged_buf[rows_] = merged
         opt_pg = np.take(opt, mesh_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
 
         # peak activations: each schedule's live counts, once per distinct (micro-batch count,
@@ -761,7 +763,7 @@ class Engine:
             m_where, m_inv = _distinct(m_eff[first])  # the live counts of every micro-batch count at once
             rows = state_rows_many(SCHEDULE_NAMES[code], pp, m_eff[first][m_where], v)
             kept = None
-            if base.pp_return_outputs and pp > 1:  # the outputs the last stage keeps beyond those in flight
+            if returns:  # the outputs the last stage keeps beyond those in flight
                 live = last_stage_live_peaks(rows, SCHEDULE_NAMES[code], pp, v)[m_inv][pair_inv]
                 per_row = kept_outputs_bytes(m[sub][mem_where], live, ku["head_output"][mem_kid])
                 kept = np.where(head_c[:, None], per_row[None, :], 0.0)
@@ -782,7 +784,8 @@ class Engine:
                     stored_u[sel] = padded_peak_bytes(rows[i, :, : n_held[i]], act_pairs[sel])
             peak_u, worst_u = _peak_rank(
                 stored_u, pair_inv, cls_of, cls_ranks, np.take(fixed, state_mesh[mem_rows], axis=1), working.take(lt_inv[sub][mem_where]),
-                np.take(other_buf, buf_of_state[mem_rows], axis=1), np.take(merged_buf, buf_of_state[mem_rows], axis=1), kept,
+                np.take(other_buf, buf_of_state[mem_rows], axis=1),
+                None if merged_buf is None else np.take(merged_buf, buf_of_state[mem_rows], axis=1), kept,
             )
             peak[sub], worst[sub] = peak_u.take(mem_inv), worst_u.take(mem_inv)
         # under GPipe, 1F1B and interleaved 1F1B every rank ends with the backward of its first
@@ -836,7 +839,7 @@ class Engine:
                     head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
-        columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``act_msg``, ``p2p_bytes``), and its classes of
+        columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``head_output``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
         ``pp_messages`` (:func:`pp_buffer_messages`) and ``pool`` (FSDP2's all-gather pool,
         :func:`meshplan.cost.fsdp_copies.gather_pool_bytes`) as (classes × plans): the total of the other
@@ -847,18 +850,19 @@ class Engine:
         item is then ±0, as the rank without the head lists, and adds nothing to the positive
         total. Second, the total of the step's-end items (:func:`merged_outputs_items`) where the
         plan returns outputs and the class holds the LM head (``m`` micro-batches per plan), −inf
-        elsewhere: a rank's peak is the larger of its backward and that moment."""
+        on the other classes, None when the plans do not return outputs: a rank's peak is the
+        larger of its backward and that moment."""
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 7).T.take(te, axis=1)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 6).T.take(te, axis=1)
         tokens = row(T.micro_batch) * base.seq_len / c
         logits_grad, logits_block = tokens * per_tp[:1], tokens * per_tp[5:6]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
         if base.pp_buffers == "per-micro-batch" and pp > 1:  # torch's schedule holds the logits: no freed block
             logits_block = 0.0 * logits_block
         returns = base.pp_return_outputs and pp > 1  # the last stage keeps its outputs to the step's end
-        step_outputs = m[None, :] * (tokens * per_tp[6:7]) if returns else 0.0
+        step_outputs = m[None, :] * k["head_output"][None, :] if returns else 0.0
         root = base.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
         holds_head = bool(head.all())
         head_rows = head
@@ -881,13 +885,15 @@ class Engine:
             gather_pool=pool,
         )
         shape = (len(head_rows), len(at))
-        merged = np.full(shape, -np.inf)
-        if returns and holds_head:
-            end = total_of(merged_outputs_items(
-                reserve=self.cal.runtime_reserve, tp=t, act_msg=cm["act_msg"][None, :], pp=pp,
-                p2p_bytes=cm["p2p_bytes"][None, :], pp_messages=pp_messages, step_outputs=step_outputs,
-                gather_pool=np.where((zero == 3) & (shard > 1), pool, 0.0)))
-            merged = np.where(head_rows[:, None], np.broadcast_to(end, shape), -np.inf)
+        merged = None
+        if returns:
+            merged = np.full(shape, -np.inf)
+            if holds_head:
+                end = total_of(merged_outputs_items(
+                    reserve=self.cal.runtime_reserve, tp=t, act_msg=cm["act_msg"][None, :], pp=pp,
+                    p2p_bytes=cm["p2p_bytes"][None, :], pp_messages=pp_messages, step_outputs=step_outputs,
+                    gather_pool=np.where((zero == 3) & (shard > 1), pool, 0.0)))
+                merged = np.where(head_rows[:, None], np.broadcast_to(end, shape), -np.inf)
         return np.broadcast_to(total_of(other), shape), merged
 
     def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
