@@ -13,7 +13,7 @@ from meshplan.estimate import Budget, estimate
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
 from meshplan.pipeline.simulate import live_count_peaks
 from meshplan.search.engine import Engine, _memory_microbatches
-from meshplan.search.run import search
+from meshplan.search.run import plan_of, search
 from meshplan.search.space import REASONS, SearchLimits, enumerate_plans
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
@@ -33,6 +33,13 @@ SPACES = [
     # at the step's end, or beside the backward; about a third of the plans peak at one of the two)
     ("llama3-70b", 64, 4096, 256, SearchLimits(max_micro_batch=2, max_vpp=2, zero=(1, 3)),
      {"pp_buffers": "per-micro-batch", "pp_return_outputs": True, "kernels": "eager"}),
+    # FSDP2's FP8 all-gather (the ZeRO-3 plans gather their Float8Linear weights as FP8), weights
+    # resharded after forward or kept gathered
+    ("llama3-8b", 32, 4096, 64, SearchLimits(max_micro_batch=2, max_vpp=2, zero=(1, 3)),
+     {"precision": PrecisionRecipe(precision="fp8"), "kernels": "compiled", "zero": 3, "fsdp_fp8_all_gather": True}),
+    ("llama3-70b", 64, 4096, 128, SearchLimits(max_micro_batch=2, max_vpp=2, zero=(2, 3)),
+     {"precision": PrecisionRecipe(precision="fp8"), "kernels": "eager", "zero": 3, "fsdp_fp8_all_gather": True,
+      "reshard_after_forward": False, "pp_buffers": "per-micro-batch"}),
 ]
 
 
@@ -51,7 +58,7 @@ def test_screen_memory_is_estimates_to_the_bit_and_step_bound_holds(name, gpus, 
     screen = Engine(model, cluster, base).evaluate(table)
     rng = np.random.default_rng(7)
     for i in rng.choice(len(table), 60, replace=False).tolist():
-        plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+        plan = plan_of(base, table, i)
         check_plan(model, cluster, plan)  # every enumerated plan is structurally valid
         est = estimate(model, cluster, plan)
         assert screen.peak_bytes[i] == est.peak_bytes, table.row(i)

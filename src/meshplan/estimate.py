@@ -24,7 +24,7 @@ from meshplan.cost.activations import (
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_overlap_ctas
-from meshplan.cost.fsdp_copies import fsdp2_step_copy_times, fsdp2_unit_copy_times, gather_pool_bytes, runs_fsdp2
+from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_step_copy_times, fsdp2_unit_copy_times, gather_pool_bytes, runs_fsdp2
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.compose import (
@@ -386,7 +386,12 @@ def estimate(
     flops = step_flops(model, s, plan.global_batch, plan.recompute, plan.attention_flops)
 
     # ---- per-layer compute and communication (one micro-batch, one GPU) ----------------------
-    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels)
+    shard = plan.shard_degree
+    # FSDP2's FP8 all-gather: the blocks' Float8Linear weights gathered, held and used as FP8
+    fp8_gather = plan.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1
+    layer_saving = fp8_gather_saving(model, t, rec.weight_bytes, fp8_gather)
+    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
+                         weights_in_fp8=fp8_gather)
     emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
     head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e, plan.loss_kernels)
     recompute_layer = recompute_time(ops, plan.recompute)
@@ -395,17 +400,16 @@ def estimate(
     act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
     tp_one = tp_collective_time(act_msg, sp, pl.tp, cluster, cal)
     cp_comm = cp_exchange_collectives(model, tokens, t, e, plan.kernels, c, pl.cp, cluster, cal)
-    shard = plan.shard_degree
     layer_params = layer_params_per_rank(model, t)
     # ZeRO-3 that keeps weights gathered and gradients unsharded through the step communicates like
     # ZeRO-1/2 (one reduce-scatter after the last backward, one all-gather before the first
     # forward) and holds what they hold, on top of its shards
     once_per_step = plan.zero == 3 and plan.fsdp_accumulate_unsharded
     fsdp_per_layer = plan.zero == 3 and shard > 1 and not once_per_step
-    units = fsdp_unit_times(model, t, pp, rec, pl.shard, cluster, cal) if fsdp_per_layer else (0.0,) * 6
+    units = fsdp_unit_times(model, t, pp, rec, pl.shard, cluster, cal, fp8_gather) if fsdp_per_layer else (0.0,) * 6
     ag, rs = units[0], units[1]
     fsdp2 = runs_fsdp2(plan.zero, plan.kernels)
-    copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal) if fsdp_per_layer and fsdp2 else (0.0,) * 6
+    copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal, fp8_gather=fp8_gather) if fsdp_per_layer and fsdp2 else (0.0,) * 6
     lt_args = dict(
         full_recompute=plan.recompute == "full",
         emb=(emb_ops.fwd, emb_ops.bwd, emb_ops.bwd_weight), head=(head_ops.fwd, head_ops.bwd, head_ops.bwd_weight),
@@ -506,7 +510,7 @@ def estimate(
         messages = pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine))
         # FSDP2's all-gather buffers, in the pool of its copy-in stream
         pool = gather_pool_bytes(model, t, pp, tuple((split[k], k == 0, k == last) for k in mine), rec.weight_bytes,
-                                 plan.fsdp_head_in_root, plan.ep) if fsdp2 and stream_pools else 0.0
+                                 plan.fsdp_head_in_root, plan.ep, fp8_gather) if fsdp2 and stream_pools else 0.0
         step_outputs = m * head_output if returns and last in mine else 0.0
         other = rank_other_items(
             reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
@@ -516,7 +520,7 @@ def estimate(
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes, pp_messages=messages,
             working=working, root_embedding_params=root_embedding, head_in_root=plan.fsdp_head_in_root,
             down_params=down_params, layer_stored=layer_stored, logits_block=logits_block,
-            kept_outputs=kept_outputs, gather_pool=pool,
+            kept_outputs=kept_outputs, gather_pool=pool, layer_saving=layer_saving, stage_saving=n_layers * layer_saving,
         )
         rank_mem = dict(rank=r, layers=n_layers, params=params, weights=state.weights, gradients=state.gradients,
                         optimizer=state.optimizer, peak_inflight=sim.peak_inflight[r])
@@ -530,7 +534,7 @@ def estimate(
                                  activation_items={k: 0.0 for k in act_items}, other_items=merged)
             mem = at_end if at_end.total > mem.total else mem
         stages.append(mem)
-        grad_comm, pg = dp_sync_times(params - experts, plan.zero, once_per_step, shard, rec, pl, cluster, cal)
+        grad_comm, pg = dp_sync_times(params - experts, plan.zero, once_per_step, shard, rec, pl, cluster, cal, n_layers * layer_saving)
         if experts:
             ex_comm, ex_pg = dp_sync_times(experts, plan.zero, once_per_step, expert_shard, rec, pl_experts, cluster, cal)
             grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
@@ -542,7 +546,7 @@ def estimate(
         a, g = after_pipeline(**dp_args, nccl_share=lt_args["nccl_share"])
         if once_per_step and fsdp2 and shard > 1:  # FSDP2's copies of the step's one reduce-scatter and all-gather
             units_here = n_layers + (0 in mine) + (last in mine)
-            copy_in, copy_out = fsdp2_step_copy_times(params, units_here, rec, gpu, cal)
+            copy_in, copy_out = fsdp2_step_copy_times(params, units_here, rec, gpu, cal, n_layers * layer_saving)
             a, g = a + copy_in, g + copy_out
         after.append(a)
         pg_times.append(g)
@@ -667,13 +671,18 @@ def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple | None) -> list[Derivation]:
     p = est.plan
     ag, rs, copies = fsdp_terms
     again = " (and again backward)" if p.reshard_after_forward else ""
-    symbols = [("P", f"{layer_params_per_rank(est.model, p.tp):,} parameters per layer and GPU (TP {p.tp})"),
-               ("AG, RS", f"{fmt_seconds(ag)} all-gather of P·w{again}, {fmt_seconds(rs)} reduce-scatter of P·γ, "
-                          f"over N = {p.shard_degree}")]
+    symbols = [("P", f"{layer_params_per_rank(est.model, p.tp):,} parameters per layer and GPU (TP {p.tp})")]
+    gathered = "P·w"
+    if p.fsdp_fp8_all_gather:
+        gathered = "P·w − S"
+        saving = fp8_gather_saving(est.model, p.tp, p.precision.weight_bytes, True)
+        symbols.append(("S", f"{saving:,} bytes: the Float8Linear weights gathered as FP8, P_lin·(w − 1) (FSDP2's FP8 all-gather)"))
+    symbols.append(("AG, RS", f"{fmt_seconds(ag)} all-gather of {gathered}{again}, {fmt_seconds(rs)} reduce-scatter of P·γ, "
+                              f"over N = {p.shard_degree}"))
     ag_bwd = "AG + RS" if p.reshard_after_forward else "RS"
     formula = f"max(AG − forward, 0) forward, max({ag_bwd} − backward, 0) backward: a layer's collectives behind a layer's compute"
     if runs_fsdp2(p.zero, p.kernels):
-        symbols.append(("copies", f"{fmt_seconds(copies[0])} copy-out (2·P·w) per all-gather, {fmt_seconds(copies[1])} "
+        symbols.append(("copies", f"{fmt_seconds(copies[0])} copy-out (2·({gathered})) per all-gather, {fmt_seconds(copies[1])} "
                                   "copy-in (P·(w + γ)) per reduce-scatter, on the compute stream"))
         formula += " + FSDP2's copies"
     symbols.append(("per layer", f"{fmt_seconds(lt.fsdp_fwd)} / {fmt_seconds(lt.fsdp_bwd)} forward / backward"))

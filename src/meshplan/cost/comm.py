@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
+from meshplan.cost.fsdp_copies import fp8_gather_saving
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, kv_heads_per_rank, layer_params_per_rank
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
@@ -79,6 +80,7 @@ def fsdp_unit_times(
     pl_shard: GroupPlacement,
     cluster: ClusterSpec,
     cal: Calibration,
+    fp8_gather: bool = False,
 ) -> tuple[float, float, float, float, float, float]:
     """ZeRO-3 / FSDP collectives of one micro-batch, one per unit and direction, before overlap:
     (layer all-gather, layer reduce-scatter, embedding all-gather, embedding reduce-scatter, head
@@ -87,15 +89,17 @@ def fsdp_unit_times(
     units are those torchtitan gives FSDP2 (Liang et al. 2024, Sec. 3.1): every decoder layer
     (P_l = :func:`layer_params_per_rank`), the embedding on the first stage (P_emb = V·h/t, plus
     learned positions) and the final norm with the LM head on the last stage (P_head = h + V·h/t,
-    or the norm alone when a tied head shares the embedding's weight on one stage)."""
+    or the norm alone when a tied head shares the embedding's weight on one stage). With
+    ``fp8_gather`` a layer gathers its Float8Linear weights as FP8 bytes, P_l·w − P_lin·(w − 1)
+    (:func:`meshplan.cost.fsdp_copies.fp8_gather_saving`)."""
     sizes = (
-        layer_params_per_rank(model, tp),
-        embedding_params_per_rank(model, tp),
-        head_params_per_rank(model, tp, pp),
+        (layer_params_per_rank(model, tp), fp8_gather_saving(model, tp, rec.weight_bytes, fp8_gather)),
+        (embedding_params_per_rank(model, tp), 0),
+        (head_params_per_rank(model, tp, pp), 0),
     )
     out: list[float] = []
-    for p in sizes:
-        out.append(coll.collective_time("all_gather", p * rec.weight_bytes, pl_shard, cluster, cal))
+    for p, saving in sizes:
+        out.append(coll.collective_time("all_gather", p * rec.weight_bytes - saving, pl_shard, cluster, cal))
         out.append(coll.collective_time("reduce_scatter", p * rec.grad_bytes, pl_shard, cluster, cal))
     return tuple(out)  # type: ignore[return-value]
 
@@ -109,19 +113,21 @@ def dp_sync_times(
     pl: Placements,
     cluster: ClusterSpec,
     cal: Calibration,
+    gather_saving: float = 0,
 ) -> tuple[float, float]:
     """(gradient synchronization, weight all-gather) after a rank's pipeline work, before overlap:
     ZeRO-0 all-reduces the gradients over dp × cp; ZeRO-1/2 (and ZeRO-3 that keeps gradients
     unsharded through the step) reduce-scatter them over the shard group and all-gather the updated
     weights; per-layer ZeRO-3 did both inside the step. HSDP adds an all-reduce of the gradient
-    shard across replicas."""
+    shard across replicas. ``gather_saving``: the bytes FP8 all-gather saves on the rank's layers
+    (:func:`meshplan.cost.fsdp_copies.fp8_gather_saving` each), off the weight all-gather."""
     grad_bytes = params * rec.grad_bytes
     if zero == 0:
         grad_comm = coll.collective_time("all_reduce", grad_bytes, pl.dpcp, cluster, cal)
         pg = 0.0
     elif zero in (1, 2) or once_per_step:
         grad_comm = coll.collective_time("reduce_scatter", grad_bytes, pl.shard, cluster, cal)
-        pg = coll.collective_time("all_gather", params * rec.weight_bytes, pl.shard, cluster, cal)
+        pg = coll.collective_time("all_gather", params * rec.weight_bytes - gather_saving, pl.shard, cluster, cal)
     else:
         grad_comm = 0.0
         pg = 0.0

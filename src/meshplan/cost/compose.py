@@ -353,6 +353,8 @@ def rank_other_items(
     logits_block: Num,
     kept_outputs: Num = 0.0,
     gather_pool: Num = 0.0,
+    layer_saving: Num = 0.0,
+    stage_saving: Num = 0.0,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
@@ -403,6 +405,10 @@ def rank_other_items(
     unit as unsharded; FSDP2's prefetch gathers it into the pool and copies it out only when its
     backward begins, so where weights are resharded after forward the layer moment holds the pool
     less that unit, P_l·w.
+    ``layer_saving``, ``stage_saving`` (ZeRO-3 with FP8 all-gather,
+    :func:`meshplan.cost.fsdp_copies.fp8_gather_saving`): the bytes one gathered layer, and all the
+    rank's layers, hold less than P_l·w (their Float8Linear weights gathered as FP8), taken off
+    every gathered layer above.
     ``kept_outputs`` (last stage, ``pp_return_outputs``): the outputs torch.distributed.pipelining
     keeps for the step's end beyond those of the micro-batches in flight (which the activations
     count: :func:`stage_activations`), the same at both moments and listed last (item
@@ -414,14 +420,14 @@ def rank_other_items(
     unsharded_part = 1 - 1 / shard
     head_here = head_params if holds_head else 0.0
     if once_per_step:
-        g_head = g_layer = params * weight_bytes * unsharded_part
+        g_head = g_layer = (params * weight_bytes - stage_saving) * unsharded_part
     elif reshard_after_forward:
         root_emb, last_block, head_kept = (root_embedding_params, layer_params, head_here) if head_in_root else (0.0, 0.0, 0.0)
-        g_head = (head_here + kept_embedding_params + root_emb + last_block) * weight_bytes
-        g_layer = (2 * layer_params + kept_embedding_params + root_emb + head_kept) * weight_bytes
+        g_head = (head_here + kept_embedding_params + root_emb + last_block) * weight_bytes - (layer_saving if head_in_root else 0.0)
+        g_layer = (2 * layer_params + kept_embedding_params + root_emb + head_kept) * weight_bytes - 2 * layer_saving
     else:
-        g_head = params * weight_bytes
-        g_layer = (params - head_here) * weight_bytes
+        g_head = params * weight_bytes - stage_saving
+        g_layer = (params - head_here) * weight_bytes - stage_saving
     at_mlp, at_end = (layer_params + down_params) * grad_bytes, 2 * layer_params * grad_bytes
     end_wins = np.logical_and(z2, at_end - layer_stored - working > at_mlp)
     buckets = pick(end_wins, at_end, at_mlp)
@@ -429,7 +435,7 @@ def rank_other_items(
     freed = head_act if holds_head else 0.0
     root_held = head_in_root and reshard_after_forward and not once_per_step
     held = head_here * weight_bytes if root_held else 0.0
-    prefetched = layer_params * weight_bytes if reshard_after_forward and not once_per_step else 0.0
+    prefetched = layer_params * weight_bytes - layer_saving if reshard_after_forward and not once_per_step else 0.0
     pooled = z3 & (gather_pool > 0)  # FSDP2 only: other ZeRO-3 gathers into its own buffers
     # (a rank without layers, an empty end stage, has no prefetched layer to take off)
     beside = np.maximum(gather_pool - prefetched, 0.0) if isinstance(gather_pool, np.ndarray) else max(gather_pool - prefetched, 0.0)

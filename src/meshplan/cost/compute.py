@@ -364,10 +364,12 @@ def layer_op_times(
     kernels: str = "fused",
     moe: bool = False,
     ep: int = 1,
+    weights_in_fp8: bool = False,
 ) -> OpTimes:
     """One transformer layer, one micro-batch, one GPU (module docstring); ``moe`` for a
     mixture-of-experts layer of an MoE model with experts spread over ``ep`` GPUs
-    (:func:`moe_mlp_gemms`).
+    (:func:`moe_mlp_gemms`); ``weights_in_fp8``: torchao's Float8Linear weights arrive cast by
+    FSDP2's FP8 all-gather (:func:`meshplan.cost.float8.torchao_float8_passes`).
 
     ``attention_flops_convention`` is the FLOP-counting convention and does not change the time:
     FlashAttention skips fully masked blocks (the causal half), materialized attention computes
@@ -474,7 +476,7 @@ def layer_op_times(
         # compiled, AOTAutograd's CSE casts a shared input once: the fused stack's shapes count it once
         cast_gemms = gemms if kernels == "eager" else [
             shape for nm, shape in projection_gemms(model, tokens, tp, "fused") if not (moe and nm in MLP_GEMM_NAMES)]
-        f8 = torchao_float8_passes(cast_gemms, e)
+        f8 = torchao_float8_passes(cast_gemms, e, weights_in_fp8)
         fm += memory_time(f8.fwd_bytes, gpu, cal) + (f8.fwd_kernels - 1) * cal.kernel_overhead
         bm += memory_time(f8.bwd_bytes, gpu, cal) + (f8.bwd_kernels - 1) * cal.kernel_overhead
         op_rec += memory_time(f8.recompute_bytes, gpu, cal) + (f8.recompute_kernels - 1) * cal.kernel_overhead

@@ -51,6 +51,16 @@ backward GEMMs: the cast of every input and weight again,
     bytes_recompute = (e + 1)·(m·k + k·n)
 
 one kernel per tensor. Full checkpointing recomputes the whole forward, casts included.
+
+**FP8 all-gather** (``fsdp_fp8_all_gather``, :mod:`meshplan.cost.fsdp_copies`): FSDP2 hands the
+forward an already-cast weight (``cast_weight_to_float8_t`` returns a weight that
+``tensor_already_casted_to_fp8``), cast on the shard before the all-gather, off the compute
+stream. The weight's amax and cast leave the forward and the recompute; its column-major copy for
+the input-gradient GEMM stays:
+
+    bytes_fwd = (2e + 1)·m·k,   bytes_recompute = (e + 1)·m·k
+
+with one cast (three kernels) per GEMM forward and one recomputed.
 """
 
 from __future__ import annotations
@@ -73,17 +83,21 @@ class Float8Passes:
     recompute_kernels: int
 
 
-def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int) -> Float8Passes:
-    """The passes of the module docstring for GEMMs (m, n, k) with ``e``-byte operands."""
+def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int, weights_in_fp8: bool = False) -> Float8Passes:
+    """The passes of the module docstring for GEMMs (m, n, k) with ``e``-byte operands;
+    ``weights_in_fp8``: the weights arrive cast (FSDP2's FP8 all-gather)."""
     cast, copy = 2 * e + 1, 2  # amax read + cast read and write; FP8 read and write
+    inputs = sum(m * k for m, _, k in gemms)
     operands = sum(m * k + k * n for m, n, k in gemms)
+    cast_operands = inputs if weights_in_fp8 else operands
     grads = sum(m * n for m, n, _ in gemms)
     g = len(gemms)
+    casts = 1 if weights_in_fp8 else 2  # per GEMM forward: the input, and the weight unless gathered cast
     return Float8Passes(
-        fwd_bytes=cast * operands,
+        fwd_bytes=cast * cast_operands,
         bwd_bytes=(cast + copy) * grads + copy * operands,
-        recompute_bytes=(e + 1) * operands,
-        fwd_kernels=2 * g * CAST_KERNELS,  # input and weight
+        recompute_bytes=(e + 1) * cast_operands,
+        fwd_kernels=casts * g * CAST_KERNELS,
         bwd_kernels=g * (CAST_KERNELS + 1) + 2 * g,  # the gradient, then three copies
-        recompute_kernels=2 * g,  # the casts (amax saved)
+        recompute_kernels=casts * g,  # the casts (amax saved)
     )

@@ -29,6 +29,21 @@ copy-in, once a step   2·P·γ              gradients accumulated unsharded in 
 each a memory-bound kernel (:func:`meshplan.cost.compute.memory_time`). ``meshplan verify comm``
 counts both ops of a real FSDP2 step on gloo and matches these bytes exactly
 (``tests/test_verify_comm.py``).
+
+**FP8 all-gather** (``fsdp_fp8_all_gather``; torchao's ``enable_fsdp_float8_all_gather``, which
+torchtitan's ``float8`` section sets): the shards of a block's Float8Linear weights
+(``WeightWithDynamicFloat8CastTensor``) are cast to FP8 before the all-gather
+(``fsdp_pre_all_gather``, on the all-gather stream, from the scale
+``precompute_float8_dynamic_scale_for_fsdp`` computes once a step) and gathered as 1-byte
+elements, and ``fsdp_post_all_gather`` wraps the gathered bytes as the Float8Tensor the forward
+GEMM takes. So a layer unit gathers, copies out and holds
+
+    P_l·w − P_lin·(w − 1)  bytes
+
+(P_lin = :func:`meshplan.cost.params.linear_weights_per_rank`: the linear weights; norms and
+biases stay w-byte), :func:`fp8_gather_saving` less than P_l·w. The embedding and the final norm +
+LM head units are not Float8Linear (torchtitan filters ``output``) and gather w-byte. Gradients
+are reduced as before.
 """
 
 from __future__ import annotations
@@ -36,7 +51,9 @@ from __future__ import annotations
 from meshplan.cost.allocator import all_gather_pool_bytes
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.compute import memory_time
-from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, largest_layer_params, layer_params_per_rank
+from meshplan.cost.params import (
+    embedding_params_per_rank, head_params_per_rank, largest_layer_params, layer_params_per_rank, linear_weights_per_rank,
+)
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import PrecisionRecipe
@@ -55,9 +72,16 @@ def root_unit_applies(head_in_root, zero, pp):
     return head_in_root & (zero == 3) & (pp == 1)
 
 
-def copy_out_bytes(params: float, rec: PrecisionRecipe) -> float:
-    """2·P·w: the gathered buffer read and the unsharded parameters written."""
-    return 2 * params * rec.weight_bytes
+def fp8_gather_saving(model: ModelSpec, tp: int, weight_bytes: int, fp8_gather: bool) -> int:
+    """P_lin·(w − 1): the bytes one gathered dense layer saves when FSDP2 all-gathers its
+    Float8Linear weights in FP8 (module docstring); 0 without ``fp8_gather``."""
+    return linear_weights_per_rank(model, tp) * (weight_bytes - 1) if fp8_gather else 0
+
+
+def copy_out_bytes(params: float, rec: PrecisionRecipe, saving: float = 0) -> float:
+    """2·(P·w − S): the gathered buffer read and the unsharded parameters written (S: what FP8
+    all-gather saves on these parameters, :func:`fp8_gather_saving` per layer)."""
+    return 2 * (params * rec.weight_bytes - saving)
 
 
 def copy_in_bytes(params: float, rec: PrecisionRecipe, accumulated: bool = False) -> float:
@@ -67,39 +91,45 @@ def copy_in_bytes(params: float, rec: PrecisionRecipe, accumulated: bool = False
 
 
 def fsdp2_unit_copy_times(
-    model: ModelSpec, tp: int, pp: int, rec: PrecisionRecipe, gpu: GPUSpec, cal: Calibration, moe: bool = False, ep: int = 1
+    model: ModelSpec, tp: int, pp: int, rec: PrecisionRecipe, gpu: GPUSpec, cal: Calibration, moe: bool = False, ep: int = 1,
+    fp8_gather: bool = False,
 ) -> tuple[float, float, float, float, float, float]:
     """Seconds of one copy-out and one copy-in per micro-batch of each FSDP unit, in the order of
     :func:`meshplan.cost.comm.fsdp_unit_times`: (layer copy-out, layer copy-in, embedding
     copy-out, embedding copy-in, head copy-out, head copy-in); with ``moe`` the layer is a
-    mixture-of-experts layer holding E/ep experts (one copy each way for the whole layer)."""
+    mixture-of-experts layer holding E/ep experts (one copy each way for the whole layer); with
+    ``fp8_gather`` a (dense) layer's Float8Linear weights are copied out as FP8 bytes."""
     layer = layer_params_per_rank(model, tp, moe=moe, ep=ep)
+    saving = fp8_gather_saving(model, tp, rec.weight_bytes, fp8_gather)
     out: list[float] = []
-    for p in (layer, embedding_params_per_rank(model, tp), head_params_per_rank(model, tp, pp)):
-        out.append(memory_time(copy_out_bytes(p, rec), gpu, cal))
+    for p, s in ((layer, saving), (embedding_params_per_rank(model, tp), 0), (head_params_per_rank(model, tp, pp), 0)):
+        out.append(memory_time(copy_out_bytes(p, rec, s), gpu, cal))
         out.append(memory_time(copy_in_bytes(p, rec), gpu, cal))
     return tuple(out)  # type: ignore[return-value]
 
 
-def fsdp2_step_copy_times(params: float, units: int, rec: PrecisionRecipe, gpu: GPUSpec, cal: Calibration) -> tuple[float, float]:
+def fsdp2_step_copy_times(params: float, units: int, rec: PrecisionRecipe, gpu: GPUSpec, cal: Calibration,
+                          saving: float = 0) -> tuple[float, float]:
     """(copy-in, copy-out) seconds of a rank whose FSDP2 units (``units`` of them, ``params`` in
     all) keep weights gathered and gradients unsharded through the step: each unit copied out once
-    before its first forward and its accumulated gradients copied in once after its last backward."""
+    before its first forward and its accumulated gradients copied in once after its last backward
+    (``saving``: what FP8 all-gather saves on the rank's layers, :func:`fp8_gather_saving` each)."""
     overheads = (units - 1) * cal.kernel_overhead  # memory_time charges one kernel
     return (memory_time(copy_in_bytes(params, rec, accumulated=True), gpu, cal) + overheads,
-            memory_time(copy_out_bytes(params, rec), gpu, cal) + overheads)
+            memory_time(copy_out_bytes(params, rec, saving), gpu, cal) + overheads)
 
 
 def gather_pool_bytes(model: ModelSpec, tp: int, pp: int, stages: tuple[tuple[int, bool, bool], ...], weight_bytes: int,
-                      head_in_root: bool = False, ep: int = 1) -> float:
+                      head_in_root: bool = False, ep: int = 1, fp8_gather: bool = False) -> float:
     """The reserved pool of FSDP2's all-gather copy-in stream on one pipeline rank
     (:func:`meshplan.cost.allocator.all_gather_pool_bytes`) over its units in forward order:
     per stage it runs (``stages``: its layer count, whether it holds the embedding, whether the
     LM head), the embedding unit, one unit per layer, the final norm + LM head unit; with
     ``head_in_root`` (torchtitan's 2024 units) the root holding both, gathered first. Each unit is
     P_u·w bytes (``weight_bytes``: FSDP2 gathers in the compute dtype); a layer is the model's
-    largest (the dense and mixture-of-experts layers of an MoE model alike, an upper bound)."""
-    layer = largest_layer_params(model, tp, ep)[0] * weight_bytes
+    largest (the dense and mixture-of-experts layers of an MoE model alike, an upper bound), less
+    :func:`fp8_gather_saving` with ``fp8_gather`` (dense models)."""
+    layer = largest_layer_params(model, tp, ep)[0] * weight_bytes - fp8_gather_saving(model, tp, weight_bytes, fp8_gather)
     emb, head = embedding_params_per_rank(model, tp) * weight_bytes, head_params_per_rank(model, tp, pp) * weight_bytes
     units: list[float] = []
     for n_layers, first, last in stages:

@@ -282,6 +282,16 @@ def layer_params_per_rank(model: ModelSpec, tp: int, moe: bool = False, ep: int 
     return attn_w + attn_b + mlp_w + mlp_b + norms
 
 
+def linear_weights_per_rank(model: ModelSpec, tp: int) -> int:
+    """The weights of one dense layer's linear projections on one GPU of a TP group: attention
+    (:func:`_attention_weights`) and MLP, ``n_m·h·f/t``, without biases or norms. torchao's
+    Float8 training converts exactly these ``nn.Linear`` modules of a block (torchtitan leaves the
+    LM head out, ``filter_fqns = ["output"]``), and FSDP2 all-gathers their weights in FP8 under
+    ``enable_fsdp_float8_all_gather`` (:func:`meshplan.cost.fsdp_copies.fp8_gather_saving`); a
+    bias stays in the compute dtype."""
+    return _attention_weights(model, tp) + _mlp_matrices(model) * model.hidden * (model.ffn_hidden // tp)
+
+
 def down_projection_params_per_rank(model: ModelSpec, tp: int, moe: bool = False, ep: int = 1) -> int:
     """The MLP's output (down) projection of one layer on one GPU of a TP group, ``h·f/t`` and its
     replicated bias: the first weights a layer's backward reaches, so the only ones whose gradient

@@ -73,7 +73,7 @@ from meshplan.cost.calibration import calibration_for
 from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
-from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, gather_pool_bytes, root_unit_applies, runs_fsdp2
+from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_unit_copy_times, gather_pool_bytes, root_unit_applies, runs_fsdp2
 from meshplan.cost.compose import (
     after_pipeline,
     LayerTimes,
@@ -391,9 +391,9 @@ class Engine:
         self.nccl_share = sm_share(NCCL_CTAS, cluster.gpu.sm_count)
         self.tp_share = sm_share(tp_overlap_ctas(base.tp_overlap_kind), cluster.gpu.sm_count)
         self._ops = lru_cache(maxsize=None)(
-            lambda t, c, b, sp: layer_op_times(
+            lambda t, c, b, sp, g8: layer_op_times(
                 model, b, base.seq_len, t, c, sp, base.attention, base.attention_flops, cluster.gpu, self.cal,
-                self.rec.compute_dtype, self.e, base.kernels,
+                self.rec.compute_dtype, self.e, base.kernels, weights_in_fp8=bool(g8),
             )
         )
         # the embedding's and LM head's op times depend on (t, c, b) only
@@ -423,10 +423,12 @@ class Engine:
         self._pool = lru_cache(maxsize=None)(lambda *a: gather_pool_bytes(model, *a))
 
     # ---- terms computed once per distinct argument ---------------------------------------------
-    def _kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int) -> tuple:
+    def _kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int, g8: int) -> tuple:
+        """A layer's op times and activations, the embedding's and the head's, of micro-batch b;
+        ``g8``: the weights arrive cast by FSDP2's FP8 all-gather."""
         m, base, e = self.model, self.base, self.e
         s, sp = base.seq_len, bool(sp)
-        ops = self._ops(t, c, b, sp)
+        ops = self._ops(t, c, b, sp, g8)
         emb, head = self._emb_ops(t, c, b), self._head_ops(t, c, b)
         mode = RECOMPUTE[rec_code]
         gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
@@ -504,8 +506,9 @@ class Engine:
         micro-batch (0 when ``fsdp`` is 0: weights not sharded per layer)."""
         if not fsdp:
             return (0.0,) * len(_UNIT_FIELDS)
-        units = fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, fsdp).shard, self.cluster, self.cal)
-        copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal)
+        g8 = self.base.fsdp_fp8_all_gather
+        units = fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, fsdp).shard, self.cluster, self.cal, g8)
+        copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, fp8_gather=g8)
                   if runs_fsdp2(3, self.base.kernels) else (0.0,) * 6)
         return units + copies
 
@@ -524,11 +527,13 @@ class Engine:
     def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
         """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
         layer's parameters (ZeRO-3's buffers hold it), the head's and the embedding's parameters,
-        the largest layer's down projection's, and the freed logits' block per token."""
+        the largest layer's down projection's, the freed logits' block per token, and the bytes a
+        gathered layer saves under FSDP2's FP8 all-gather (0 without it)."""
         model, kernels = self.model, self.base.loss_kernels
         layer, down = largest_layer_params(model, x, y)
         return (loss_grad_bytes(model, 1, 1, x, 1, kernels, self.e), layer, head_params_per_rank(model, x, pp),
-                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e))
+                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e),
+                fp8_gather_saving(model, x, self.rec.weight_bytes, self.base.fsdp_fp8_all_gather))
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -538,6 +543,8 @@ class Engine:
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
         # the shard group of per-layer ZeRO-3 (dp_shard; 0 where weights are not sharded per layer)
         fsdp = np.where((zero == 3) & (ds * c > 1), ds, 0)
+        # where FSDP2 all-gathers the Float8Linear weights in FP8 (a base setting, on the per-layer ZeRO-3 plans)
+        g8 = ((fsdp > 0) & self.base.fsdp_fp8_all_gather).astype(np.int64)
         D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=T.tpo.astype(np.int64)))
         # the mesh rows: the distinct (tp, cp, dp, shard group, ep, ZeRO stage), pp first, so that a
         # pp's rows are a slice ((t, c, p) fix d)
@@ -551,10 +558,10 @@ class Engine:
         outer = [p[mesh_where], mesh[:, 0], mesh[:, 1], fsdp[mesh_where]] + ([mesh[:, 4]] if self.model.is_moe else [])
         _, outer_of_mesh = _distinct_rows(outer)
         at, lt_inv = _code_rows([(outer_of_mesh.take(mesh_inv), int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"), D.digit("tpo")])
-        row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp).items()}
+        row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, g8=g8).items()}
         cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
-        kernel_rows = _distinct_rows(cols("t c b sp rc"))
-        kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc"), len(_KERNEL_FIELDS), kernel_rows)
+        kernel_rows = _distinct_rows(cols("t c b sp rc g8"))
+        kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc g8"), len(_KERNEL_FIELDS), kernel_rows)
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
         mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
         units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
@@ -691,10 +698,12 @@ class Engine:
         root = base.fsdp_head_in_root and pp == 1
         # per class: its stages other than the pipeline's first, and other than its last
         not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
+        layers_c = np.zeros(n_cls, dtype=np.int64)  # per class, its layers
         for ci, r in enumerate(cls_first):
             mine = stages_of_rank(r, pp, v, style)
             not_first[ci], not_last[ci] = sum(j != 0 for j in mine), sum(j != last for j in mine)
             n_layers = sum(split[j] for j in mine)
+            layers_c[ci] = n_layers
             first_, holds_head = 0 in mine, last in mine
             n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
             p_of = {(x, y): (self._rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
@@ -702,7 +711,8 @@ class Engine:
             params_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
             if runs_fsdp2(3, base.kernels):
                 units = tuple((split[j], j == 0, j == last) for j in mine)
-                pool_c[ci] = np.array([self._pool(x, pp, units, self.rec.weight_bytes, root, y) for x, y in te_vals])[te_of_mesh]
+                pool_c[ci] = np.array([self._pool(x, pp, units, self.rec.weight_bytes, root, y, base.fsdp_fp8_all_gather)
+                                       for x, y in te_vals])[te_of_mesh]
             if model.is_moe:
                 experts_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
             # (gradient sync, weight gather) per mesh row, each gathered per plan as a contiguous array
@@ -742,7 +752,7 @@ class Engine:
             if len(rows_):
                 other_buf[rows_], merged = self._rank_other(
                     T, pre, at, te_of_mesh[buf_mesh], k_at, cm_at, pp, head_c[rows_], params_b[rows_],
-                    messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans], pool_b[rows_])
+                    messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans], pool_b[rows_], layers_c[rows_])
                 if returns:
                     merged_buf[rows_] = merged
         opt_pg = np.take(opt, mesh_inv, axis=1) + pg_c  # the optimizer step + the exposed weight gather
@@ -836,13 +846,14 @@ class Engine:
         return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal, self.base.kernels)
 
     def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
-                    head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray, pool: np.ndarray,
+                    layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
         columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``head_output``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
         ``pp_messages`` (:func:`pp_buffer_messages`) and ``pool`` (FSDP2's all-gather pool,
-        :func:`meshplan.cost.fsdp_copies.gather_pool_bytes`) as (classes × plans): the total of the other
+        :func:`meshplan.cost.fsdp_copies.gather_pool_bytes`) as (classes × plans) and ``layers`` per class: the total of the other
         items (:func:`rank_other_items`), as ``estimate`` adds them. Per-plan terms are rows
         broadcast over the classes: elementwise, so every entry is the one-plan value. With classes
         of both kinds the buffers are those of a rank with the LM head, whose head terms (loss
@@ -855,7 +866,7 @@ class Engine:
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 6).T.take(te, axis=1)
+        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 7).T.take(te, axis=1)
         tokens = row(T.micro_batch) * base.seq_len / c
         logits_grad, logits_block = tokens * per_tp[:1], tokens * per_tp[5:6]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
@@ -882,7 +893,7 @@ class Engine:
             pp_messages=pp_messages, working=k["working"][None, :],
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
             head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :], logits_block=logits_block,
-            gather_pool=pool,
+            gather_pool=pool, layer_saving=per_tp[6:7], stage_saving=layers[:, None] * per_tp[6:7],
         )
         shape = (len(head_rows), len(at))
         merged = None

@@ -90,6 +90,8 @@ def plan_of(base: TrainingPlan, table: PlanTable, i: int) -> TrainingPlan:
     fields = {**base.model_dump(), **table.row(i)}
     # torch's FSDP2 root unit (a base setting) describes the plans that run FSDP2 without a pipeline
     fields["fsdp_head_in_root"] = bool(root_unit_applies(base.fsdp_head_in_root, fields["zero"], fields["pp"]))
+    # FSDP2's FP8 all-gather (a base setting) describes the plans that run ZeRO-3
+    fields["fsdp_fp8_all_gather"] = base.fsdp_fp8_all_gather and fields["zero"] == 3
     return TrainingPlan(**fields)
 
 

@@ -165,6 +165,12 @@ class TrainingPlan(Spec):
     # meshplan.cost.compose.rank_other_items); off: each a unit of its own (torchtitan since then:
     # the embedding resharded after forward, the final norm + LM head kept gathered to their backward)
     fsdp_head_in_root: bool = False
+    # torch's FSDP2 with torchao's Float8 linears (ZeRO-3, precision fp8, the compiled or eager
+    # kernels): the blocks' Float8Linear weights cast to FP8 on their shards and all-gathered as 1
+    # byte each, the forward taking them cast (torchtitan's float8.enable_fsdp_float8_all_gather,
+    # with precompute_float8_dynamic_scale_for_fsdp; meshplan.cost.fsdp_copies); off: gathered in
+    # the compute dtype and cast in every forward
+    fsdp_fp8_all_gather: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingPlan":
@@ -189,6 +195,9 @@ class TrainingPlan(Spec):
             raise ValueError("pp_return_outputs describes torch.distributed.pipelining's last stage: give pp_buffers per-micro-batch")
         if self.fsdp_head_in_root and (self.zero != 3 or self.kernels == "fused" or self.pp > 1):
             raise ValueError("fsdp_head_in_root describes torch's FSDP2 units: zero = 3 on the compiled or eager kernels, pp = 1")
+        if self.fsdp_fp8_all_gather and (self.zero != 3 or self.kernels == "fused" or self.precision.precision != "fp8"):
+            raise ValueError("fsdp_fp8_all_gather describes torch's FSDP2 with torchao's Float8 linears: zero = 3, "
+                             "precision fp8, the compiled or eager kernels")
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
         if self.layer_split is not None:

@@ -32,6 +32,9 @@ def _check_moe(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism (as in Megatron-Core)")
     if plan.recompute == "op":
         raise InputError("recompute", "op-level selective recompute is modelled for dense layers; use selective or full with a mixture-of-experts model")
+    if plan.fsdp_fp8_all_gather:
+        raise InputError("fsdp_fp8_all_gather", "FP8 all-gather is modelled for dense models (torchao's Float8Linear blocks); "
+                                                "turn it off for a mixture-of-experts model")
 
 
 def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> None:
