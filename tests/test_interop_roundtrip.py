@@ -84,6 +84,10 @@ GRID = {
         ("llama3-8b", plan(pp=4, dp=2, vpp=2, schedule="zbv", zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, kernels="eager")),
         ("llama3-8b", plan(pp=4, dp=2, schedule="gpipe", zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, reshard_after_forward=True, kernels="compiled")),
         ("llama3-8b", plan(cp=2, dp=4, zero=3, precision=PrecisionRecipe(precision="fp8"), kernels="compiled", compile_loss=False)),
+        # FSDP2's FP8 all-gather: [quantize.linear.float8] enable_fsdp_float8_all_gather
+        ("llama3-8b", plan(dp=8, zero=3, recompute="op", precision=PrecisionRecipe(precision="fp8"), kernels="compiled", fsdp_fp8_all_gather=True)),
+        ("llama3-70b", plan(tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch",
+                            overlap_grad_reduce=False, precision=PrecisionRecipe(precision="fp8"), kernels="eager", fsdp_fp8_all_gather=True)),
         ("llama3-8b", plan(dp=8, zero=0, kernels="eager")),
         ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"), kernels="eager")),
     ],
@@ -172,6 +176,7 @@ def plans(draw):
         kernels=kernels, compile_loss=draw(st.booleans()),
         pp_buffers=draw(st.sampled_from(["in-flight", "per-micro-batch"])),
         fsdp_head_in_root=zero == 3 and pp == 1 and kernels != "fused" and draw(st.booleans()),
+        fsdp_fp8_all_gather=zero == 3 and kernels != "fused" and prec.precision == "fp8" and draw(st.booleans()),
     )
 
 

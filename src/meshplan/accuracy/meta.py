@@ -144,7 +144,8 @@ LOSS_COMPILED_2025 = (
 )
 
 
-def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: bool, compile_loss: bool = False) -> list[str]:
+def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: bool, compile_loss: bool = False,
+                       fp8_gather: bool = False) -> list[str]:
     notes = []
     if recompute == "op":
         notes.append(
@@ -158,7 +159,9 @@ def _torchtitan_common(r: dict[str, Any], recompute: str, fp8: bool, compiled: b
             "Float8 linears (torchao, tensorwise dynamic scaling) as meshplan fp8: GEMMs at the FP8 peak, "
             "attention in bf16; torchao's scaling passes as HBM traffic (meshplan.cost.float8: amax, cast "
             "and column-major copy of input, weight and output gradient; under op-level AC the casts "
-            "recomputed); weights gathered in bf16"
+            "recomputed); " + ("the blocks' weights arrive cast from FSDP2's FP8 all-gather, so only the input and "
+                               "output gradient are cast, and the weight's column-major copy remains" if fp8_gather else
+                               "weights gathered in bf16 (enable_fsdp_float8_all_gather not stated: torchtitan's default, off)")
         )
     notes.append(
         "torch.compile'd transformer blocks: fused element-wise kernels (meshplan kernels 'compiled')"
@@ -283,13 +286,17 @@ def map_trainy(r: dict[str, Any]) -> list[MappedRun]:
             where="plan", dp=n, micro_batch=b, global_batch=b * n, seq_len=r["seq_len"],
             recompute="op", sequence_parallel=False, zero=3,
             precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"), kernels="compiled", compile_loss=True,
-            fsdp_head_in_root=True,
+            fsdp_head_in_root=True, fsdp_fp8_all_gather=True,
         )
         cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), n)
         assumptions = [
             f"FSDP over all {n} GPUs, local batch {b} as one micro-batch, global batch {b * n} sequences",
-            "FSDP2 with float8 all-gather: meshplan gathers 2-byte weights (fp8 all-gather not modelled)",
-        ] + _torchtitan_common(r, "op", True, True, compile_loss=True) + _fsdp_notes(1) + [
+            "--float8.enable_fsdp_float8_all_gather with --float8.precompute_float8_dynamic_scale_for_fsdp (the run's "
+            "command) as meshplan fsdp_fp8_all_gather: the blocks' linear weights all-gathered, copied out and held as "
+            "FP8 bytes (meshplan.cost.fsdp_copies); the embedding and LM head in bf16",
+            "--float8.force_recompute_fp8_weight_in_bwd: no FP8 weight saved for the backward, which meshplan "
+            "does not count in any case (the weight is the gathered unit's)",
+        ] + _torchtitan_common(r, "op", True, True, compile_loss=True, fp8_gather=True) + _fsdp_notes(1) + [
             "H200 SXM 141GB (catalog), 8 per node, 400 Gb/s ConnectX-7 per GPU",
             "published memory is torchtitan's peak (reserved) memory",
         ]

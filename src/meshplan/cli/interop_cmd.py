@@ -108,7 +108,7 @@ def _flag(name: str, value: Any) -> Optional[str]:
     if isinstance(value, bool):
         if name in ("sequence_parallel", "master_weights", "grad_fp32_copy", "tp_comm_overlap", "compile_loss"):
             return opt if value else f"--no-{opt[2:]}"
-        return None
+        return opt if value else None  # the switches that are off unless given
     return f"{opt} {shlex.quote(str(value))}"
 
 
@@ -144,7 +144,8 @@ def import_(
     for name in ("gpus", "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
                  "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
                  "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap", "tp_overlap_kind",
-                 "pipeline_runtime", "kernels", "compile_loss"):
+                 "pipeline_runtime", "pp_buffers", "pp_return_outputs", "kernels", "compile_loss", "fsdp_head_in_root",
+                 "fsdp_fp8_all_gather"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
     typer.echo(f"# {parsed.format} config {file}" + (f", model {model_name}" if model_name else ""))

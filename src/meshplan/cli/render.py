@@ -71,6 +71,7 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
         f"batch: {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.tokens_per_step:,} tokens per step "
         f"(micro-batch {p.micro_batch} x {p.grad_accum:,} micro-batches x DP{p.dp})",
         f"memory: ZeRO-{p.zero}" + (f" (dp_shard {p.dp_shard})" if p.dp_shard else "")
+        + ("; FP8 all-gather of the blocks' linear weights" if p.fsdp_fp8_all_gather else "")
         + f"; recompute {p.recompute}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
         f"; {p.attention} attention; {rec.precision} compute, {rec.grad_dtype} gradients, "
         + _state_words(p),

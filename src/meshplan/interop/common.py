@@ -91,6 +91,14 @@ def fsdp_root_unit(plan: TrainingPlan, led: Ledger, engine: str) -> None:
                  "FSDP2's root unit (torchtitan's layout until pytorch/torchtitan#1094, 2025-07); exported so")
 
 
+def fp8_all_gather(plan: TrainingPlan, led: Ledger, engine: str) -> None:
+    """Warn when ``plan`` all-gathers Float8Linear weights in FP8 (``fsdp_fp8_all_gather``:
+    torchao's float8 with torch's FSDP2), which only torchtitan's config can ask for."""
+    if plan.fsdp_fp8_all_gather:
+        led.lose("fsdp_fp8_all_gather", f"{engine} has no FSDP2 all-gather of torchao's Float8 weights; exported with "
+                 "weights gathered in the compute dtype")
+
+
 def effective_split(model: Optional[ModelSpec], plan: TrainingPlan) -> Optional[tuple[int, ...]]:
     """Layers per virtual stage that meshplan plans with (the plan's split or the default)."""
     if plan.layer_split is not None:
@@ -105,7 +113,7 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
     overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
     GPipe and 1F1B), the pipeline buffers without a pipeline (and the last stage's kept outputs without torch's), compile_loss without compiled kernels (the loss then runs on the blocks'
-    stack), the ZeRO-3 switches below ZeRO-3, overlap switches without data parallelism, an HSDP group as
+    stack), the ZeRO-3 switches (FP8 all-gather among them) without sharding, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
     up: dict[str, Any] = {"attention_flops": "causal"}
@@ -129,7 +137,7 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
         up.update(dp_shard=None)
     if plan.dp * plan.cp == 1:  # nothing to shard over or to reduce across
         up.update(overlap_grad_reduce=True, overlap_param_gather=True, zero=0, dp_shard=None,
-                  reshard_after_forward=True, fsdp_accumulate_unsharded=False)
+                  reshard_after_forward=True, fsdp_accumulate_unsharded=False, fsdp_fp8_all_gather=False)
     if plan.layer_split is not None and model is not None:
         if tuple(plan.layer_split) == default_layer_split(model.n_layers, plan.pp * plan.vpp):
             up.update(layer_split=None)

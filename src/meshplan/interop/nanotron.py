@@ -34,7 +34,7 @@ import yaml
 
 from meshplan.errors import InputError
 from meshplan.interop.common import (
-    DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, catalog_match, choice, dependency_pipeline, fsdp_root_unit,
+    DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, catalog_match, choice, dependency_pipeline, fp8_all_gather, fsdp_root_unit,
     stage_buffers,
 )
 from meshplan.specs.model import ModelSpec
@@ -57,6 +57,7 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
             led.lose("schedule", f"nanotron runs 1f1b or afab (GPipe) on one chunk per rank; {p.schedule} exported as 1f1b")
     dependency_pipeline(p, led, "nanotron")
     fsdp_root_unit(p, led, "nanotron")
+    fp8_all_gather(p, led, "nanotron")
     stage_buffers(p, led, "nanotron", "in-flight")
     if p.layer_split is not None:
         led.lose("layer_split", "nanotron splits layers by its own cost estimate; not exported")

@@ -23,7 +23,11 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
   ``selective_ac_option = "op"`` (Megatron's attention-core selective has no equivalent: exported as op).
 * precision: bf16 → ``training.mixed_precision_param = "bfloat16"`` with fp32 reduce
   (``mixed_precision_reduce``), fp32 → ``"float32"``, fp8 → bf16 plus ``model.converters =
-  ["quantize.linear.float8"]``; fp16 cannot be expressed.
+  ["quantize.linear.float8"]``; fp16 cannot be expressed. fsdp_fp8_all_gather →
+  ``quantize.linear.float8.enable_fsdp_float8_all_gather`` with
+  ``precompute_float8_dynamic_scale_for_fsdp`` (read from that section or, before JobConfig v0.2,
+  from ``[float8]``; it applies where FSDP runs, and without the precomputed scales the per-weight
+  amax all-reduces are noted, not modelled).
 * tp_comm_overlap → ``parallelism.enable_async_tensor_parallel``, which is torch's micro-pipelined TP
   (``tp_overlap_kind = "micro-pipeline"``; Megatron's userbuffers kind has no torchtitan
   equivalent and is exported as AsyncTP); sequence parallelism is always on
@@ -67,6 +71,7 @@ SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
              "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
 SINGLE_STAGE = ("1F1B", "GPipe")
 FLOAT8 = ("quantize.linear.float8", "float8")
+FP8_GATHER = ("enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp")
 COMPONENTS = ("model", "loss")  # JobConfig v0.2 ``Compile.components``: what torch.compile compiles
 
 
@@ -148,6 +153,8 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
         led.lose("model", f"torchtitan names models by flavor (llama3 8B/70B/405B); {model.name} is none: set model.name and model.flavor yourself")
     if p.precision.precision == "fp8":
         out.setdefault("model", {})["converters"] = [FLOAT8[0]]
+        if p.fsdp_fp8_all_gather:
+            out[FLOAT8[0]] = dict.fromkeys(FP8_GATHER, True)
 
     par: dict[str, Any] = {}
     if p.zero == 0 or p.dp * p.cp == 1:
@@ -417,6 +424,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     conv = [c.strip() for c in conv.split(",")] if isinstance(conv, str) else [str(c) for c in conv]
     if any(c in FLOAT8 for c in conv):
         prec = "fp8"
+        f.update(_read_fp8_gather(s, fsdp, notes))
     f["precision"] = {"precision": prec, "grad_dtype": "fp32"}
     f.update(_read_kernels(s, notes))
     if f["kernels"] == "eager" and f["tp_comm_overlap"]:
@@ -425,6 +433,34 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     if not (par or tr):
         raise InputError("plan", "no torchtitan parallelism or training settings in the file")
     return ParseResult(fmt, f, model, tuple(notes))
+
+
+def _float8_section(s: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The Float8 linear options: ``[quantize.linear.float8]`` (JobConfig v0.2; a nested table in
+    TOML, ``--quantize.linear.float8.KEY`` flags) over ``[float8]`` (before v0.2)."""
+    out = dict(s.get("float8", {}))
+    quant = s.get("quantize", {})
+    nested = quant.get("linear", {}).get("float8", {}) if isinstance(quant.get("linear"), dict) else {}
+    out.update(nested if isinstance(nested, dict) else {})
+    out.update({k.removeprefix("linear.float8."): v for k, v in quant.items() if k.startswith("linear.float8.")})
+    return out
+
+
+def _read_fp8_gather(s: dict[str, dict[str, Any]], fsdp: bool, notes: list[str]) -> dict[str, Any]:
+    """``fsdp_fp8_all_gather`` from the Float8 options, where FSDP runs (a note where it does not,
+    and where the scales are not precomputed)."""
+    opts = _float8_section(s)
+    where = "quantize.linear.float8" if "quantize" in s else "float8"
+    on = as_bool(f"{where}.{FP8_GATHER[0]}", opts.get(FP8_GATHER[0], False))
+    if not on:
+        return {}
+    if not fsdp:
+        notes.append(f"fsdp_fp8_all_gather: {where}.{FP8_GATHER[0]} applies to FSDP's all-gathers; without FSDP it changes nothing")
+        return {}
+    if not as_bool(f"{where}.{FP8_GATHER[1]}", opts.get(FP8_GATHER[1], False)):
+        notes.append(f"fsdp_fp8_all_gather: without {where}.{FP8_GATHER[1]} torchao all-reduces each weight's amax before "
+                     "its all-gather, small collectives meshplan does not model")
+    return {"fsdp_fp8_all_gather": True}
 
 
 def _read_kernels(s: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:
