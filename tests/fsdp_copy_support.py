@@ -6,6 +6,27 @@ from __future__ import annotations
 
 import os
 
+def on_two_ranks(worker) -> list:
+    """What ``worker(rank, 2, port, out)`` puts on ``out`` on each of two spawned gloo ranks."""
+    import multiprocessing as mp
+
+    from meshplan.verify.comm import _free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=worker, args=(r, 2, port, out), daemon=True) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        return [out.get(timeout=120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
 #: two bias-free linears (64 → 128 → 64): units of 8,192 parameters each
 WIDTHS = (64, 128, 64)
 
@@ -90,5 +111,59 @@ def gather_buffer_events(rank: int, world: int, port: int, out) -> None:
         finally:
             group_mod.foreach_all_gather = original
         out.put(forward)
+    finally:
+        dist.destroy_process_group()
+
+
+#: a Llama block small enough for CPU, every linear's sides multiples of 16 (torchao's rule):
+#: hidden, heads, K/V heads, MLP width
+FP8_BLOCK = (256, 4, 2, 512)
+
+
+def fp8_gather_records(rank: int, world: int, port: int, out) -> None:
+    """One Llama block under torchao's Float8 training (tensorwise, ``emulate`` for the CPU) as one
+    FSDP2 unit with torchtitan's mixed precision, FP8 all-gather off and on: per setting, the bytes
+    of the unit's all-gather and of each unsharded parameter (a Float8 weight's FP8 data), after
+    one step; put them on ``out``."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from meshplan.verify.llama_block import Block, precompute_freqs_cis
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        h, a, g, f = FP8_BLOCK
+        freqs = precompute_freqs_cis(h // a, 32)
+        result = {}
+        for fp8_gather in (False, True):
+            torch.manual_seed(0)
+            block = Block(h, a, g, f)
+            convert_to_float8_training(block, config=Float8LinearConfig(enable_fsdp_float8_all_gather=fp8_gather, emulate=True))
+            fully_shard(block, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+            block(torch.randn(2, 32, h), freqs).float().sum().backward()  # one step: the block runs either way
+            gathers: list[int] = []
+            original = dist.all_gather_single
+
+            def counting(output, *args, **kwargs):
+                gathers.append(output.numel() * output.element_size())
+                return original(output, *args, **kwargs)
+
+            dist.all_gather_single = counting
+            try:
+                block.unshard()
+            finally:
+                dist.all_gather_single = original
+            params = {}
+            for name, p in block.named_parameters():
+                data = getattr(p.data, "_data", p.data)  # a Float8 tensor's FP8 payload
+                params[name] = (data.numel() * data.element_size(), str(data.dtype).removeprefix("torch."))
+            block.reshard()
+            result[fp8_gather] = {"all_gather": gathers, "params": params}
+        out.put(result)
     finally:
         dist.destroy_process_group()

@@ -46,35 +46,14 @@ def test_only_torch_zero3_is_fsdp2():
     assert not runs_fsdp2(3, "fused") and not runs_fsdp2(1, "eager") and not runs_fsdp2(2, "compiled")
 
 
-def _on_two_ranks(worker) -> list:
-    """What ``worker(rank, 2, port, out)`` puts on ``out`` on each of two spawned gloo ranks."""
-    import multiprocessing as mp
-
-    from meshplan.verify.comm import _free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, 2, port, out), daemon=True) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    try:
-        return [out.get(timeout=120) for _ in procs]
-    finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-
-
 def test_torch_fsdp2_copies_are_the_costed_bytes():
     """torch's own FSDP2 under torchtitan's mixed precision on two gloo ranks: per unit of P = 8,192
     parameters, each all-gather's copy-out moves 2·P·2 bytes and each reduce-scatter's copy-in
     P·(2 + 4), forward and backward (weights resharded after forward)."""
     pytest.importorskip("torch")
-    from fsdp_copy_support import WIDTHS, copy_records
+    from fsdp_copy_support import WIDTHS, copy_records, on_two_ranks
 
-    ranks = _on_two_ranks(copy_records)
+    ranks = on_two_ranks(copy_records)
     units = [a * b for a, b in zip(WIDTHS, WIDTHS[1:])]
     assert units == [8192, 8192]
     expected = sorted([("copy_out", "forward", copy_out_bytes(p, BF16)) for p in units]
@@ -161,11 +140,11 @@ def test_torch_fsdp2_keeps_two_all_gather_buffers_in_the_forward():
     meshplan.cost.allocator.all_gather_pool_bytes replays them; the pool of that order is the
     smaller unit plus two blocks (a block does not fit the smaller unit's hole)."""
     pytest.importorskip("torch")
-    from fsdp_copy_support import POOL_UNITS, gather_buffer_events
+    from fsdp_copy_support import POOL_UNITS, gather_buffer_events, on_two_ranks
 
     from meshplan.cost.allocator import CachingAllocator, all_gather_pool_bytes
 
-    ranks = _on_two_ranks(gather_buffer_events)
+    ranks = on_two_ranks(gather_buffer_events)
     sizes = [2 * p for p in POOL_UNITS]
     order = [("alloc", sizes[0], 0)]
     for i in range(1, len(sizes)):

@@ -166,3 +166,26 @@ def test_torchtitan_flags_carry_it_and_other_engines_warn():
     assert "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp" in text
     for engine in ("megatron", "deepspeed", "nanotron"):
         assert any(w.startswith("fsdp_fp8_all_gather:") for w in export(engine, m8, plan).warnings), engine
+
+
+def test_torch_fsdp2_with_torchao_gathers_and_holds_these_bytes():
+    """torch's own FSDP2 with torchao's Float8 linears (two gloo ranks, one small Llama block as a
+    unit): with enable_fsdp_float8_all_gather the unit's all-gather moves, and its unsharded
+    parameters hold, P_l·w − P_lin·(w − 1) bytes (fp8 linear weights, bf16 norms); without it P_l·w."""
+    pytest.importorskip("torchao")
+    from fsdp_copy_support import FP8_BLOCK, fp8_gather_records, on_two_ranks
+
+    from meshplan.specs.model import ModelSpec
+
+    h, a, g, f = FP8_BLOCK
+    model = ModelSpec(name="block", n_layers=1, hidden=h, n_heads=a, n_kv_heads=g, head_dim=h // a, ffn_hidden=f, vocab_size=256)
+    p_layer, saving = layer_params_per_rank(model, 1), fp8_gather_saving(model, 1, 2, True)
+    assert (p_layer, saving) == (590_336, 589_824)
+    for rank in on_two_ranks(fp8_gather_records):
+        for fp8_gather, rec in rank.items():
+            expected = p_layer * 2 - (saving if fp8_gather else 0)
+            assert rec["all_gather"] == [expected]  # one flat buffer per unit (uint8 under FP8)
+            assert sum(nbytes for nbytes, _ in rec["params"].values()) == expected
+            dtypes = {name: dtype for name, (_, dtype) in rec["params"].items()}
+            assert {dtypes[n] for n in dtypes if "norm" in n} == {"bfloat16"}
+            assert {dtypes[n] for n in dtypes if "norm" not in n} == {"float8_e4m3fn" if fp8_gather else "bfloat16"}
