@@ -41,8 +41,9 @@ MEGATRON = {
     "--nnodes", "--nproc-per-node",
 }
 # torchtitan, torchtitan/config/job_config.py (pytorch/torchtitan, JobConfig of v0.2.2): sections
-# Model, Training, Parallelism, ActivationCheckpoint, Compile.
+# Model, Training, Parallelism, ActivationCheckpoint, Compile, Quantize (its linear.float8: Float8Linear).
 TORCHTITAN = {
+    "quantize.linear.float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
     "compile.enable", "compile.components",
     "model.name", "model.flavor", "model.converters",
     "training.local_batch_size", "training.global_batch_size", "training.seq_len",
