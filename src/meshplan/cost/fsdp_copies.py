@@ -7,10 +7,12 @@ unit runs it copies the buffer out into each parameter's unsharded tensor
 ``torch.ops.fsdp.split_with_sizes_copy`` on the current stream). After the unit's backward it
 copies the unsharded gradients into one flat reduce-scatter input in the reduce dtype
 (``foreach_reduce`` → ``foreach_reduce_scatter_copy_in``, one ``torch.ops.fsdp.chunk_cat``): on
-the current stream in later builds, and in the 2024 ones on the reduce-scatter stream with the
-current stream waiting for it at once ("Only after the copy-in finishes can we free the
-gradients"). Either way both copies stand on the compute stream's path, where no collective hides
-them. Megatron's and DeepSpeed's ZeRO-3 gather into buffers their parameters are views of, and are
+the current stream since pytorch/pytorch#129721 (2024-06), which also moved the reduce-scatter
+input into the compute stream's pool (where meshplan's ``grad_reduce_buckets`` count it; the
+reduce-scatter stream's pool keeps only the sharded outputs, the gradients meshplan counts as
+state), and before it on the reduce-scatter stream with the current stream waiting for it at once
+("Only after the copy-in finishes can we free the gradients"). Either way both copies stand on the
+compute stream's path, where no collective hides them. Megatron's and DeepSpeed's ZeRO-3 gather into buffers their parameters are views of, and are
 not charged.
 
 Per unit of P parameters on a rank (after TP), w weight bytes as gathered, γ gradient bytes as
