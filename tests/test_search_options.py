@@ -8,6 +8,7 @@ from dataclasses import fields
 import pytest
 import typer
 
+from meshplan.catalog import load_model
 from meshplan.cli.app import app
 from meshplan.cli.options import PlanArgs
 from meshplan.cli.search_options import SearchArgs, option_types
@@ -141,3 +142,22 @@ def test_export_refuses_search_options_without_from_search():
     assert code == 2 and out == "" and "--top" in err
     code, out, err = run_cli(*base, "--objective", "throughput", "--headroom", "0")  # the defaults, as if not given
     assert code == 0 and out.startswith("# Megatron-LM"), err
+
+
+@pytest.mark.parametrize("switch", ["fsdp_fp8_all_gather", "fsdp_head_in_root"])
+def test_zero3_switches_search_every_zero_stage(switch):
+    """A switch that describes ZeRO-3 (FSDP2's FP8 all-gather, its 2024 root unit) is a base
+    setting: the search still varies the ZeRO stage and gives the switch to its ZeRO-3 plans only,
+    each estimated as ``meshplan estimate`` would with that plan."""
+    from meshplan.cli.search_cmd import execute
+    from meshplan.estimate import estimate
+
+    args = PlanArgs(model="llama3-8b", gpus=16, seq_len=4096, global_batch=32, precision="fp8", kernels="compiled", pp=1,
+                    **{switch: True})
+    result, cluster, _ = execute(args, SearchArgs(top=40, max_tp=2, max_micro_batch=2))
+    plans = [c.estimate.plan for c in result.top]
+    assert {p.zero for p in plans} > {3}
+    for p in plans:
+        assert getattr(p, switch) is (p.zero == 3)
+    best3 = next(c.estimate for c in result.top if c.estimate.plan.zero == 3)
+    assert estimate(load_model("llama3-8b"), cluster, best3.plan).peak_bytes == best3.peak_bytes

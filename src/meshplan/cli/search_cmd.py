@@ -264,7 +264,11 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     preset_setup = resolve(plan) if plan.preset is not None else None
     fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
     limits = search.limits(fixed)
-    neutral = dict(tp=1, cp=1, pp=1, ep=None, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None, zero=None)
+    # the base plan's own layout is neutral; switches that describe ZeRO-3 (FSDP2's units, its FP8
+    # all-gather) need a ZeRO-3 base, and the search gives them to its ZeRO-3 plans only (plan_of)
+    zero3_only = bool(plan.fsdp_head_in_root or plan.fsdp_fp8_all_gather)
+    neutral = dict(tp=1, cp=1, pp=1, ep=None, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None,
+                   zero="3" if zero3_only else None)
     one = resolve(replace(plan, **neutral, dp=1, gpus=None))  # base plan fields, model, budget
     gpus = preset_setup.cluster.num_gpus if preset_setup else (plan.gpus if plan.gpus is not None else (plan.dp * (plan.tp or 1) * (plan.cp or 1) * (plan.pp or 1) if plan.dp else 8))
     whole = resolve(replace(plan, **neutral, dp=None, gpus=gpus, global_batch=gpus, global_batch_tokens=None))
