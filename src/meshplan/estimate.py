@@ -309,6 +309,7 @@ class Estimate:
                 "pp_buffers": p.pp_buffers,
                 "pp_return_outputs": p.pp_return_outputs,
                 "fsdp_head_in_root": p.fsdp_head_in_root,
+                "fsdp_fp8_all_gather": p.fsdp_fp8_all_gather,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },

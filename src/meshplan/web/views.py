@@ -60,6 +60,7 @@ CHOICES = (
     ("attention", "attention kernel", ("flash", "materialized")),
     ("kernels", "software stack", ("fused", "compiled", "eager")),
     ("compile_loss", "loss compiled (with compiled kernels)", ("true", "false")),
+    ("fsdp_fp8_all_gather", "FP8 all-gather (FSDP2, torchao Float8)", ("false", "true")),
     ("tp_comm_overlap", "TP communication overlap", ("false", "true")),
     ("tp_overlap_kind", "TP overlap kind", ("userbuffers", "micro-pipeline")),
 )
