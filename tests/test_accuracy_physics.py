@@ -27,6 +27,7 @@ from meshplan.cost.compute import (
     softmax_bytes,
 )
 from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, gather_pool_bytes
+from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate
 from meshplan.specs.hardware import ClusterSpec
@@ -237,11 +238,11 @@ def test_unknown_kernels_value_is_refused():
 
 def test_heldout_runs_are_separate_from_the_ground_truth():
     ids = [r["id"] for r in heldout_runs()]
-    assert len(ids) == len(set(ids)) == 12
+    assert len(ids) == len(set(ids)) == 61
     assert not set(ids) & {r["id"] for r in published_runs()}
     runs = map_heldout_runs()
     assert all(r.supported for r in runs)
-    assert {r.group for r in runs} == {"nemo2407", "mtnlg"}
+    assert {r.group for r in runs} == {"nemo2407", "mtnlg", "llmfoundry"}
 
 
 def test_heldout_step_times_follow_the_published_figures():
@@ -254,12 +255,32 @@ def test_heldout_step_times_follow_the_published_figures():
     assert (q.dp, q.grad_accum, q.recompute, q.attention) == (12, 160, "full", "materialized")
 
 
+def test_llm_foundry_rows_are_mpt_by_its_own_parameter_count():
+    """Every LLM Foundry row: meshplan's count of the MPT config equals the table's NumParams to
+    the parameter; the step is the global batch's tokens over the published tokens/s per GPU; the
+    plan is FSDP over every GPU with the table's micro-batch and checkpointing."""
+    rows = {r["id"]: r for r in heldout_runs() if r["group"] == "llmfoundry"}
+    assert len(rows) == 49
+    for run in (r for r in map_heldout_runs() if r.group == "llmfoundry"):
+        raw, p = rows[run.id], run.plan
+        assert count_params(run.model).total == raw["params"], run.id
+        n = raw["gpus"]
+        assert run.published_step_s == float(Fraction(raw["global_batch"] * 2048, raw["tokens_per_s_per_gpu"] * n))
+        assert (p.dp, p.tp, p.pp, p.zero, p.kernels, p.micro_batch) == (n, 1, 1, 3, "eager", raw["micro_batch"])
+        assert p.recompute == ("full" if raw["activation_checkpointing"] else "none")
+        assert p.grad_accum * p.micro_batch * n == raw["global_batch"]
+    # PURE mixed precision reduces in bf16, DEFAULT in fp32
+    assert map_heldout_runs()[-1].plan.precision.grad_dtype == "bf16"
+    h100 = next(r for r in map_heldout_runs() if r.id == "llmfoundry_h100_bf16_7b_8gpu")
+    assert h100.plan.precision.grad_dtype == "fp32" and h100.published_step_s == pytest.approx(48 * 2048 / (8 * 10643))
+
+
 def test_run_sets_and_predictions_through_estimate():
     assert RUN_SETS == ("visible", "held-out", "all")
     assert len(runs_of("all")) == len(runs_of("visible")) + len(runs_of("held-out"))
     rep = validate_runs(run_set="held-out")
     assert rep.run_set == "held-out" and rep.to_dict()["set"] == "held-out"
-    assert rep.overall.supported == 12
+    assert rep.overall.supported == 61
     run = [r for r in map_heldout_runs() if r.id == "nemo2407_llama2_7b_8gpu"][0]
     assert predict(run).predicted_step_s == estimate(run.model, run.cluster, run.plan).time.step_s
     assert calibration_for(run.cluster.gpu) is HOPPER
@@ -278,7 +299,7 @@ def test_cli_validate_set_held_out_json_and_bad_input():
     code, out, _ = run_cli("validate", "--set", "held-out", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["set"] == "held-out" and set(doc["groups"]) == {"nemo2407", "mtnlg"}
+    assert doc["set"] == "held-out" and set(doc["groups"]) == {"nemo2407", "mtnlg", "llmfoundry"}
     code, out, err = run_cli("validate", "--set", "hidden")
     assert code == 2 and "set" in err and "Traceback" not in err + out
     code, out, err = run_cli("validate", "--source", "mtnlg")  # a held-out source, visible set

@@ -2,7 +2,8 @@
 
 ``catalog/data/heldout_runs.yaml`` lists runs gathered after the calibration was fixed, on A100
 and H100, BF16 and FP8, Megatron-style stacks (NVIDIA NeMo 24.07's H100 FP8 table; DeepSpeed +
-Megatron's MT-NLG 530B on A100). They are mapped like the visible runs
+Megatron's MT-NLG 530B on A100) and FSDP-style ones (MosaicML LLM Foundry's MPT benchmarks:
+PyTorch FSDP on A100 40/80 GB and H100, BF16 and FP8). They are mapped like the visible runs
 (:mod:`meshplan.accuracy.runs`: same :class:`MappedRun`, same ``estimate``) and reported apart
 (``meshplan validate --set held-out``), so their error measures how meshplan predicts runs it
 was not compared with while its constants were chosen.
@@ -17,6 +18,14 @@ Unstated settings take the framework's documented default, recorded in each run'
   ZeRO-1, full activation checkpointing, BF16 with fp32 gradients, materialized attention (no
   FlashAttention in 2021), gradients reduced after the pipeline (not overlapped), no sequence
   parallelism (2022).
+* LLM Foundry (Composer, 2023): PyTorch FSDP FULL_SHARD over every GPU (no TP or PP), one
+  micro-batch per gradient-accumulation step as the table lists, full activation checkpointing
+  of every block where the table says so, FlashAttention (MPT's ``flash`` / ``triton``
+  ``attn_impl``), PyTorch eager; mixed precision ``DEFAULT`` (amp_bf16, amp_fp8: bf16 compute,
+  fp32 reduction) or ``PURE`` (bf16: bf16 reduction), fp32 parameter shards as the master copy
+  and Adam's moments. The models are the LLM Foundry MPT configs, GPT-2 style by MPTConfig's
+  defaults (learned positions, biases, LayerNorm, GeLU 4h, tied embeddings, vocabulary 50,368,
+  no dropout): meshplan's count equals the table's NumParams on every row (tests).
 """
 
 from __future__ import annotations
@@ -41,6 +50,20 @@ HELDOUT_FILE = "heldout_runs.yaml"
 HELDOUT_SOURCES = {
     "nemo2407": "NVIDIA NeMo 24.07 performance summary, DGX-H100, FP8",
     "mtnlg": "Smith et al. 2022 (MT-NLG 530B, arXiv 2201.11990), Sec. 2.4",
+    "llmfoundry": "MosaicML LLM Foundry MPT benchmarks (PyTorch FSDP), A100 and H100",
+}
+
+#: LLM Foundry's MPT sizes (``scripts/train/yamls/pretrain/mpt-<size>.yaml``): layers, d_model,
+#: heads; expansion ratio 4, vocabulary 50,368
+MPT_SIZES = {"1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40),
+             "30b": (48, 7168, 64), "70b": (80, 8192, 64)}
+MPT_VOCAB = 50368
+
+#: LLM Foundry's precision column: meshplan's recipe and what Composer's FSDP mixed precision does
+MPT_PRECISION = {
+    "amp_bf16": (PrecisionRecipe(precision="bf16", grad_dtype="fp32"), "amp_bf16, FSDP mixed precision DEFAULT: bf16 compute, fp32 reduction"),
+    "bf16": (PrecisionRecipe(precision="bf16", grad_dtype="bf16"), "bf16, FSDP mixed precision PURE: bf16 compute and reduction"),
+    "amp_fp8": (PrecisionRecipe(precision="fp8", grad_dtype="fp32"), "amp_fp8 (Transformer Engine FP8 linears), fp32 reduction"),
 }
 
 
@@ -55,11 +78,45 @@ def _model(r: dict[str, Any]):
     spec = r["model"]
     if isinstance(spec, str):
         return load_model(spec)
+    if "mpt" in spec:
+        layers, hidden, heads = MPT_SIZES[spec["mpt"]]
+        return gpt_model(f"mpt-{spec['mpt']}", layers, hidden, heads, MPT_VOCAB, r["seq_len"], dropout=False,
+                         source=HELDOUT_SOURCES[r["group"]])
     layers, hidden, heads, vocab = spec["gpt"]
     return gpt_model(r["id"], layers, hidden, heads, vocab, r["seq_len"], source=HELDOUT_SOURCES[r["group"]])
 
 
+def _foundry_plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
+    """An LLM Foundry row: FSDP over every GPU, Composer's micro-batches, eager PyTorch."""
+    n, checkpointed = r["gpus"], r["activation_checkpointing"]
+    recipe, precision_note = MPT_PRECISION[r["precision"]]
+    plan = TrainingPlan.build(
+        where="plan", dp=n, micro_batch=r["micro_batch"], global_batch=r["global_batch"], seq_len=r["seq_len"],
+        zero=3, recompute="full" if checkpointed else "none", precision=recipe, kernels="eager", attention="flash",
+    )
+    network = ("1600 Gbps RoCE per 8-GPU node, 25 GB/s per GPU, as the table's title says (catalog " + r["gpu"] + ")"
+               if r["gpu"].startswith("a100") else "network not stated: 8 GPUs per node, 400 Gb/s per GPU assumed (catalog h100-sxm-80gb)")
+    notes = [
+        f"PyTorch FSDP FULL_SHARD over all {n} GPUs; micro-batch {r['micro_batch']} x {plan.grad_accum} accumulation steps "
+        f"= global batch {r['global_batch']}",
+        "full activation checkpointing of every block" if checkpointed else "no activation checkpointing",
+        precision_note,
+        f"MPT-{r['model']['mpt']} (LLM Foundry config, MPTConfig defaults): learned positions, biases, LayerNorm, "
+        f"GeLU 4h, tied embeddings, vocabulary {MPT_VOCAB:,}, no dropout; {r['params']:,} parameters as the table's NumParams",
+        "FlashAttention (MPT attn_impl flash / triton), PyTorch eager (meshplan kernels 'eager')",
+        "not expressible: Composer's FSDP (FSDP1) all-gathers into flat parameters and copies nothing out, where "
+        "meshplan's eager ZeRO-3 charges FSDP2's copy-out; LLM Foundry's fused cross-entropy, where meshplan runs "
+        "torch's (fp32 logits: more memory, a little more time)"
+        + ("; Transformer Engine's fused FP8 cast-transpose, where meshplan's eager stack charges torchao's passes"
+           if recipe.precision == "fp8" else ""),
+        network,
+    ]
+    return plan, notes
+
+
 def _plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
+    if r["group"] == "llmfoundry":
+        return _foundry_plan(r)
     tp, pp, cp, vp, n = r["tp"], r["pp"], r["cp"], r["vp"], r["gpus"]
     dp = n // (tp * pp * cp)
     fp8 = r["precision"] == "fp8"
