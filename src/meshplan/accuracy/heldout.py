@@ -61,9 +61,12 @@ MPT_VOCAB = 50368
 
 #: LLM Foundry's precision column: meshplan's recipe and what Composer's FSDP mixed precision does
 MPT_PRECISION = {
-    "amp_bf16": (PrecisionRecipe(precision="bf16", grad_dtype="fp32"), "amp_bf16, FSDP mixed precision DEFAULT: bf16 compute, fp32 reduction"),
-    "bf16": (PrecisionRecipe(precision="bf16", grad_dtype="bf16"), "bf16, FSDP mixed precision PURE: bf16 compute and reduction"),
-    "amp_fp8": (PrecisionRecipe(precision="fp8", grad_dtype="fp32"), "amp_fp8 (Transformer Engine FP8 linears), fp32 reduction"),
+    "amp_bf16": (PrecisionRecipe(precision="bf16", grad_dtype="fp32"),
+                 "amp_bf16, FSDP mixed precision DEFAULT: bf16 compute, fp32 reduction"),
+    "bf16": (PrecisionRecipe(precision="bf16", grad_dtype="bf16"),
+             "bf16, FSDP mixed precision PURE: bf16 compute and reduction"),
+    "amp_fp8": (PrecisionRecipe(precision="fp8", grad_dtype="fp32"),
+                "amp_fp8 (Transformer Engine FP8 linears), fp32 reduction"),
 }
 
 
@@ -94,8 +97,10 @@ def _foundry_plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
         where="plan", dp=n, micro_batch=r["micro_batch"], global_batch=r["global_batch"], seq_len=r["seq_len"],
         zero=3, recompute="full" if checkpointed else "none", precision=recipe, kernels="eager", attention="flash",
     )
-    network = ("1600 Gbps RoCE per 8-GPU node, 25 GB/s per GPU, as the table's title says (catalog " + r["gpu"] + ")"
-               if r["gpu"].startswith("a100") else "network not stated: 8 GPUs per node, 400 Gb/s per GPU assumed (catalog h100-sxm-80gb)")
+    if r["gpu"].startswith("a100"):
+        network = f"1600 Gbps RoCE per 8-GPU node, 25 GB/s per GPU, as the table's title says (catalog {r['gpu']})"
+    else:
+        network = "network not stated: 8 GPUs per node, 400 Gb/s per GPU assumed (catalog h100-sxm-80gb)"
     notes = [
         f"PyTorch FSDP FULL_SHARD over all {n} GPUs; micro-batch {r['micro_batch']} x {plan.grad_accum} accumulation steps "
         f"= global batch {r['global_batch']}",

@@ -54,8 +54,8 @@ one kernel per tensor. Full checkpointing recomputes the whole forward, casts in
 
 **FP8 all-gather** (``fsdp_fp8_all_gather``, :mod:`meshplan.cost.fsdp_copies`): FSDP2 hands the
 forward an already-cast weight (``cast_weight_to_float8_t`` returns a weight that
-``tensor_already_casted_to_fp8``), cast on the shard before the all-gather, off the compute
-stream. The weight's amax and cast leave the forward and the recompute; its column-major copy for
+``tensor_already_casted_to_fp8``), cast on the shard before the all-gather, on FSDP2's copy-in
+stream, off the compute stream. The weight's amax and cast leave the forward and the recompute; its column-major copy for
 the input-gradient GEMM stays:
 
     bytes_fwd = (2e + 1)·m·k,   bytes_recompute = (e + 1)·m·k

@@ -12,8 +12,8 @@ input into the compute stream's pool (where meshplan's ``grad_reduce_buckets`` c
 reduce-scatter stream's pool keeps only the sharded outputs, the gradients meshplan counts as
 state), and before it on the reduce-scatter stream with the current stream waiting for it at once
 ("Only after the copy-in finishes can we free the gradients"). Either way both copies stand on the
-compute stream's path, where no collective hides them. Megatron's and DeepSpeed's ZeRO-3 gather into buffers their parameters are views of, and are
-not charged.
+compute stream's path, where no collective hides them. Megatron's and DeepSpeed's ZeRO-3 gather
+into buffers their parameters are views of, and are not charged.
 
 Per unit of P parameters on a rank (after TP), w weight bytes as gathered, γ gradient bytes as
 reduced, each copy reading and writing (bytes moved):
@@ -35,7 +35,7 @@ counts both ops of a real FSDP2 step on gloo and matches these bytes exactly
 **FP8 all-gather** (``fsdp_fp8_all_gather``; torchao's ``enable_fsdp_float8_all_gather``, which
 torchtitan's ``float8`` section sets): the shards of a block's Float8Linear weights
 (``WeightWithDynamicFloat8CastTensor``) are cast to FP8 before the all-gather
-(``fsdp_pre_all_gather``, on the all-gather stream, from the scale
+(``fsdp_pre_all_gather``, on FSDP2's all-gather copy-in stream, from the scale
 ``precompute_float8_dynamic_scale_for_fsdp`` computes once a step) and gathered as 1-byte
 elements, and ``fsdp_post_all_gather`` wraps the gathered bytes as the Float8Tensor the forward
 GEMM takes. So a layer unit gathers, copies out and holds
