@@ -122,14 +122,27 @@ FP8_BLOCK = (256, 4, 2, 512)
 
 def fp8_gather_records(rank: int, world: int, port: int, out) -> None:
     """One Llama block under torchao's Float8 training (tensorwise, ``emulate`` for the CPU) as one
-    FSDP2 unit with torchtitan's mixed precision, FP8 all-gather off and on: per setting, the bytes
-    of the unit's all-gather and of each unsharded parameter (a Float8 weight's FP8 data), after
-    one step; put them on ``out``."""
+    FSDP2 unit with torchtitan's mixed precision, FP8 all-gather off and on (with the scales
+    precomputed, as torchtitan runs it): per setting, the bytes of the unit's all-gather and of
+    each unsharded parameter (a Float8 weight's FP8 data) after one step, and the amax reductions
+    (``aten.max`` of a whole tensor) of one forward and its backward; put them on ``out``."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training, precompute_float8_dynamic_scale_for_fsdp
+
+    class AmaxCount(TorchDispatchMode):
+        """Counts torchao's ``tensor_to_amax`` reductions: ``max`` over a whole tensor."""
+
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func is torch.ops.aten.max.default
+            return func(*args, **(kwargs or {}))
 
     from meshplan.verify.llama_block import Block, precompute_freqs_cis
 
@@ -163,7 +176,13 @@ def fp8_gather_records(rank: int, world: int, port: int, out) -> None:
                 data = getattr(p.data, "_data", p.data)  # a Float8 tensor's FP8 payload
                 params[name] = (data.numel() * data.element_size(), str(data.dtype).removeprefix("torch."))
             block.reshard()
-            result[fp8_gather] = {"all_gather": gathers, "params": params}
+            if fp8_gather:
+                precompute_float8_dynamic_scale_for_fsdp(block)
+            with AmaxCount() as forward:
+                y = block(torch.randn(2, 32, h), freqs)
+            with AmaxCount() as backward:
+                y.float().sum().backward()
+            result[fp8_gather] = {"all_gather": gathers, "params": params, "amax": (forward.n, backward.n)}
         out.put(result)
     finally:
         dist.destroy_process_group()
