@@ -55,8 +55,8 @@ one kernel per tensor. Full checkpointing recomputes the whole forward, casts in
 torchao's releases of 2025 on (``matmul_with_hp_or_float8_args``) save the 16-bit input and
 weight instead and cast them again in the backward, with the output gradient cast once for each
 backward GEMM (in eager torchao 0.18, four amax reductions per linear in the backward:
-``tests/test_fsdp_fp8_gather.py``); these passes keep the late-2024 design that the December
-2024 torchtitan runs used.
+``tests/test_fsdp_fp8_gather.py``); these passes keep the late-2024 design (docs/accuracy.md,
+what is not modelled).
 
 **FP8 all-gather** (``fsdp_fp8_all_gather``, :mod:`meshplan.cost.fsdp_copies`): FSDP2 hands the
 forward an already-cast weight (``cast_weight_to_float8_t`` returns a weight that
