@@ -108,7 +108,8 @@ def test_without_sharding_nothing_is_gathered():
     assert estimate(m8, cluster, plan).peak_bytes == estimate(m8, cluster, plan.model_copy(update={"fsdp_fp8_all_gather": False})).peak_bytes
 
 
-@pytest.mark.parametrize("kw", [dict(zero=1), dict(precision=PrecisionRecipe(precision="bf16")), dict(kernels="fused")])
+@pytest.mark.parametrize("kw", [dict(zero=1), dict(precision=PrecisionRecipe(precision="bf16")), dict(kernels="fused"),
+                                dict(fp8_linears="transformer-engine")])
 def test_the_switch_needs_fsdp2_and_float8(kw):
     fields = dict(dp=8, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True) | kw
     with pytest.raises(ValueError, match="fsdp_fp8_all_gather"):
@@ -195,3 +196,33 @@ def test_torch_fsdp2_with_torchao_gathers_and_holds_these_bytes():
             assert {dtypes[n] for n in dtypes if "norm" in n} == {"bfloat16"}
             assert {dtypes[n] for n in dtypes if "norm" not in n} == {"float8_e4m3fn" if fp8_gather else "bfloat16"}
             assert rec["amax"] == ((7, 21) if fp8_gather else (14, 28))
+
+
+def test_fp8_linears_library_on_the_eager_stack():
+    """Transformer Engine's FP8 linears under eager PyTorch (Composer's amp_fp8): the fused cast's
+    bytes instead of torchao's passes, and the FP8 input saved (1 byte) instead of the 16-bit one;
+    ``auto`` is torchao on eager, Transformer Engine on the fused stack; torchao cannot run there."""
+    from meshplan.cost.activations import saved_gemm_input_bytes
+    from meshplan.cost.compute import fp8_cast_bytes, layer_op_times, projection_gemms
+
+    m8, cal = load_model("llama3-8b"), calibration_for(H100)
+    args = (m8, 2, 4096, 1, 1, False, "flash", "causal", H100, cal, "fp8", 2, "eager")
+    auto, torchao, te = (layer_op_times(*args, fp8_linears=x) for x in ("auto", "torchao", "transformer-engine"))
+    fused = layer_op_times(*args[:-1], "fused")
+    assert auto == torchao and te.fwd_memory < torchao.fwd_memory and te.bwd_memory < torchao.bwd_memory
+    # Transformer Engine's fused casts (fp8_cast_bytes), one per linear as eager PyTorch runs them
+    gemms = [shape for _, shape in projection_gemms(m8, 2 * 4096, 1, "eager")]
+    bf16 = layer_op_times(*args[:10], "bf16", 2, "eager")
+    cast_fwd, cast_bwd = fp8_cast_bytes(gemms, 2)
+    overheads = (len(gemms) - 1) * cal.kernel_overhead
+    assert te.fwd_memory - bf16.fwd_memory == pytest.approx(memory_time(cast_fwd, H100, cal) + overheads, rel=1e-9)
+    assert te.bwd_memory - bf16.bwd_memory == pytest.approx(memory_time(cast_bwd, H100, cal) + overheads, rel=1e-9)
+    assert fused.fwd_memory < te.fwd_memory  # the fused stack: its fused QKV and element-wise kernels
+    assert saved_gemm_input_bytes("fp8", "eager", 2) == 2 and saved_gemm_input_bytes("fp8", "eager", 2, "transformer-engine") == 1
+    assert saved_gemm_input_bytes("fp8", "fused", 2) == 1 and saved_gemm_input_bytes("bf16", "eager", 2, "transformer-engine") == 2
+    plan = TrainingPlan(dp=8, global_batch=8, seq_len=4096, precision=FP8, kernels="eager", fp8_linears="transformer-engine")
+    assert plan.fp8_library == "transformer-engine" and plan.model_copy(update={"fp8_linears": "auto"}).fp8_library == "torchao"
+    with pytest.raises(ValueError, match="fp8_linears torchao"):
+        TrainingPlan(dp=8, global_batch=8, seq_len=4096, precision=FP8, kernels="fused", fp8_linears="torchao")
+    est = [estimate(m8, ClusterSpec.of(H100, 8), plan.model_copy(update={"fp8_linears": x})) for x in ("auto", "transformer-engine")]
+    assert est[1].time.step_s < est[0].time.step_s and est[1].peak_bytes < est[0].peak_bytes

@@ -30,6 +30,7 @@ FOLLOWS = {
     "fsdp_accumulate_unsharded": {"zero"},
     "model": {"vpp", "layer_split"},  # torchtitan: without a known flavor the stage count is unknown
     "kernels": {"compile_loss"},  # fused exported as compiled blocks and loss (torchtitan), or as eager (DeepSpeed)
+    "precision": {"fp8_linears"},  # FP8 exported as BF16 (DeepSpeed, nanotron): no FP8 library either
 }
 
 
@@ -163,6 +164,8 @@ def plans(draw):
         PrecisionRecipe(optimizer="sgd"),
     ]))
     kernels = draw(st.sampled_from(["fused", "compiled", "eager"]))
+    fp8_linears = draw(st.sampled_from(["auto", "transformer-engine"] + (["torchao"] if kernels != "fused" else [])))
+    torchao = fp8_linears == "torchao" or (fp8_linears == "auto" and kernels != "fused")
     return model, TrainingPlan(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, schedule=schedule, layer_split=split, micro_batch=micro,
         global_batch=micro * dp * draw(st.integers(1, 8)), seq_len=draw(st.sampled_from([2048, 4096, 8192])),
@@ -176,7 +179,8 @@ def plans(draw):
         kernels=kernels, compile_loss=draw(st.booleans()),
         pp_buffers=draw(st.sampled_from(["in-flight", "per-micro-batch"])),
         fsdp_head_in_root=zero == 3 and pp == 1 and kernels != "fused" and draw(st.booleans()),
-        fsdp_fp8_all_gather=zero == 3 and kernels != "fused" and prec.precision == "fp8" and draw(st.booleans()),
+        fsdp_fp8_all_gather=zero == 3 and torchao and kernels != "fused" and prec.precision == "fp8" and draw(st.booleans()),
+        fp8_linears=fp8_linears,
     )
 
 

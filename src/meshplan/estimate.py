@@ -310,6 +310,7 @@ class Estimate:
                 "pp_return_outputs": p.pp_return_outputs,
                 "fsdp_head_in_root": p.fsdp_head_in_root,
                 "fsdp_fp8_all_gather": p.fsdp_fp8_all_gather,
+                "fp8_linears": p.fp8_linears,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -392,7 +393,7 @@ def estimate(
     fp8_gather = plan.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1
     layer_saving = fp8_gather_saving(model, t, rec.weight_bytes, fp8_gather)
     ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
-                         weights_in_fp8=fp8_gather)
+                         weights_in_fp8=fp8_gather, fp8_linears=plan.fp8_linears)
     emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
     head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e, plan.loss_kernels)
     recompute_layer = recompute_time(ops, plan.recompute)
@@ -428,7 +429,7 @@ def estimate(
     if model.is_moe:  # MoE layers: their own op times, ZeRO-3 collectives and all-to-alls
         moe_ops = layer_op_times(
             model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
-            moe=True, ep=plan.ep,
+            moe=True, ep=plan.ep, fp8_linears=plan.fp8_linears,
         )
         ep_group, edp = expert_placements(cluster, plan)
         moe_units = moe_fsdp_layer_times(model, t, plan.ep, rec, pl.shard, edp, cluster, cal) if fsdp_per_layer else (0.0, 0.0)
@@ -443,7 +444,7 @@ def estimate(
     fwd, bwd = st.fwd, st.bwd
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
-    gi = saved_gemm_input_bytes(rec.compute_dtype, plan.kernels, e)
+    gi = saved_gemm_input_bytes(rec.compute_dtype, plan.kernels, e, plan.fp8_linears)
     la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi, kernels=plan.kernels)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
     head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels, plan.kernels)

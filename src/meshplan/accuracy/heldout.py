@@ -66,7 +66,8 @@ MPT_PRECISION = {
     "bf16": (PrecisionRecipe(precision="bf16", grad_dtype="bf16"),
              "bf16, FSDP mixed precision PURE: bf16 compute and reduction"),
     "amp_fp8": (PrecisionRecipe(precision="fp8", grad_dtype="fp32"),
-                "amp_fp8 (Transformer Engine FP8 linears), fp32 reduction"),
+                "amp_fp8: Transformer Engine's FP8 linears under eager PyTorch (meshplan fp8_linears "
+                "transformer-engine), fp32 reduction"),
 }
 
 
@@ -96,6 +97,7 @@ def _foundry_plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
     plan = TrainingPlan.build(
         where="plan", dp=n, micro_batch=r["micro_batch"], global_batch=r["global_batch"], seq_len=r["seq_len"],
         zero=3, recompute="full" if checkpointed else "none", precision=recipe, kernels="eager", attention="flash",
+        fp8_linears="transformer-engine" if recipe.precision == "fp8" else "auto",
     )
     if r["gpu"].startswith("a100"):
         network = f"1600 Gbps RoCE per 8-GPU node, 25 GB/s per GPU, as the table's title says (catalog {r['gpu']})"
@@ -111,9 +113,7 @@ def _foundry_plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
         "FlashAttention (MPT attn_impl flash / triton), PyTorch eager (meshplan kernels 'eager')",
         "not expressible: Composer's FSDP (FSDP1) all-gathers into flat parameters and copies nothing out, where "
         "meshplan's eager ZeRO-3 charges FSDP2's copy-out; LLM Foundry's fused cross-entropy, where meshplan runs "
-        "torch's (fp32 logits: more memory, a little more time)"
-        + ("; Transformer Engine's fused FP8 cast-transpose, where meshplan's eager stack charges torchao's passes"
-           if recipe.precision == "fp8" else ""),
+        "torch's (fp32 logits: more memory, a little more time)",
         network,
     ]
     return plan, notes

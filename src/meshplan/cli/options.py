@@ -97,6 +97,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "pp_return_outputs": (Optional[bool], _opt("--pp-return-outputs/--no-pp-return-outputs", "With --pp-buffers per-micro-batch (torch.distributed.pipelining): the last stage keeps every micro-batch's output, the logits, through the step and concatenates them at its end, 2·m logits tensors at that moment (torch's schedule.step(return_outputs=True), its default, and every torch before the option, pytorch/pytorch#165822, 2025-10); off: return_outputs=False, as torchtitan's trainer passes since. (default: off)", P_MEMORY)),
     "fsdp_head_in_root": (Optional[bool], _opt("--fsdp-head-in-root/--no-fsdp-head-in-root", "With --zero 3 on --kernels compiled or eager (torch's FSDP2), pp 1: the embedding, final norm and LM head are left to FSDP2's root unit, which is never resharded after forward, and the last block stays gathered (torchtitan's units until pytorch/torchtitan#1094, 2025-07); off: each is a unit of its own (torchtitan since then). Changes the gathered weights at the peak. (default: off)", P_MEMORY)),
     "fsdp_fp8_all_gather": (Optional[bool], _opt("--fsdp-fp8-all-gather/--no-fsdp-fp8-all-gather", "With --zero 3, --precision fp8 on --kernels compiled or eager (torch's FSDP2 with torchao's Float8 linears): the blocks' linear weights are cast to FP8 on their shards and all-gathered, held and used as FP8 (torchtitan's float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp): half the layers' all-gather bytes, gathered weights and copy-out, and no weight cast in the forward. Dense models. (default: off)", P_MEMORY)),
+    "fp8_linears": (Optional[Literal["auto", "torchao", "transformer-engine"]], _opt("--fp8-linears", "With --precision fp8, the FP8 linears' library: transformer-engine (cast and transpose fused, the FP8 input saved for the backward: Megatron-Core, Composer's amp_fp8, Accelerate's te backend) or torchao (Float8Linear's amax, cast and column-major copies, the 16-bit input saved: torchtitan, Accelerate's ao backend); auto takes Transformer Engine on --kernels fused, torchao on compiled and eager. (default: auto)", P_MEMORY)),
     "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with GEMMs. (default: off)", P_NET)),
     "tp_overlap_kind": (Optional[Literal["userbuffers", "micro-pipeline"]], _opt("--tp-overlap-kind", "How TP overlap works: userbuffers (Megatron/Transformer Engine: all TP collectives behind the GEMMs) or micro-pipeline (torch's AsyncTP: fused all-gather/reduce-scatter matmuls in TP chunks; backward input-gradient reduce-scatters exposed). (default: userbuffers)", P_NET)),
     "gpus_per_node": (Optional[int], _opt("--gpus-per-node", "GPUs per scale-up (NVLink) domain. (default: the GPU's, e.g. 8)", P_NET)),
@@ -146,6 +147,7 @@ class PlanArgs:
     pp_return_outputs: Optional[bool] = None
     fsdp_head_in_root: Optional[bool] = None
     fsdp_fp8_all_gather: Optional[bool] = None
+    fp8_linears: Optional[str] = None
     tp_comm_overlap: Optional[bool] = None
     tp_overlap_kind: Optional[str] = None
     gpus_per_node: Optional[int] = None
@@ -416,7 +418,7 @@ def resolve(args: PlanArgs) -> Setup:
     )
     for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "compile_loss", "tp_comm_overlap",
               "tp_overlap_kind", "pipeline_runtime", "pp_buffers", "pp_return_outputs", "fsdp_head_in_root",
-              "fsdp_fp8_all_gather"):
+              "fsdp_fp8_all_gather", "fp8_linears"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
     if v.get("zero") is not None:

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from meshplan.cost.cp_exchange import ring_backward_buffer_bytes, sdpa_kv_heads
 from meshplan.cost.params import layer_matmuls, matmuls_per_rank, padded_vocab
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import fp8_library_of
 
 
 @dataclass(frozen=True)
@@ -314,11 +315,13 @@ def layer_activations(
     return layer(layer_input, full - layer_input, [("layer_input", layer_input)])
 
 
-def saved_gemm_input_bytes(compute_dtype: str, kernels: str, act_bytes: int) -> float:
-    """Bytes per element of a tensor a layer saves only as a GEMM input: 1 for FP8 GEMMs on the
-    ``fused`` stack (Transformer Engine keeps the FP8 copy it cast in forward, module docstring),
-    else the activation's ``act_bytes`` (torchao's Float8Linear keeps the 16-bit input)."""
-    return 1 if (compute_dtype == "fp8" and kernels == "fused") else act_bytes
+def saved_gemm_input_bytes(compute_dtype: str, kernels: str, act_bytes: int, fp8_linears: str = "auto") -> float:
+    """Bytes per element of a tensor a layer saves only as a GEMM input: 1 for Transformer Engine's
+    FP8 GEMMs (:func:`meshplan.specs.plan.fp8_library_of` the stack and ``fp8_linears``), which
+    keep the FP8 copy they cast in forward (module docstring), else the activation's ``act_bytes``
+    (torchao's Float8Linear keeps the 16-bit input)."""
+    te = fp8_library_of(kernels, fp8_linears) == "transformer-engine"
+    return 1 if (compute_dtype == "fp8" and te) else act_bytes
 
 
 #: Matmuls whose output only feeds the residual add (or, under TP, the reduction before it): no

@@ -44,6 +44,7 @@ from meshplan.cost.params import (
 )
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import fp8_library_of
 
 #: (T_m, T_n, relative efficiency): CUTLASS/cuBLAS tile shapes; smaller tiles reuse less data.
 GEMM_TILES: tuple[tuple[int, int, float], ...] = (
@@ -365,11 +366,13 @@ def layer_op_times(
     moe: bool = False,
     ep: int = 1,
     weights_in_fp8: bool = False,
+    fp8_linears: str = "auto",
 ) -> OpTimes:
     """One transformer layer, one micro-batch, one GPU (module docstring); ``moe`` for a
     mixture-of-experts layer of an MoE model with experts spread over ``ep`` GPUs
     (:func:`moe_mlp_gemms`); ``weights_in_fp8``: torchao's Float8Linear weights arrive cast by
-    FSDP2's FP8 all-gather (:func:`meshplan.cost.float8.torchao_float8_passes`).
+    FSDP2's FP8 all-gather (:func:`meshplan.cost.float8.torchao_float8_passes`); ``fp8_linears``:
+    the plan's choice of FP8 library (:func:`meshplan.specs.plan.fp8_library_of`).
 
     ``attention_flops_convention`` is the FLOP-counting convention and does not change the time:
     FlashAttention skips fully masked blocks (the causal half), materialized attention computes
@@ -468,7 +471,7 @@ def layer_op_times(
     op_rec = fm + sum(
         float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal_g, peak, ge, e)) for nm, _, _ in op_sac_recomputed(model)
     )
-    if compute_dtype == "fp8" and kernels == "fused":
+    if compute_dtype == "fp8" and fp8_library_of(kernels, fp8_linears) == "transformer-engine":
         cast_f, cast_b = fp8_cast_bytes(gemms, e)
         fm += memory_time(cast_f, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
         bm += memory_time(cast_b, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead

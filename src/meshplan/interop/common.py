@@ -91,6 +91,13 @@ def fsdp_root_unit(plan: TrainingPlan, led: Ledger, engine: str) -> None:
                  "FSDP2's root unit (torchtitan's layout until pytorch/torchtitan#1094, 2025-07); exported so")
 
 
+def fp8_library(plan: TrainingPlan, led: Ledger, engine: str, native: str) -> None:
+    """Warn when ``plan``'s FP8 linears (``fp8_linears``, resolved) are not the library the
+    ``engine`` runs (``native``). Engines whose configs have no FP8 warn on the precision."""
+    if plan.precision.precision == "fp8" and plan.fp8_library != native:
+        led.lose("fp8_linears", f"{engine}'s FP8 linears are {native}'s, not {plan.fp8_library}'s; exported so")
+
+
 def fp8_all_gather(plan: TrainingPlan, led: Ledger, engine: str) -> None:
     """Warn when ``plan`` all-gathers Float8Linear weights in FP8 (``fsdp_fp8_all_gather``:
     torchao's float8 with torch's FSDP2), which only torchtitan's config can ask for."""
@@ -113,7 +120,7 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
     overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
     GPipe and 1F1B), the pipeline buffers without a pipeline (and the last stage's kept outputs without torch's), compile_loss without compiled kernels (the loss then runs on the blocks'
-    stack), the ZeRO-3 switches (FP8 all-gather among them) without sharding, overlap switches without data parallelism, an HSDP group as
+    stack), the FP8 library as the stack resolves ``auto`` (none without FP8), the ZeRO-3 switches (FP8 all-gather among them) without sharding, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
     up: dict[str, Any] = {"attention_flops": "causal"}
@@ -135,6 +142,8 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
         up.update(overlap_param_gather=True)
     if plan.dp_shard is not None and (plan.dp_shard == plan.dp or plan.zero == 0):
         up.update(dp_shard=None)
+    # the FP8 library as resolved (auto names one by the stack), none without FP8
+    up.update(fp8_linears=plan.fp8_library if plan.precision.precision == "fp8" else "auto")
     if plan.dp * plan.cp == 1:  # nothing to shard over or to reduce across
         up.update(overlap_grad_reduce=True, overlap_param_gather=True, zero=0, dp_shard=None,
                   reshard_after_forward=True, fsdp_accumulate_unsharded=False, fsdp_fp8_all_gather=False)

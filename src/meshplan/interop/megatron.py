@@ -57,7 +57,7 @@ from typing import Any, Optional
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_int, choice,
-    dependency_pipeline, effective_split, fp8_all_gather, fsdp_root_unit, single_values, stage_buffers,
+    dependency_pipeline, effective_split, fp8_all_gather, fp8_library, fsdp_root_unit, single_values, stage_buffers,
 )
 from meshplan.pipeline.stages import check_split, default_layer_split
 from meshplan.specs.model import ModelSpec
@@ -193,6 +193,7 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
     dependency_pipeline(p, led, "Megatron-LM")
     fsdp_root_unit(p, led, "Megatron-LM")
     fp8_all_gather(p, led, "Megatron-LM")
+    fp8_library(p, led, "Megatron-LM", "transformer-engine")
     stage_buffers(p, led, "Megatron-LM", "in-flight")
     split = effective_split(model, p)
     n_stages = p.pp * vpp

@@ -393,7 +393,7 @@ class Engine:
         self._ops = lru_cache(maxsize=None)(
             lambda t, c, b, sp, g8: layer_op_times(
                 model, b, base.seq_len, t, c, sp, base.attention, base.attention_flops, cluster.gpu, self.cal,
-                self.rec.compute_dtype, self.e, base.kernels, weights_in_fp8=bool(g8),
+                self.rec.compute_dtype, self.e, base.kernels, weights_in_fp8=bool(g8), fp8_linears=base.fp8_linears,
             )
         )
         # the embedding's and LM head's op times depend on (t, c, b) only
@@ -431,7 +431,7 @@ class Engine:
         ops = self._ops(t, c, b, sp, g8)
         emb, head = self._emb_ops(t, c, b), self._head_ops(t, c, b)
         mode = RECOMPUTE[rec_code]
-        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
+        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e, base.fp8_linears)
         la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi, kernels=base.kernels)
         return (
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
@@ -456,9 +456,9 @@ class Engine:
         mode = RECOMPUTE[rec_code]
         ops = layer_op_times(
             m, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu, self.cal,
-            self.rec.compute_dtype, e, base.kernels, moe=True, ep=ep,
+            self.rec.compute_dtype, e, base.kernels, moe=True, ep=ep, fp8_linears=base.fp8_linears,
         )
-        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e)
+        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e, base.fp8_linears)
         la = layer_activations(
             m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True, gemm_input_bytes=gi, kernels=base.kernels
         )

@@ -99,6 +99,14 @@ class PrecisionRecipe(Spec):
         return self.precision
 
 
+def fp8_library_of(kernels: str, fp8_linears: str = "auto") -> str:
+    """The library of the FP8 linears ``fp8_linears`` names, ``auto`` resolved by the stack:
+    ``transformer-engine`` on the fused kernels, ``torchao`` on the compiled and eager ones."""
+    if fp8_linears != "auto":
+        return fp8_linears
+    return "transformer-engine" if kernels == "fused" else "torchao"
+
+
 class TrainingPlan(Spec):
     """A layout (axes), a batch, and the switches that change memory or time."""
 
@@ -171,6 +179,12 @@ class TrainingPlan(Spec):
     # with precompute_float8_dynamic_scale_for_fsdp; meshplan.cost.fsdp_copies); off: gathered in
     # the compute dtype and cast in every forward
     fsdp_fp8_all_gather: bool = False
+    # the library of the FP8 linears (precision fp8; meshplan.cost.compute, .float8):
+    # transformer-engine (cast and transpose fused, the FP8 input saved for the backward:
+    # Megatron-Core, Composer's amp_fp8, Accelerate's te backend) or torchao (Float8Linear:
+    # torchtitan, Accelerate's ao backend); auto: Transformer Engine on the fused stack, torchao on
+    # the compiled and eager ones
+    fp8_linears: Literal["auto", "torchao", "transformer-engine"] = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingPlan":
@@ -195,9 +209,12 @@ class TrainingPlan(Spec):
             raise ValueError("pp_return_outputs describes torch.distributed.pipelining's last stage: give pp_buffers per-micro-batch")
         if self.fsdp_head_in_root and (self.zero != 3 or self.kernels == "fused" or self.pp > 1):
             raise ValueError("fsdp_head_in_root describes torch's FSDP2 units: zero = 3 on the compiled or eager kernels, pp = 1")
-        if self.fsdp_fp8_all_gather and (self.zero != 3 or self.kernels == "fused" or self.precision.precision != "fp8"):
+        if self.fp8_linears == "torchao" and self.kernels == "fused":
+            raise ValueError("fp8_linears torchao needs the compiled or eager kernels (the fused stack's FP8 is Transformer Engine's)")
+        if self.fsdp_fp8_all_gather and (self.zero != 3 or self.kernels == "fused" or self.precision.precision != "fp8"
+                                         or self.fp8_library != "torchao"):
             raise ValueError("fsdp_fp8_all_gather describes torch's FSDP2 with torchao's Float8 linears: zero = 3, "
-                             "precision fp8, the compiled or eager kernels")
+                             "precision fp8, the compiled or eager kernels, fp8_linears torchao")
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
         if self.layer_split is not None:
@@ -230,6 +247,11 @@ class TrainingPlan(Spec):
         the same weights, so Megatron's distributed optimizer and torchtitan's FSDP shard over
         both)."""
         return (self.dp_shard or self.dp) * self.cp
+
+    @property
+    def fp8_library(self) -> str:
+        """The FP8 linears' library (:func:`fp8_library_of` of the plan's kernels)."""
+        return fp8_library_of(self.kernels, self.fp8_linears)
 
     @property
     def loss_kernels(self) -> str:
