@@ -271,6 +271,8 @@ def test_llm_foundry_rows_are_mpt_by_its_own_parameter_count():
         assert p.grad_accum * p.micro_batch * n == raw["global_batch"]
     # PURE mixed precision reduces in bf16, DEFAULT in fp32
     assert map_heldout_runs()[-1].plan.precision.grad_dtype == "bf16"
+    fp8 = next(r for r in map_heldout_runs() if r.id == "llmfoundry_h100_fp8_3b_8gpu").plan
+    assert (fp8.precision.precision, fp8.kernels, fp8.fp8_library) == ("fp8", "eager", "transformer-engine")
     h100 = next(r for r in map_heldout_runs() if r.id == "llmfoundry_h100_bf16_7b_8gpu")
     assert h100.plan.precision.grad_dtype == "fp32" and h100.published_step_s == pytest.approx(48 * 2048 / (8 * 10643))
 

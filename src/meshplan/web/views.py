@@ -61,6 +61,7 @@ CHOICES = (
     ("kernels", "software stack", ("fused", "compiled", "eager")),
     ("compile_loss", "loss compiled (with compiled kernels)", ("true", "false")),
     ("fsdp_fp8_all_gather", "FP8 all-gather (FSDP2, torchao Float8)", ("false", "true")),
+    ("fp8_linears", "FP8 library (with fp8)", ("auto", "torchao", "transformer-engine")),
     ("tp_comm_overlap", "TP communication overlap", ("false", "true")),
     ("tp_overlap_kind", "TP overlap kind", ("userbuffers", "micro-pipeline")),
 )
