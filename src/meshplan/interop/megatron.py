@@ -29,7 +29,8 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
 * overlap_grad_reduce, overlap_param_gather → ``--overlap-grad-reduce``, ``--overlap-param-gather``.
 * precision: bf16 → ``--bf16`` (Megatron keeps fp32 main gradients and fp32 master weights);
   fp16 → ``--fp16`` (+ ``--accumulate-allreduce-grads-in-fp32`` for fp32 gradients); fp8 →
-  ``--bf16 --fp8-format hybrid``; other recipes warn. optimizer sgd → ``--optimizer sgd``.
+  ``--bf16 --fp8-format hybrid`` (Transformer Engine's FP8 linears: ``fp8_linears`` torchao
+  warns); other recipes warn. optimizer sgd → ``--optimizer sgd``.
 * attention: materialized → ``--attention-backend unfused``.
 * kernels: Megatron-LM runs Megatron-Core/Transformer Engine fused kernels and its fused
   vocab-parallel cross-entropy, meshplan's ``fused`` (no flag; read back so); compiled and eager

@@ -27,7 +27,8 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
   ``quantize.linear.float8.enable_fsdp_float8_all_gather`` with
   ``precompute_float8_dynamic_scale_for_fsdp`` (read from that section or, before JobConfig v0.2,
   from ``[float8]``; it applies where FSDP runs, and without the precomputed scales the per-weight
-  amax all-reduces are noted, not modelled).
+  amax all-reduces are noted, not modelled). Its FP8 linears are torchao's (``fp8_linears``
+  transformer-engine warns).
 * tp_comm_overlap → ``parallelism.enable_async_tensor_parallel``, which is torch's micro-pipelined TP
   (``tp_overlap_kind = "micro-pipeline"``; Megatron's userbuffers kind has no torchtitan
   equivalent and is exported as AsyncTP); sequence parallelism is always on
