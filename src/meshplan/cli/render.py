@@ -73,7 +73,9 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
         f"memory: ZeRO-{p.zero}" + (f" (dp_shard {p.dp_shard})" if p.dp_shard else "")
         + ("; FP8 all-gather of the blocks' linear weights" if p.fsdp_fp8_all_gather else "")
         + f"; recompute {p.recompute}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
-        f"; {p.attention} attention; {rec.precision} compute, {rec.grad_dtype} gradients, "
+        f"; {p.attention} attention; {rec.precision} compute"
+        + (f" ({'Transformer Engine' if p.fp8_library == 'transformer-engine' else 'torchao'} linears)" if rec.precision == "fp8" else "")
+        + f", {rec.grad_dtype} gradients, "
         + _state_words(p),
     ]
     if preset:
