@@ -277,9 +277,8 @@ def layer_params_per_rank(model: ModelSpec, tp: int, moe: bool = False, ep: int 
         shared = _mlp_matrices(model) * h * (model.shared_expert_ffn_hidden // tp)
         return attn_w + attn_b + norms + router + shared + expert_params_per_rank(model, tp, ep)
     n_in = 2 if model.gated_mlp else 1
-    mlp_w = (n_in + 1) * h * (f // tp)
     mlp_b = (n_in * (f // tp) + h) if model.linear_bias else 0
-    return attn_w + attn_b + mlp_w + mlp_b + norms
+    return linear_weights_per_rank(model, tp) + attn_b + mlp_b + norms
 
 
 def linear_weights_per_rank(model: ModelSpec, tp: int) -> int:
