@@ -11,6 +11,7 @@ from fractions import Fraction
 import pytest
 
 from meshplan.accuracy import RUN_SETS, predict, published_runs, runs_of, validate_runs
+from meshplan.accuracy.formulas import megatron_r08_flops
 from meshplan.accuracy.heldout import heldout_runs, map_heldout_runs
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cli.app import main
@@ -30,6 +31,7 @@ from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, gather_pool_bytes
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate
+from meshplan.pipeline.stages import layer_split
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
 
@@ -238,11 +240,11 @@ def test_unknown_kernels_value_is_refused():
 
 def test_heldout_runs_are_separate_from_the_ground_truth():
     ids = [r["id"] for r in heldout_runs()]
-    assert len(ids) == len(set(ids)) == 61
+    assert len(ids) == len(set(ids)) == 65
     assert not set(ids) & {r["id"] for r in published_runs()}
     runs = map_heldout_runs()
     assert all(r.supported for r in runs)
-    assert {r.group for r in runs} == {"nemo2407", "mtnlg", "llmfoundry"}
+    assert {r.group for r in runs} == {"nemo2407", "mbridge", "mtnlg", "llmfoundry"}
 
 
 def test_heldout_step_times_follow_the_published_figures():
@@ -253,6 +255,30 @@ def test_heldout_step_times_follow_the_published_figures():
     assert (p.tp, p.pp, p.cp, p.dp, p.vpp, p.schedule, p.precision.precision) == (4, 4, 2, 2, 5, "interleaved", "fp8")
     q = runs["mtnlg_530b_3360gpu"].plan
     assert (q.dp, q.grad_accum, q.recompute, q.attention) == (12, 160, "full", "materialized")
+
+
+def test_megatron_bridge_rows_agree_with_their_own_tflops_column():
+    """Megatron-Bridge prints tokens/s per GPU and model TFLOP/s per GPU; the second is the first
+    times Megatron-LM's causal FLOP count per token (s/(2h) in the attention term), to the
+    table's rounding — the non-causal r0.8 count would be 7 % (70B) and 4 % (405B) higher. The step
+    comes from the tokens; the plans are Megatron-Core's with bf16 gradient reduction."""
+    rows = {r["id"]: r for r in heldout_runs() if r["group"] == "mbridge"}
+    assert len(rows) == 4
+    arch = {"llama3-70b": (80, 8192, 64, 8, 28672), "llama3-405b": (126, 16384, 128, 8, 53248)}
+    for run in (r for r in map_heldout_runs() if r.group == "mbridge"):
+        raw, p = rows[run.id], run.plan
+        L, h, a, g, f = arch[raw["model"]]
+        per_token = megatron_r08_flops(1, 8192, L, h, a, g, 128, f, 128256, gated=True, causal=True) / 8192
+        implied = per_token * raw["tokens_per_s_per_gpu"] / 10**12
+        assert abs(implied - raw["model_tflops_per_gpu"]) <= Fraction(1, 2) + raw["model_tflops_per_gpu"] * Fraction(2, 1000), run.id
+        full = megatron_r08_flops(1, 8192, L, h, a, g, 128, f, 128256, gated=True) / 8192
+        assert full / per_token > Fraction(104, 100)
+        assert run.published_step_s == float(Fraction(raw["global_batch"] * 8192, raw["tokens_per_s_per_gpu"] * raw["gpus"]))
+        assert (p.tp, p.pp, p.cp, p.vpp, p.zero, p.recompute) == (raw["tp"], raw["pp"], raw["cp"], raw["vp"], 1, "none")
+        assert (p.precision.precision, p.precision.grad_dtype, p.kernels, p.tp_comm_overlap) == ("fp8", "bf16", "fused", True)
+    # the 405B recipe's split (embedding and loss counted as a layer each) is meshplan's default one
+    big = next(r for r in map_heldout_runs() if r.id == "mbridge2511_llama31_405b_1024gpu")
+    assert layer_split(126, 8, 8) == (1,) + (2,) * 62 + (1,) and big.plan.layer_split is None
 
 
 def test_llm_foundry_rows_are_mpt_by_its_own_parameter_count():
@@ -282,7 +308,7 @@ def test_run_sets_and_predictions_through_estimate():
     assert len(runs_of("all")) == len(runs_of("visible")) + len(runs_of("held-out"))
     rep = validate_runs(run_set="held-out")
     assert rep.run_set == "held-out" and rep.to_dict()["set"] == "held-out"
-    assert rep.overall.supported == 61
+    assert rep.overall.supported == 65
     run = [r for r in map_heldout_runs() if r.id == "nemo2407_llama2_7b_8gpu"][0]
     assert predict(run).predicted_step_s == estimate(run.model, run.cluster, run.plan).time.step_s
     assert calibration_for(run.cluster.gpu) is HOPPER
@@ -301,7 +327,7 @@ def test_cli_validate_set_held_out_json_and_bad_input():
     code, out, _ = run_cli("validate", "--set", "held-out", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["set"] == "held-out" and set(doc["groups"]) == {"nemo2407", "mtnlg", "llmfoundry"}
+    assert doc["set"] == "held-out" and set(doc["groups"]) == {"nemo2407", "mbridge", "mtnlg", "llmfoundry"}
     code, out, err = run_cli("validate", "--set", "hidden")
     assert code == 2 and "set" in err and "Traceback" not in err + out
     code, out, err = run_cli("validate", "--source", "mtnlg")  # a held-out source, visible set

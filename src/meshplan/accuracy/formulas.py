@@ -47,10 +47,14 @@ def narayanan21_eq3(B: int, s: int, L: int, h: int, V: int) -> Fraction:
     return Fraction(96 * B * s * L * h * h) * (1 + Fraction(s, 6 * h) + Fraction(V, 16 * L * h))
 
 
-def megatron_r08_flops(B: int, s: int, L: int, h: int, a: int, g: int, d: int, f: int, V: int, gated: bool = False) -> Fraction:
-    """Megatron-LM ``num_floating_point_operations`` (Megatron-Core r0.8, 2024-07): FLOPs per step,
-    non-causal attention, logits included; ``V`` the padded vocabulary."""
-    attention = (1 + Fraction(g, a) + Fraction(s, h)) * Fraction(a * d, h)
+def megatron_r08_flops(B: int, s: int, L: int, h: int, a: int, g: int, d: int, f: int, V: int, gated: bool = False,
+                       causal: bool = False) -> Fraction:
+    """Megatron-LM ``num_floating_point_operations``: FLOPs per step,
+    ``12·B·s·L·h²·((1 + g/a + s/h)·a·d/h + (f/h)·(3/2 if gated) + V/(2·L·h))``, logits included,
+    ``V`` the padded vocabulary. Megatron-Core r0.8 (2024-07) counts the whole s × s attention
+    matrix; later releases (2025, the Megatron-Bridge tables) count the causal half
+    (``causal``: the term s/h becomes s/(2h), "only half of the attention matrix is non-zero")."""
+    attention = (1 + Fraction(g, a) + Fraction(s, 2 * h if causal else h)) * Fraction(a * d, h)
     mlp = Fraction(f, h) * (Fraction(3, 2) if gated else 1)
     logits = Fraction(V, 2 * L * h)
     return Fraction(12 * B * s * L * h * h) * (attention + mlp + logits)

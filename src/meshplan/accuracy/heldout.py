@@ -1,9 +1,9 @@
 """The held-out runs: published training runs that no calibration constant was set from.
 
 ``catalog/data/heldout_runs.yaml`` lists runs gathered after the calibration was fixed, on A100
-and H100, BF16 and FP8, Megatron-style stacks (NVIDIA NeMo 24.07's H100 FP8 table; DeepSpeed +
-Megatron's MT-NLG 530B on A100) and FSDP-style ones (MosaicML LLM Foundry's MPT benchmarks:
-PyTorch FSDP on A100 40/80 GB and H100, BF16 and FP8). They are mapped like the visible runs
+and H100, BF16 and FP8, Megatron-style stacks (NVIDIA NeMo 24.07's H100 FP8 table and
+Megatron-Bridge's of 2025–26; DeepSpeed + Megatron's MT-NLG 530B on A100) and FSDP-style ones
+(MosaicML LLM Foundry's MPT benchmarks: PyTorch FSDP on A100 40/80 GB and H100, BF16 and FP8). They are mapped like the visible runs
 (:mod:`meshplan.accuracy.runs`: same :class:`MappedRun`, same ``estimate``) and reported apart
 (``meshplan validate --set held-out``), so their error measures how meshplan predicts runs it
 was not compared with while its constants were chosen.
@@ -14,6 +14,11 @@ Unstated settings take the framework's documented default, recorded in each run'
   (ZeRO-1) with overlapped gradient reduce-scatter and parameter all-gather; sequence parallelism
   and TP communication overlap whenever TP > 1; interleaved 1F1B when VP > 1; no activation
   recompute; FP8 GEMMs with BF16 attention and fp32 gradients; fused kernels.
+* Megatron-Bridge (NeMo 25.11 and 26.02 containers, the perf scripts' Llama 3 / 3.1 configs):
+  as NeMo 24.07, with gradients reduced in bf16 (``grad_reduce_in_fp32 = False``) and FP8 with
+  current scaling (meshplan's FP8 recipe has no scaling mode: the same FP8 GEMMs); the 405B
+  recipe's pipeline split, which counts the embedding and the loss as a layer each, is meshplan's
+  default split for 126 layers over 64 chunks (1, 2 × 62, 1).
 * MT-NLG (Megatron-DeepSpeed, 2021): DeepSpeed's 1F1B pipeline engine (no interleaving),
   ZeRO-1, full activation checkpointing, BF16 with fp32 gradients, materialized attention (no
   FlashAttention in 2021), gradients reduced after the pipeline (not overlapped), no sequence
@@ -49,6 +54,7 @@ HELDOUT_FILE = "heldout_runs.yaml"
 #: group -> publication, as the report names it
 HELDOUT_SOURCES = {
     "nemo2407": "NVIDIA NeMo 24.07 performance summary, DGX-H100, FP8",
+    "mbridge": "NVIDIA Megatron-Bridge performance summary (NeMo 25.11, 26.02), DGX-H100, FP8",
     "mtnlg": "Smith et al. 2022 (MT-NLG 530B, arXiv 2201.11990), Sec. 2.4",
     "llmfoundry": "MosaicML LLM Foundry MPT benchmarks (PyTorch FSDP), A100 and H100",
 }
@@ -125,22 +131,28 @@ def _plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
     tp, pp, cp, vp, n = r["tp"], r["pp"], r["cp"], r["vp"], r["gpus"]
     dp = n // (tp * pp * cp)
     fp8 = r["precision"] == "fp8"
-    recipe = PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32")
+    megatron_core = r["group"] in ("nemo2407", "mbridge")
+    grads = "bf16" if r["group"] == "mbridge" else "fp32"  # Megatron-Bridge's perf scripts: grad_reduce_in_fp32 = False
+    recipe = PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype=grads)
     common = dict(where="plan", tp=tp, pp=pp, cp=cp, dp=dp, vpp=vp, micro_batch=r["micro_batch"],
                   global_batch=r["global_batch"], seq_len=r["seq_len"], zero=1, precision=recipe)
-    if r["group"] == "nemo2407":
+    if megatron_core:
         plan = TrainingPlan.build(
             **common, schedule="interleaved" if vp > 1 else "1f1b", recompute="none",
             sequence_parallel=tp > 1, tp_comm_overlap=tp > 1, attention="flash",
         )
+        framework = ("Megatron-Bridge perf script settings" if r["group"] == "mbridge"
+                     else "NeMo 24.07 perf recipe defaults")
         notes = [
-            "NeMo 24.07 perf recipe defaults: distributed optimizer (ZeRO-1), overlapped grad "
-            "reduce-scatter and param all-gather, no activation recompute",
+            f"{framework}: distributed optimizer (ZeRO-1), overlapped grad reduce-scatter and param "
+            "all-gather, no activation recompute",
             "sequence parallelism and TP communication overlap (TP > 1)" if tp > 1 else "no TP",
             f"interleaved 1F1B, {vp} virtual stages per rank" if vp > 1 else "1F1B" if pp > 1 else "no PP",
-            "FP8 (Transformer Engine) GEMMs, BF16 attention, fp32 gradients" if fp8 else "BF16",
+            f"FP8 (Transformer Engine) GEMMs, BF16 attention, {grads} gradients" if fp8 else "BF16",
             "DGX H100: 8 GPUs per NVSwitch node, one 400 Gb/s NIC per GPU (catalog h100-sxm-80gb)",
         ]
+        if r["group"] == "mbridge":
+            notes.append("FP8 with current scaling (FP8-CS): meshplan models the FP8 GEMMs, not the scaling mode")
     else:
         plan = TrainingPlan.build(
             **common, schedule="1f1b", recompute="full", sequence_parallel=False,
