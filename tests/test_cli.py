@@ -202,7 +202,7 @@ def _preset_library_estimate():
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 16384, pod_size=3072, oversubscription=7.0)
     plan = TrainingPlan.build(tp=8, cp=1, pp=16, dp=128, vpp=8, schedule="interleaved", micro_batch=1,
                               global_batch=2048, seq_len=8192, recompute="none", zero=2,
-                              rank_order=("tp", "cp", "pp", "dp"))
+                              rank_order=("tp", "cp", "pp", "dp"), attention_kernel="flash2")
     return estimate(load_model("llama3-405b"), cluster, plan, Budget(tokens=15.6e12))
 
 
@@ -213,6 +213,7 @@ def test_preset_plan_is_llama3_405b_on_16k_gpus():
     assert (p["tp"], p["cp"], p["pp"], p["dp"], p["vpp"], p["schedule"]) == (8, 1, 16, 128, 8, "interleaved")
     assert (p["global_batch"], p["global_batch_tokens"], p["grad_accum"]) == (2048, 16 * 2**20, 16)
     assert p["rank_order"] == ["tp", "cp", "pp", "dp"] and p["zero"] == 2 and p["recompute"] == "none"
+    assert p["attention_kernel"] == "flash2"  # Meta's stack, not Transformer Engine: FlashAttention-2's rates
     per_rank = [st["layers"] for st in d["memory"]["stages"]]
     assert per_rank == [7] + [8] * 14 + [7]  # one layer fewer on the first and last stages
     assert d["plan"]["layer_split"] == [0] + [1] * 126 + [0]  # the default split for 128 chunks: one layer each, empty ends

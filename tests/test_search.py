@@ -40,6 +40,8 @@ SPACES = [
     ("llama3-70b", 64, 4096, 128, SearchLimits(max_micro_batch=2, max_vpp=2, zero=(2, 3)),
      {"precision": PrecisionRecipe(precision="fp8"), "kernels": "eager", "zero": 3, "fsdp_fp8_all_gather": True,
       "reshard_after_forward": False, "pp_buffers": "per-micro-batch"}),
+    # the fused stack's attention: cuDNN's on an H100 (auto, every space above) or FlashAttention-2 named
+    ("llama3-8b", 8, 8192, 32, SearchLimits(max_micro_batch=2), {"attention_kernel": "flash2"}),
     # Transformer Engine's FP8 linears under eager PyTorch (Composer's amp_fp8)
     ("llama3-8b", 16, 4096, 32, SearchLimits(max_micro_batch=2, max_vpp=2, zero=(1, 3)),
      {"precision": PrecisionRecipe(precision="fp8"), "kernels": "eager", "fp8_linears": "transformer-engine"}),

@@ -311,6 +311,7 @@ class Estimate:
                 "fsdp_head_in_root": p.fsdp_head_in_root,
                 "fsdp_fp8_all_gather": p.fsdp_fp8_all_gather,
                 "fp8_linears": p.fp8_linears,
+                "attention_kernel": p.attention_kernel,
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -393,7 +394,7 @@ def estimate(
     fp8_gather = plan.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1
     layer_saving = fp8_gather_saving(model, t, rec.weight_bytes, fp8_gather)
     ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
-                         weights_in_fp8=fp8_gather, fp8_linears=plan.fp8_linears)
+                         weights_in_fp8=fp8_gather, fp8_linears=plan.fp8_linears, attention_kernel=plan.attention_kernel)
     emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
     head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e, plan.loss_kernels)
     recompute_layer = recompute_time(ops, plan.recompute)
@@ -429,7 +430,7 @@ def estimate(
     if model.is_moe:  # MoE layers: their own op times, ZeRO-3 collectives and all-to-alls
         moe_ops = layer_op_times(
             model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
-            moe=True, ep=plan.ep, fp8_linears=plan.fp8_linears,
+            moe=True, ep=plan.ep, fp8_linears=plan.fp8_linears, attention_kernel=plan.attention_kernel,
         )
         ep_group, edp = expert_placements(cluster, plan)
         moe_units = moe_fsdp_layer_times(model, t, plan.ep, rec, pl.shard, edp, cluster, cal) if fsdp_per_layer else (0.0, 0.0)

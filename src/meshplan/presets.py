@@ -72,6 +72,9 @@ def _llama3_405b(gpus: int, dp: int) -> dict[str, Any]:
         # default split for pp x vpp = 128 is that split: 0, 1 x 126, 0 (meshplan.pipeline.stages).
         "vpp": 8,
         "recompute": "none",  # "pre-train on sequences of 8K tokens without activation checkpointing"
+        # Meta's own PyTorch stack, not Transformer Engine: the paper names no attention kernel, so
+        # FlashAttention-2's rates, not the cuDNN attention meshplan's fused stack takes on Hopper
+        "attention_kernel": "flash2",
         "zero": 2,  # optimizer state and gradients sharded, weights kept after forward
         "pod_size": 3072,  # 3,072-GPU pods with full bisection ...
         "oversubscription": 7.0,  # ... and 1:7 oversubscription above them

@@ -145,7 +145,7 @@ def import_(
                  "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
                  "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap", "tp_overlap_kind",
                  "pipeline_runtime", "pp_buffers", "pp_return_outputs", "kernels", "compile_loss", "fsdp_head_in_root",
-                 "fsdp_fp8_all_gather", "fp8_linears"):
+                 "fsdp_fp8_all_gather", "fp8_linears", "attention_kernel"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
     typer.echo(f"# {parsed.format} config {file}" + (f", model {model_name}" if model_name else ""))

@@ -91,6 +91,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "master_weights": (Optional[bool], _opt("--master-weights/--no-master-weights", "fp32 master copy of low-precision weights. (default: on)", P_MEMORY)),
     "grad_fp32_copy": (Optional[bool], _opt("--grad-fp32-copy/--no-grad-fp32-copy", "Optimizer keeps an fp32 copy of low-precision gradients. (default: off)", P_MEMORY)),
     "attention": (Optional[Literal["flash", "materialized"]], _opt("--attention", "Attention kernel: flash (no s² scores stored) or materialized. (default: flash)", P_MEMORY)),
+    "attention_kernel": (Optional[Literal["auto", "flash2", "cudnn"]], _opt("--attention-kernel", "With --attention flash, whose kernel: flash2 (FlashAttention-2: torch's SDPA, the flash-attn package) or cudnn (cuDNN's fused attention, Transformer Engine's kernel on Hopper, measured 1.6-1.9x FlashAttention-2; Hopper GPUs only); auto takes cudnn on --kernels fused on Hopper, flash2 otherwise. (default: auto)", P_MEMORY)),
     "attention_flops": (Optional[Literal["causal", "full"]], _opt("--attention-flops", "Count causal (half) or full s² attention FLOPs. (default: causal)", P_MEMORY)),
     "kernels": (Optional[Literal["fused", "compiled", "eager"]], _opt("--kernels", "Software stack of the element-wise kernels and the loss: fused (Megatron-Core/Transformer Engine), compiled (torch.compile), eager (PyTorch eager: one kernel per op, torch's cross-entropy). (default: fused)", P_MEMORY)),
     "compile_loss": (Optional[bool], _opt("--compile-loss/--no-compile-loss", "With --kernels compiled: torch.compile compiles the loss too (torchtitan since 2025; it keeps e-byte logits, no fp32 copy), or the cross-entropy runs eager beside the compiled blocks (torchtitan of 2024). (default: on)", P_MEMORY)),
@@ -141,6 +142,7 @@ class PlanArgs:
     master_weights: Optional[bool] = None
     grad_fp32_copy: Optional[bool] = None
     attention: Optional[str] = None
+    attention_kernel: Optional[str] = None
     attention_flops: Optional[str] = None
     kernels: Optional[str] = None
     compile_loss: Optional[bool] = None
@@ -418,7 +420,7 @@ def resolve(args: PlanArgs) -> Setup:
     )
     for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "compile_loss", "tp_comm_overlap",
               "tp_overlap_kind", "pipeline_runtime", "pp_buffers", "pp_return_outputs", "fsdp_head_in_root",
-              "fsdp_fp8_all_gather", "fp8_linears"):
+              "fsdp_fp8_all_gather", "fp8_linears", "attention_kernel"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
     if v.get("zero") is not None:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, attention_kernel_of
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import state_bytes_per_param
 from meshplan.estimate import Estimate
@@ -73,7 +74,9 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
         f"memory: ZeRO-{p.zero}" + (f" (dp_shard {p.dp_shard})" if p.dp_shard else "")
         + ("; FP8 all-gather of the blocks' linear weights" if p.fsdp_fp8_all_gather else "")
         + f"; recompute {p.recompute}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
-        f"; {p.attention} attention; {rec.precision} compute"
+        f"; {p.attention} attention" + (f" ({ATTENTION_KERNEL_NAMES[attention_kernel_of(p.kernels, p.attention_kernel, est.calibration)]})"
+                                          if p.attention == "flash" else "")
+        + f"; {rec.precision} compute"
         + (f" ({'Transformer Engine' if p.fp8_library == 'transformer-engine' else 'torchao'} linears)" if rec.precision == "fp8" else "")
         + f", {rec.grad_dtype} gradients, "
         + _state_words(p),

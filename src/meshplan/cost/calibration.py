@@ -15,6 +15,9 @@ attention_bwd_efficiency the same for its backward (which does 2.5x the forward'
 attention_fwd_l0         keys per kernel call at which the forward reaches half its long-sequence
                          efficiency: η(L) = η∞·L/(L + L₀) (compute.flash_attention_efficiency)
 attention_bwd_l0         the same for the backward
+attention_cudnn          the four attention constants for cuDNN's fused attention, the kernel
+                         Transformer Engine runs on Hopper (``attention_kernel``): (η_fwd∞, L₀_fwd,
+                         η_bwd∞, L₀_bwd); None where it is not measured
 hbm_efficiency           fraction of HBM bandwidth memory-bound kernels reach
 kernel_overhead          fixed launch + tail cost per kernel, seconds
 scale_up_efficiency      achieved bus bandwidth / line rate inside a scale-up domain (NCCL ring)
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Optional
 
 from meshplan.units import GiB, US
 
@@ -58,6 +62,7 @@ class Calibration:
     scale_out_latency: float
     runtime_reserve: float
     rationale: str
+    attention_cudnn: Optional[tuple[float, float, float, float]] = None
 
 
 
@@ -88,6 +93,15 @@ HOPPER = Calibration(
     # keys, backward T∞ = 329 and L₀ = 275 keys; the curves are reproduced within 4 % and 1 %.
     attention_fwd_l0=420.0,
     attention_bwd_l0=275.0,
+    # cuDNN's fused attention, the kernel Transformer Engine picks on Hopper ("Disabling
+    # FlashAttention to give FusedAttention preference on Hopper+ for performance reasons",
+    # get_attention_backend; cuDNN attention since TE 1.2, 2024-01). Measured on one H200
+    # (docs/gpu_measurements.md, 2026-11-28: cuDNN 9.19 through torch's SDPA, causal, head dim
+    # 128, 1K-128K keys, full clock as the FA2 curve above): forward 465-653 TFLOP/s, backward
+    # 322-542; the same least-squares fit of 1/T = (1 + L₀/L)/T∞ gives forward T∞ = 619 TFLOP/s
+    # (0.626 of peak), L₀ = 332 keys, backward T∞ = 544 (0.550), L₀ = 662, within 12 % and 6 % of
+    # every point: 1.6-1.9x FlashAttention-2 on the same shapes.
+    attention_cudnn=(0.626, 332.0, 0.550, 662.0),
     # STREAM-like copies reach ~90% of the 3.35 TB/s on H100; fused norms/elementwise ~0.8.
     hbm_efficiency=0.80,
     kernel_overhead=4 * US,
@@ -113,6 +127,7 @@ HOPPER = Calibration(
 AMPERE = replace(
     HOPPER,
     generation="ampere",
+    attention_cudnn=None,  # not measured: attention_kernel cudnn is refused, auto takes the flash rates
     # cuBLAS FP16/BF16 on A100 sustains ~250-270 TFLOP/s of 312 on large training GEMMs (~0.82;
     # peak-shape microbenchmarks reach ~0.88, real layers with bias epilogues and clocks under
     # load less). Checked against Narayanan 2021 and Korthikanti 2022 (docs/accuracy.md).
@@ -136,6 +151,7 @@ AMPERE = replace(
 BLACKWELL = replace(
     HOPPER,
     generation="blackwell",
+    attention_cudnn=None,  # not measured: attention_kernel cudnn is refused, auto takes the flash rates
     # Early B200 cuBLAS measurements reach ~0.7 of dense BF16 peak; assumed like Hopper.
     gemm_efficiency=0.72,
     gemm_fp8_efficiency=0.72,  # no sustained FP8 measurement: taken as the 16-bit figure
@@ -150,6 +166,7 @@ BLACKWELL = replace(
 CDNA3 = replace(
     HOPPER,
     generation="cdna3",
+    attention_cudnn=None,  # not measured: attention_kernel cudnn is refused, auto takes the flash rates
     # hipBLASLt on MI300X: ~0.55-0.65 of the 1307 TFLOP/s dense BF16 peak on large GEMMs
     # (public MI300X GEMM benchmarks, e.g. SemiAnalysis 2024).
     gemm_efficiency=0.60,

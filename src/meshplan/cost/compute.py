@@ -42,6 +42,7 @@ from meshplan.cost.params import (
     op_sac_recomputed,
     padded_vocab,
 )
+from meshplan.errors import InputError
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import fp8_library_of
@@ -127,18 +128,44 @@ def causal_attention_flops(heads: float, d: float, q_len: float, kv_len: float) 
     return 4.0 * heads * d * q_len * kv_len * 0.5
 
 
+#: the attention kernels by name, as reports print them
+ATTENTION_KERNEL_NAMES = {"flash2": "FlashAttention-2", "cudnn": "cuDNN fused attention"}
+
+
+def attention_kernel_of(kernels: str, attention_kernel: str, cal: Calibration) -> str:
+    """The attention kernel a plan runs: ``attention_kernel`` when given, else (``auto``) ``cudnn``
+    on the fused stack where ``cal`` has cuDNN's rates — Transformer Engine's choice on Hopper
+    ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance
+    reasons", ``get_attention_backend``) — and ``flash2`` otherwise: torch's SDPA (FlashAttention-2
+    first in its priority) and the flash-attn package on every stack, and the calibration's flash
+    rates on GPUs without a cuDNN measurement."""
+    if attention_kernel != "auto":
+        return attention_kernel
+    return "cudnn" if kernels == "fused" and cal.attention_cudnn is not None else "flash2"
+
+
 def flash_attention_times(heads: float, d: float, q_len: float, kv_len: float, keys: float, peak: float,
-                          cal: Calibration) -> tuple[float, float]:
+                          cal: Calibration, kernel: str = "flash2") -> tuple[float, float]:
     """Seconds of one causal FlashAttention call, forward and backward:
 
         t_fwd = F / (P · η_fwd(L)) + t_kernel,   t_bwd = 2.5·F / (P · η_bwd(L)) + t_kernel
 
     with F = :func:`causal_attention_flops`, P the 16-bit dense peak, η(L) of
     :func:`flash_attention_efficiency` at ``keys`` keys per kernel call (the sequence, or one ring
-    step's block) and t_kernel the calibration's launch cost."""
+    step's block) and t_kernel the calibration's launch cost. ``kernel`` (:func:`attention_kernel_of`)
+    picks the rates: FlashAttention-2's (η∞ and L₀ of ``cal``) or cuDNN's fused attention's
+    (``cal.attention_cudnn``)."""
     core = causal_attention_flops(heads, d, q_len, kv_len)
-    eta_f = flash_attention_efficiency(keys, cal.attention_fwd_efficiency, cal.attention_fwd_l0)
-    eta_b = flash_attention_efficiency(keys, cal.attention_bwd_efficiency, cal.attention_bwd_l0)
+    if kernel == "cudnn":
+        if cal.attention_cudnn is None:
+            raise InputError("attention_kernel", f"cudnn has no measured rates on {cal.generation} GPUs (Hopper only): "
+                                                 "give flash2 or auto")
+        fwd_eta, fwd_l0, bwd_eta, bwd_l0 = cal.attention_cudnn
+    else:
+        fwd_eta, fwd_l0 = cal.attention_fwd_efficiency, cal.attention_fwd_l0
+        bwd_eta, bwd_l0 = cal.attention_bwd_efficiency, cal.attention_bwd_l0
+    eta_f = flash_attention_efficiency(keys, fwd_eta, fwd_l0)
+    eta_b = flash_attention_efficiency(keys, bwd_eta, bwd_l0)
     return core / (peak * eta_f) + cal.kernel_overhead, 2.5 * core / (peak * eta_b) + cal.kernel_overhead
 
 
@@ -367,12 +394,14 @@ def layer_op_times(
     ep: int = 1,
     weights_in_fp8: bool = False,
     fp8_linears: str = "auto",
+    attention_kernel: str = "auto",
 ) -> OpTimes:
     """One transformer layer, one micro-batch, one GPU (module docstring); ``moe`` for a
     mixture-of-experts layer of an MoE model with experts spread over ``ep`` GPUs
     (:func:`moe_mlp_gemms`); ``weights_in_fp8``: torchao's Float8Linear weights arrive cast by
     FSDP2's FP8 all-gather (:func:`meshplan.cost.float8.torchao_float8_passes`); ``fp8_linears``:
-    the plan's choice of FP8 library (:func:`meshplan.specs.plan.fp8_library_of`).
+    the plan's choice of FP8 library (:func:`meshplan.specs.plan.fp8_library_of`);
+    ``attention_kernel``: the plan's attention kernel (:func:`attention_kernel_of`).
 
     ``attention_flops_convention`` is the FLOP-counting convention and does not change the time:
     FlashAttention skips fully masked blocks (the causal half), materialized attention computes
@@ -413,7 +442,8 @@ def layer_op_times(
         # keys per kernel call: the whole sequence, or one ring step's block (torch's round-robin
         # ring: torch_ring_keys)
         keys = kv_len / cp if kernels == "fused" else torch_ring_keys(kv_len, cp)
-        fa, ba = flash_attention_times(micro_batch * a_r, d_core, q_len, kv_len, keys, peak16, cal)
+        fa, ba = flash_attention_times(micro_batch * a_r, d_core, q_len, kv_len, keys, peak16, cal,
+                                       attention_kernel_of(kernels, attention_kernel, cal))
         if cp > 1:
             d_v = model.value_head_dim if model.is_mla else d
             # torch's SDPA gets the repeated K/V heads (repeat_kv_bytes), so its ring rotates and

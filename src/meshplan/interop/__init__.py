@@ -80,7 +80,7 @@ def read_config(path: str, where: str = "plan") -> str:
 OPTION_FIELDS = ("tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "micro_batch", "global_batch", "seq_len",
                  "recompute", "sequence_parallel", "dp_shard", "attention", "tp_comm_overlap", "tp_overlap_kind",
                  "pipeline_runtime", "pp_buffers", "pp_return_outputs", "kernels", "compile_loss", "fsdp_head_in_root",
-                 "fsdp_fp8_all_gather", "fp8_linears")
+                 "fsdp_fp8_all_gather", "fp8_linears", "attention_kernel")
 #: plan fields that no option sets; ``--plan FILE`` carries them
 EXTRA_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "fsdp_accumulate_unsharded")
 

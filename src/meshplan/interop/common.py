@@ -98,6 +98,14 @@ def fp8_library(plan: TrainingPlan, led: Ledger, engine: str, native: str) -> No
         led.lose("fp8_linears", f"{engine}'s FP8 linears are {native}'s, not {plan.fp8_library}'s; exported so")
 
 
+def attention_kernel(plan: TrainingPlan, led: Ledger, engine: str) -> None:
+    """Warn when ``plan`` asks for cuDNN's fused attention (``attention_kernel cudnn``) from an
+    engine whose attention is torch's SDPA or the flash-attn package: FlashAttention-2."""
+    if plan.attention == "flash" and plan.attention_kernel == "cudnn":
+        led.lose("attention_kernel", f"{engine} runs FlashAttention-2 (torch's SDPA or flash-attn), not cuDNN's fused "
+                 "attention; exported so")
+
+
 def fp8_all_gather(plan: TrainingPlan, led: Ledger, engine: str) -> None:
     """Warn when ``plan`` all-gathers Float8Linear weights in FP8 (``fsdp_fp8_all_gather``:
     torchao's float8 with torch's FSDP2), which only torchtitan's config can ask for."""
@@ -120,7 +128,7 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
     overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
     GPipe and 1F1B), the pipeline buffers without a pipeline (and the last stage's kept outputs without torch's), compile_loss without compiled kernels (the loss then runs on the blocks'
-    stack), the FP8 library as the stack resolves ``auto`` (none without FP8), the ZeRO-3 switches (FP8 all-gather among them) without sharding, overlap switches without data parallelism, an HSDP group as
+    stack), the FP8 library as the stack resolves ``auto`` (none without FP8), the attention kernel as a torch stack resolves ``auto`` (none without flash attention), the ZeRO-3 switches (FP8 all-gather among them) without sharding, overlap switches without data parallelism, an HSDP group as
     large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
     training setting)."""
     up: dict[str, Any] = {"attention_flops": "causal"}
@@ -144,6 +152,9 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
         up.update(dp_shard=None)
     # the FP8 library as resolved (auto names one by the stack), none without FP8
     up.update(fp8_linears=plan.fp8_library if plan.precision.precision == "fp8" else "auto")
+    # the attention kernel: none without flash attention; auto is FlashAttention-2 off the fused stack
+    if plan.attention != "flash" or (plan.kernels != "fused" and plan.attention_kernel == "flash2"):
+        up.update(attention_kernel="auto")
     if plan.dp * plan.cp == 1:  # nothing to shard over or to reduce across
         up.update(overlap_grad_reduce=True, overlap_param_gather=True, zero=0, dp_shard=None,
                   reshard_after_forward=True, fsdp_accumulate_unsharded=False, fsdp_fp8_all_gather=False)

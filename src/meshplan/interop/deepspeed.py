@@ -33,7 +33,10 @@ import json
 from typing import Any
 
 from meshplan.errors import InputError
-from meshplan.interop.common import DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, choice, dependency_pipeline, fp8_all_gather, fsdp_root_unit, stage_buffers
+from meshplan.interop.common import (
+    DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, attention_kernel, choice, dependency_pipeline, fp8_all_gather, fsdp_root_unit,
+    stage_buffers,
+)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
@@ -78,6 +81,7 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         led.lose("reshard_after_forward", "DeepSpeed ZeRO-3 releases gathered weights after use; exported so")
     fsdp_root_unit(p, led, "DeepSpeed")
     fp8_all_gather(p, led, "DeepSpeed")
+    attention_kernel(p, led, "DeepSpeed (torch's SDPA or flash-attn in the model code)")
     if p.fsdp_accumulate_unsharded:
         led.lose("fsdp_accumulate_unsharded", "DeepSpeed ZeRO-3 reduce-scatters gradients every micro-batch")
     cfg["zero_optimization"] = zero

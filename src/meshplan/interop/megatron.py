@@ -31,7 +31,9 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
   fp16 → ``--fp16`` (+ ``--accumulate-allreduce-grads-in-fp32`` for fp32 gradients); fp8 →
   ``--bf16 --fp8-format hybrid`` (Transformer Engine's FP8 linears: ``fp8_linears`` torchao
   warns); other recipes warn. optimizer sgd → ``--optimizer sgd``.
-* attention: materialized → ``--attention-backend unfused``.
+* attention: materialized → ``--attention-backend unfused``; attention_kernel flash2 →
+  ``--attention-backend flash``, cudnn → ``fused`` (cuDNN's fused attention), auto → no flag
+  (Megatron's ``auto`` lets Transformer Engine choose: cuDNN on Hopper).
 * kernels: Megatron-LM runs Megatron-Core/Transformer Engine fused kernels and its fused
   vocab-parallel cross-entropy, meshplan's ``fused`` (no flag; read back so); compiled and eager
   warn and export as fused.
@@ -70,6 +72,8 @@ SOURCE = "NVIDIA/Megatron-LM megatron/training/arguments.py"
 NEAREST = {"gpipe": "1f1b", "zbh1": "1f1b", "interleaved-zb": "interleaved", "zbv": "interleaved"}
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 PP_DP_ORDER = ("tp", "cp", "pp", "dp")
+#: meshplan's attention kernels as Megatron-LM's ``--attention-backend`` (AttnBackend) names them
+ATTENTION_BACKEND = {"flash2": "flash", "cudnn": "fused"}
 
 
 def _layout(split: tuple[int, ...]) -> str:
@@ -261,6 +265,8 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         a.append(("--optimizer", "sgd"))
     if p.attention == "materialized":
         a.append(("--attention-backend", "unfused"))
+    elif p.attention_kernel != "auto":
+        a.append(("--attention-backend", ATTENTION_BACKEND[p.attention_kernel]))
     if p.kernels != "fused":
         led.lose("kernels", f"Megatron-LM runs Megatron-Core/Transformer Engine fused kernels and its fused vocab-parallel cross-entropy, not {p.kernels} ones; exported as fused")
     if tuple(p.rank_order) == PP_DP_ORDER:
@@ -441,6 +447,9 @@ def parse(text: str) -> ParseResult:
     f["precision"] = prec
     backend = val("--attention-backend")
     f["attention"] = "materialized" if backend in ("unfused", "local") else "flash"
+    kernel = {v: k for k, v in ATTENTION_BACKEND.items()}.get(backend or "auto")
+    if kernel is not None:
+        f["attention_kernel"] = kernel
     f["rank_order"] = PP_DP_ORDER if _flag(v, "--use-tp-pp-dp-mapping") else DEFAULT_RANK_ORDER
     f["kernels"] = "fused"
     if not any(name in v for name in ("--tensor-model-parallel-size", "--micro-batch-size", "--num-layers", "--global-batch-size")):

@@ -34,8 +34,8 @@ import yaml
 
 from meshplan.errors import InputError
 from meshplan.interop.common import (
-    DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, catalog_match, choice, dependency_pipeline, fp8_all_gather, fsdp_root_unit,
-    stage_buffers,
+    DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, attention_kernel, catalog_match, choice, dependency_pipeline, fp8_all_gather,
+    fsdp_root_unit, stage_buffers,
 )
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -58,6 +58,7 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
     dependency_pipeline(p, led, "nanotron")
     fsdp_root_unit(p, led, "nanotron")
     fp8_all_gather(p, led, "nanotron")
+    attention_kernel(p, led, "nanotron")
     stage_buffers(p, led, "nanotron", "in-flight")
     if p.layer_split is not None:
         led.lose("layer_split", "nanotron splits layers by its own cost estimate; not exported")

@@ -60,7 +60,7 @@ from typing import Any, Optional
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_bool, as_int, catalog_match,
-    choice, dependency_pipeline, fp8_library, fsdp_root_unit, effective_split, stage_buffers,
+    attention_kernel, choice, dependency_pipeline, fp8_library, fsdp_root_unit, effective_split, stage_buffers,
 )
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
@@ -191,6 +191,7 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
         stage_buffers(p, led, "torchtitan (torch.distributed.pipelining)", "per-micro-batch")
     fsdp_root_unit(p, led, "torchtitan (since pytorch/torchtitan#1094)")
     fp8_library(p, led, "torchtitan", "torchao")
+    attention_kernel(p, led, "torchtitan")
     par["context_parallel_degree"] = p.cp
     if p.ep > 1:
         par["expert_parallel_degree"] = p.ep

@@ -394,6 +394,7 @@ class Engine:
             lambda t, c, b, sp, g8: layer_op_times(
                 model, b, base.seq_len, t, c, sp, base.attention, base.attention_flops, cluster.gpu, self.cal,
                 self.rec.compute_dtype, self.e, base.kernels, weights_in_fp8=bool(g8), fp8_linears=base.fp8_linears,
+                attention_kernel=base.attention_kernel,
             )
         )
         # the embedding's and LM head's op times depend on (t, c, b) only
@@ -457,6 +458,7 @@ class Engine:
         ops = layer_op_times(
             m, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu, self.cal,
             self.rec.compute_dtype, e, base.kernels, moe=True, ep=ep, fp8_linears=base.fp8_linears,
+            attention_kernel=base.attention_kernel,
         )
         gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e, base.fp8_linears)
         la = layer_activations(

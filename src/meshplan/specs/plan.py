@@ -185,6 +185,12 @@ class TrainingPlan(Spec):
     # torchtitan, Accelerate's ao backend); auto: Transformer Engine on the fused stack, torchao on
     # the compiled and eager ones
     fp8_linears: Literal["auto", "torchao", "transformer-engine"] = "auto"
+    # the attention kernel (attention flash; meshplan.cost.compute.flash_attention_times):
+    # flash2 (FlashAttention-2: torch's SDPA, the flash-attn package, the calibration's flash
+    # rates) or cudnn (cuDNN's fused attention, which Transformer Engine runs on Hopper, measured
+    # 1.6-1.9x FlashAttention-2; Hopper only); auto: cudnn on the fused stack where the GPU's
+    # calibration has it (Transformer Engine's choice), flash2 otherwise (attention_kernel_of)
+    attention_kernel: Literal["auto", "flash2", "cudnn"] = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingPlan":
@@ -215,6 +221,8 @@ class TrainingPlan(Spec):
                                          or self.fp8_library != "torchao"):
             raise ValueError("fsdp_fp8_all_gather describes torch's FSDP2 with torchao's Float8 linears: zero = 3, "
                              "precision fp8, the compiled or eager kernels, fp8_linears torchao")
+        if self.attention_kernel != "auto" and self.attention != "flash":
+            raise ValueError("attention_kernel names a FlashAttention-style kernel: give attention flash (or attention_kernel auto)")
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
         if self.layer_split is not None:

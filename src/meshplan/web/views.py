@@ -58,6 +58,7 @@ CHOICES = (
     ("grad_dtype", "gradient dtype", ("fp32", "bf16", "fp16")),
     ("master_weights", "fp32 master weights", ("true", "false")),
     ("attention", "attention kernel", ("flash", "materialized")),
+    ("attention_kernel", "flash kernel (auto: cuDNN on fused + Hopper)", ("auto", "flash2", "cudnn")),
     ("kernels", "software stack", ("fused", "compiled", "eager")),
     ("compile_loss", "loss compiled (with compiled kernels)", ("true", "false")),
     ("fsdp_fp8_all_gather", "FP8 all-gather (FSDP2, torchao Float8)", ("false", "true")),

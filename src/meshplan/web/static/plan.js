@@ -37,7 +37,7 @@
       recompute: p.recompute, zero: String(p.zero), precision: p.precision, grad_dtype: p.grad_dtype,
       master_weights: String(p.master_weights), attention: p.attention, sequence_parallel: String(p.sequence_parallel),
       kernels: p.kernels, compile_loss: String(p.compile_loss),
-      fsdp_fp8_all_gather: String(p.fsdp_fp8_all_gather), fp8_linears: p.fp8_linears, tp_comm_overlap: String(p.tp_comm_overlap), tp_overlap_kind: p.tp_overlap_kind,
+      fsdp_fp8_all_gather: String(p.fsdp_fp8_all_gather), fp8_linears: p.fp8_linears, attention_kernel: p.attention_kernel, tp_comm_overlap: String(p.tp_comm_overlap), tp_overlap_kind: p.tp_overlap_kind,
       gpus_per_node: c.gpus_per_node, nic_gbps: c.scale_out_bandwidth / 1e9, pod_size: c.pod_size ?? "",
       oversubscription: c.oversubscription, tokens: pick("tokens"), price: pick("price"), pue: state.pue ?? 1,
     };
