@@ -79,8 +79,9 @@ def test_exposed_dp_time_follows_the_last_microbatch_and_first_forward_windows(p
     again = after_pipeline(grad_comm=c, param_gather=a, last_bwd=window_b, first_fwd=window_f, n_layers=48,
                            overlap_grad_reduce=True, overlap_param_gather=True)
     assert again == pytest.approx((exposed_rs, exposed_ag), rel=1e-12)
-    # the line-rate floor of the step: compute (with its TP contention) + (C_min − B) + (A_min − F) ≈ 1.005 s
+    # the line-rate floor of the step: compute (with its contention) + (C_min − B) + (A_min − F) ≈ 0.984 s
+    # (Transformer Engine's cuDNN attention; 1.005 s with FlashAttention-2's rates), 10 % over the published step
     line_c = 47 / 48 * est.stages[0].params * 4 / 50e9
     floor = est.time.compute_s + (line_c - window_b) + (line_c / 2 - window_f)
-    assert floor == pytest.approx(1.005, abs=0.002)
-    assert floor > run.published_step_s * 1.11
+    assert floor == pytest.approx(0.984, abs=0.002)
+    assert floor > run.published_step_s * 1.10

@@ -101,8 +101,11 @@ LLAMA8B = load_model("llama3-8b")
 
 
 def _ops(kernels):
+    """One stack's layer, with FlashAttention-2 on every stack (the attention kernel is the plan's
+    ``attention_kernel``, tests/test_attention_kernel.py): the stacks differ elsewhere."""
     gpu = load_gpu("h100-sxm-80gb")
-    return layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", gpu, HOPPER, "bf16", 2, kernels), gpu
+    return layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", gpu, HOPPER, "bf16", 2, kernels,
+                          attention_kernel="flash2"), gpu
 
 
 def _repeat_kv(gpu):
@@ -189,7 +192,8 @@ def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     model = load_model("llama3-8b")
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
     plans = {k: TrainingPlan.build(where="plan", dp=8, micro_batch=2, global_batch=16, seq_len=8192, zero=3,
-                                   recompute="op", kernels=k, compile_loss=False) for k in ("fused", "compiled")}
+                                   recompute="op", kernels=k, compile_loss=False, attention_kernel="flash2")
+             for k in ("fused", "compiled")}  # one attention kernel on both: the stacks differ elsewhere
     est = {k: estimate(model, cluster, p) for k, p in plans.items()}
     n, V, h = 2 * 8192, 128_256, 4096
     # the peak is the loss's backward on both stacks: the layers' working sets (larger on the torch

@@ -36,8 +36,8 @@ def test_cp_is_no_longer_free_at_equal_tokens():
     # same causal attention FLOPs; the ring adds its merges and runs 4,096-key kernels instead of
     # 8,192-key ones, at the lower efficiency η(L) = η∞·L/(L + L₀)
     model = load_model("llama3-8b")
-    one = layer_op_times(model, 1, 8192, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2)
-    two = layer_op_times(model, 2, 8192, 1, 2, False, "flash", "causal", H100, CAL, "bf16", 2)
+    one = layer_op_times(model, 1, 8192, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2, attention_kernel="flash2")
+    two = layer_op_times(model, 2, 8192, 1, 2, False, "flash", "causal", H100, CAL, "bf16", 2, attention_kernel="flash2")
     fwd, bwd = ring_attention_merge_times(8192, 32, 8, 128, 128, 2, 2, H100, CAL)
     # attention time is core/η∞ · (L + L₀)/L, so the shorter kernels cost core/η∞ · (L₀/4096 − L₀/8192)
     core = 4.0 * 32 * 128 * 8192 * 8192 * 0.5 / H100.peak("bf16")  # seconds at 100 % of peak
@@ -83,10 +83,12 @@ def test_eager_ring_bytes_llama3_8b_cp8():
 
 def test_torch_stacks_run_torchs_ring():
     # Llama 3.1 8B, 256K over CP 8 (torchtitan's Table 2 row): the torch stacks see 32 K/V heads
-    # (repeat_kv) and shorter keys per call (torch_ring_keys); the fused stack keeps its model
+    # (repeat_kv) and shorter keys per call (torch_ring_keys); the fused stack keeps its model (all
+    # three with FlashAttention-2's rates here: the fused stack's own cuDNN kernel is the plan's
+    # attention_kernel, tests/test_attention_kernel.py)
     model = load_model("llama3-8b")
     args = (model, 1, 262144, 1, 8, False, "flash", "causal", H100, CAL, "bf16", 2)
-    fused, comp, eager = (layer_op_times(*args, kernels=kk) for kk in ("fused", "compiled", "eager"))
+    fused, comp, eager = (layer_op_times(*args, kernels=kk, attention_kernel="flash2") for kk in ("fused", "compiled", "eager"))
     core = 4.0 * 32 * 128 * 32768 * 262144 * 0.5 / H100.peak("bf16")
     k = CAL.kernel_overhead
     for ops, keys, g, merge in (
@@ -102,5 +104,6 @@ def test_torch_stacks_run_torchs_ring():
     assert fused.fwd_attention < comp.fwd_attention < eager.fwd_attention
     assert fused.bwd_attention < comp.bwd_attention < eager.bwd_attention
     # without CP the three stacks run the same single call
-    one = [layer_op_times(model, 1, 32768, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2, kernels=kk) for kk in ("fused", "compiled", "eager")]
+    one = [layer_op_times(model, 1, 32768, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2, kernels=kk, attention_kernel="flash2")
+           for kk in ("fused", "compiled", "eager")]
     assert one[0].fwd_attention == one[1].fwd_attention == one[2].fwd_attention

@@ -52,7 +52,7 @@ def test_every_generation_has_half_lengths():
 
 def _attention_per_token(cp: int, seq: int = 8192) -> float:
     model = load_model("llama3-405b")
-    ops = layer_op_times(model, 1, seq, 8, cp, True, "flash", "causal", H100, CAL, "bf16", 2)
+    ops = layer_op_times(model, 1, seq, 8, cp, True, "flash", "causal", H100, CAL, "bf16", 2, attention_kernel="flash2")
     return (ops.fwd_attention + ops.bwd_attention) / (seq / cp)
 
 
@@ -68,7 +68,7 @@ def test_cp16_at_8k_slower_per_token_than_cp1():
 def test_cp1_long_sequence_near_asymptote():
     model = load_model("llama3-8b")
     seq = 131072
-    ops = layer_op_times(model, 1, seq, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2)
+    ops = layer_op_times(model, 1, seq, 1, 1, False, "flash", "causal", H100, CAL, "bf16", 2, attention_kernel="flash2")
     core = 4.0 * 1 * 32 * 128 * seq * seq * 0.5
     ideal = core / (H100.peak("bf16") * CAL.attention_fwd_efficiency)  # at η∞
     assert ops.fwd_attention == pytest.approx(ideal * (seq + 420) / seq + CAL.kernel_overhead, rel=1e-12)

@@ -13,7 +13,8 @@ Unstated settings take the framework's documented default, recorded in each run'
 * NeMo 24.07 (Megatron-Core + Transformer Engine, the perf recipes): distributed optimizer
   (ZeRO-1) with overlapped gradient reduce-scatter and parameter all-gather; sequence parallelism
   and TP communication overlap whenever TP > 1; interleaved 1F1B when VP > 1; no activation
-  recompute; FP8 GEMMs with BF16 attention and fp32 gradients; fused kernels.
+  recompute; FP8 GEMMs with BF16 attention (cuDNN's fused attention, Transformer Engine's choice on
+  Hopper) and fp32 gradients; fused kernels.
 * Megatron-Bridge (NeMo 25.11 and 26.02 containers, the perf scripts' Llama 3 / 3.1 configs):
   as NeMo 24.07, with gradients reduced in bf16 (``grad_reduce_in_fp32 = False``) and FP8 with
   current scaling (meshplan's FP8 recipe has no scaling mode: the same FP8 GEMMs); the 405B
@@ -149,6 +150,7 @@ def _plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
             "sequence parallelism and TP communication overlap (TP > 1)" if tp > 1 else "no TP",
             f"interleaved 1F1B, {vp} virtual stages per rank" if vp > 1 else "1F1B" if pp > 1 else "no PP",
             f"FP8 (Transformer Engine) GEMMs, BF16 attention, {grads} gradients" if fp8 else "BF16",
+            "cuDNN's fused attention, Transformer Engine's choice on Hopper (meshplan attention_kernel auto)",
             "DGX H100: 8 GPUs per NVSwitch node, one 400 Gb/s NIC per GPU (catalog h100-sxm-80gb)",
         ]
         if r["group"] == "mbridge":

@@ -177,7 +177,8 @@ def map_megatron_readme(r: dict[str, Any]) -> list[MappedRun]:
          "GEMMs (--tp-comm-overlap)") if tp > 1 else "no tensor parallelism",
         "BF16 with fp32 gradient accumulation (Megatron forces fp32 main grads under --bf16); "
         "distributed optimizer = ZeRO-1 over DP with --overlap-grad-reduce --overlap-param-gather",
-        "FlashAttention (Transformer Engine fused attention, Megatron-Core default), causal mask",
+        "cuDNN's fused attention (Transformer Engine's choice on Hopper, Megatron-Core's default backend; meshplan "
+        "attention_kernel auto), causal mask",
         "Megatron-Core GPT defaults: learned absolute positions, LayerNorm, GeLU 4h, biases, tied "
         "embeddings, dropout 0.1",
         MEGATRON_ORDER,
