@@ -115,6 +115,10 @@ def test_cli_flag_header_and_bad_gpu(capsys):
     assert "flash attention (FlashAttention-2)" in capsys.readouterr().out
     assert main(["estimate"]) == 0  # the fused stack on an H100: cuDNN
     assert "flash attention (cuDNN fused attention)" in capsys.readouterr().out
+    assert main(["explain", "--figure", "layer"]) == 0  # the derivation names the kernel and its rates
+    assert "cuDNN fused attention: η∞ 0.626 / 0.55, L₀ 332 / 662 keys" in capsys.readouterr().out
+    assert main(["explain", "--figure", "layer", "--kernels", "compiled"]) == 0
+    assert "FlashAttention-2: η∞ 0.36 / 0.3, L₀ 420 / 275 keys" in capsys.readouterr().out
     assert main(["estimate", "--gpu", "a100-sxm-80gb", "--attention-kernel", "cudnn"]) == 2
     captured = capsys.readouterr()
     assert "attention_kernel" in captured.err and "Traceback" not in captured.err + captured.out

@@ -40,7 +40,10 @@ from meshplan.cost.compose import (
     total_of,
 )
 from meshplan.cost.compute import (
+    ATTENTION_KERNEL_NAMES,
     OpTimes,
+    attention_kernel_of,
+    attention_rates,
     embedding_op_times,
     head_op_times,
     layer_op_times,
@@ -696,6 +699,15 @@ def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple | None) -> list[Derivation]:
                                                  "(meshplan.cost.fsdp_copies)" if runs_fsdp2(p.zero, p.kernels) else ""))]
 
 
+def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str, str], ...]:
+    """The flash attention's kernel and its rates, η(L) = η∞·L/(L + L₀) forward / backward."""
+    if p.attention != "flash":
+        return ()
+    kernel = attention_kernel_of(p.kernels, p.attention_kernel, cal)
+    fe, fl, be, bl = attention_rates(cal, kernel)
+    return (("η_attn", f"{ATTENTION_KERNEL_NAMES[kernel]}: η∞ {fe:g} / {be:g}, L₀ {fl:g} / {bl:g} keys"),)
+
+
 def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
                  cp_comm: tuple[float, float], fsdp_terms: tuple | None) -> list[Derivation]:
     """Formula, symbols and values of the headline figures (what ``meshplan explain`` shows);
@@ -789,8 +801,9 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         "Σ GEMM max(2mnk/(F·η), bytes/W) + attention FLOPs/(F·η_attn) + memory-bound bytes/W",
         (("GEMMs", f"{fmt_seconds(ops.fwd_gemm)} / {fmt_seconds(ops.bwd_gemm)}"),
          ("attention", f"{fmt_seconds(ops.fwd_attention)} / {fmt_seconds(ops.bwd_attention)}"),
-         ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),
-         ("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2)"),
+         ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),)
+        + _attention_kernel_rows(p, est.calibration)
+        + (("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2)"),
          ("TP exposed", f"{fmt_seconds(lt.tp_fwd)} / {fmt_seconds(lt.tp_bwd)} "
                         f"({_tp_overlap_words(p)}{', recompute repeats the forward' if p.recompute == 'full' else ''})"))
         + _cp_rows(p, cp_comm, lt),

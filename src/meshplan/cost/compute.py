@@ -144,6 +144,17 @@ def attention_kernel_of(kernels: str, attention_kernel: str, cal: Calibration) -
     return "cudnn" if kernels == "fused" and cal.attention_cudnn is not None else "flash2"
 
 
+def attention_rates(cal: Calibration, kernel: str) -> tuple[float, float, float, float]:
+    """(η∞ forward, L₀ forward, η∞ backward, L₀ backward) of the attention ``kernel`` under ``cal``:
+    cuDNN's fused attention's (``cal.attention_cudnn``) or FlashAttention-2's."""
+    if kernel == "cudnn":
+        if cal.attention_cudnn is None:
+            raise InputError("attention_kernel", f"cudnn has no measured rates on {cal.generation} GPUs (Hopper only): "
+                                                 "give flash2 or auto")
+        return cal.attention_cudnn
+    return cal.attention_fwd_efficiency, cal.attention_fwd_l0, cal.attention_bwd_efficiency, cal.attention_bwd_l0
+
+
 def flash_attention_times(heads: float, d: float, q_len: float, kv_len: float, keys: float, peak: float,
                           cal: Calibration, kernel: str = "flash2") -> tuple[float, float]:
     """Seconds of one causal FlashAttention call, forward and backward:
@@ -156,14 +167,7 @@ def flash_attention_times(heads: float, d: float, q_len: float, kv_len: float, k
     picks the rates: FlashAttention-2's (η∞ and L₀ of ``cal``) or cuDNN's fused attention's
     (``cal.attention_cudnn``)."""
     core = causal_attention_flops(heads, d, q_len, kv_len)
-    if kernel == "cudnn":
-        if cal.attention_cudnn is None:
-            raise InputError("attention_kernel", f"cudnn has no measured rates on {cal.generation} GPUs (Hopper only): "
-                                                 "give flash2 or auto")
-        fwd_eta, fwd_l0, bwd_eta, bwd_l0 = cal.attention_cudnn
-    else:
-        fwd_eta, fwd_l0 = cal.attention_fwd_efficiency, cal.attention_fwd_l0
-        bwd_eta, bwd_l0 = cal.attention_bwd_efficiency, cal.attention_bwd_l0
+    fwd_eta, fwd_l0, bwd_eta, bwd_l0 = attention_rates(cal, kernel)
     eta_f = flash_attention_efficiency(keys, fwd_eta, fwd_l0)
     eta_b = flash_attention_efficiency(keys, bwd_eta, bwd_l0)
     return core / (peak * eta_f) + cal.kernel_overhead, 2.5 * core / (peak * eta_b) + cal.kernel_overhead
