@@ -29,3 +29,16 @@ def test_export_example_is_what_the_command_prints(command, shown, capsys):
     out = capsys.readouterr()
     printed = out.err.splitlines() + out.out.splitlines()
     assert printed == shown.splitlines()
+
+
+def test_import_example_is_what_the_command_prints(tmp_path, capsys, monkeypatch):
+    """The Megatron-LM round trip of the 8K preset: `meshplan import args.sh` prints the flags shown."""
+    block = re.search(r"```\n\$ meshplan export --preset llama3-405b-8k --to megatron --out args.sh\n"
+                      r"\$ meshplan import args.sh\n(.*?)```", DOC.read_text(), re.S)
+    assert block is not None
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--preset", "llama3-405b-8k", "--to", "megatron", "--out", "args.sh"]) == 0
+    capsys.readouterr()
+    assert main(["import", "args.sh"]) == 0
+    out = capsys.readouterr()
+    assert (out.err + out.out).splitlines() == block.group(1).splitlines()
