@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from meshplan.cost.calibration import calibration_for
+from meshplan.cost.compute import attention_rates
 from meshplan.errors import InputError
 from meshplan.pipeline.schedules import rounds_of
 from meshplan.pipeline.stages import EMPTY_END_STAGES, layer_split, too_many_stages
@@ -80,7 +81,4 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> No
     layer_split(model.n_layers, plan.pp, plan.vpp, plan.layer_split)  # raises on a bad user split
     cluster.gpu.peak(plan.precision.compute_dtype)  # raises if the GPU lacks the dtype
     if plan.attention == "flash" and plan.attention_kernel == "cudnn":
-        cal = calibration_for(cluster.gpu)
-        if cal.attention_cudnn is None:
-            raise InputError("attention_kernel", f"cudnn has no measured rates on {cal.generation} GPUs (Hopper only): "
-                                                 "give flash2 or auto")
+        attention_rates(calibration_for(cluster.gpu), "cudnn")  # raises where cuDNN's rates are not measured
