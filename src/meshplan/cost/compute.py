@@ -136,9 +136,11 @@ def attention_kernel_of(kernels: str, attention_kernel: str, cal: Calibration) -
     """The attention kernel a plan runs: ``attention_kernel`` when given, else (``auto``) ``cudnn``
     on the fused stack where ``cal`` has cuDNN's rates — Transformer Engine's choice on Hopper
     ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance
-    reasons", ``get_attention_backend``) — and ``flash2`` otherwise: torch's SDPA (FlashAttention-2
-    first in its priority) and the flash-attn package on every stack, and the calibration's flash
-    rates on GPUs without a cuDNN measurement."""
+    reasons", ``get_attention_backend``) — and ``flash2`` otherwise: torch's SDPA as the published
+    torch runs had it (FlashAttention-2 first; cuDNN opt-in since pytorch/pytorch#138522, 2024-10),
+    the flash-attn package, and the calibration's flash rates on GPUs without a cuDNN measurement.
+    torch 2.11 and later, whose bundled cuDNN passes ``check_prefer_cudnn_attention`` (cuDNN > 9.15
+    on sm90/sm100), prefer cuDNN again on Hopper: plans for such a stack give ``cudnn``."""
     if attention_kernel != "auto":
         return attention_kernel
     return "cudnn" if kernels == "fused" and cal.attention_cudnn is not None else "flash2"
