@@ -135,6 +135,10 @@ BAD = [
     ("nt.yaml", "parallelism: {dp: 2, tp: 1}\n", "error: parallelism.pp: is required"),
     ("nt2.yaml", "parallelism: {dp: 2, tp: 1, pp: 1}\noptimizer: {zero_stage: 3}\n", "error: optimizer.zero_stage:"),
     ("layout.sh", "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et|tm|L'\n", "error: pipeline-model-parallel-layout:"),
+    ("acts.sh", "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --swiglu --squared-relu\n",
+     "error: swiglu: and --squared-relu are exclusive"),
+    ("geglu.sh", "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --quick-geglu\n",
+     "error: quick-geglu: is not modelled"),
 ]
 
 

@@ -27,7 +27,7 @@ from test_interop_roundtrip import GRID, MODELS
 MEGATRON = {
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
     "--group-query-attention", "--num-query-groups", "--max-position-embeddings", "--position-embedding-type",
-    "--normalization", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--normalization", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--add-qkv-bias", "--attention-dropout", "--hidden-dropout", "--vocab-size", "--seq-length",
     "--micro-batch-size", "--global-batch-size", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--tp-comm-overlap", "--sequence-parallel", "--optimizer", "--attention-backend",

@@ -19,7 +19,7 @@ from meshplan.interop import ENGINES, canonical, export, parse_text, to_plan
 from meshplan.interop.common import same_model
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 
-MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "llama2-7b", "gpt3-175b")}
+MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "llama2-7b", "gpt3-175b", "nemotron4-15b")}
 #: engines whose config carries the model shape (torchtitan: by Llama 3.1 flavor)
 CARRIES_MODEL = {"megatron": set(MODELS), "nanotron": {"llama3-8b", "llama3-70b", "llama2-7b"},
                  "torchtitan": {"llama3-8b", "llama3-70b"}, "torchtitan-toml": {"llama3-8b", "llama3-70b"}}
@@ -72,6 +72,7 @@ GRID = {
         ("llama2-7b", plan(dp=8, zero=1, dp_shard=4, overlap_param_gather=False, seq_len=2048)),
         ("llama3-8b", plan(dp=4, zero=2, precision=PrecisionRecipe(precision="fp32", grad_dtype="fp32", optimizer="sgd"))),
         ("llama3-8b", plan(tp=2, dp=2, ep=2, zero=1, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp32"))),
+        ("nemotron4-15b", plan(tp=4, dp=2, micro_batch=4, tp_comm_overlap=True)),  # --squared-relu
     ],
     # torchtitan has no fused (Megatron/Transformer Engine) stack: meshplan's default kernels warn
     # there, so its plans name the stacks it runs, compiled (blocks and loss, or blocks alone) or eager.

@@ -324,3 +324,27 @@ def test_user_split_errors_through_plan_and_estimate():
     est = estimate(m, cluster, ok)
     assert est.split == (12, 20)
     assert [s.layers for s in est.stages] == [12, 20]
+
+
+@pytest.mark.parametrize("name,L,h,a,g,d,f,embedding_b,non_embedding_b", [
+    # Parmar et al. 2024 (Nemotron-4 15B), Sec. 2: 3.2B embedding and 12.5B non-embedding parameters
+    ("nemotron4-15b", 32, 6144, 48, 8, 128, 24576, 3.2, 12.5),
+    # Nemotron-4 340B Technical Report, Table 1: 9.4B embedding and 331.6B non-embedding parameters
+    ("nemotron4-340b", 96, 18432, 96, 8, 192, 73728, 9.4, 331.6),
+])
+def test_nemotron4_by_part(name, L, h, a, g, d, f, embedding_b, non_embedding_b):
+    """Nemotron-4: squared-ReLU MLP of two matrices, no biases, untied 256,000-token embeddings,
+    LayerNorm with weight and bias (zero-centred gamma changes no count)."""
+    m = load_model(name)
+    assert m.mlp == "relu2" and not m.gated_mlp
+    c = count_params(m)
+    V = 256000
+    attention = h * a * d + 2 * h * g * d + a * d * h
+    assert c.layer.attention_weights == attention
+    assert c.layer.mlp_weights == 2 * h * f
+    assert c.layer.norms == 2 * 2 * h
+    assert c.embedding == c.lm_head == V * h
+    assert c.total == L * (attention + 2 * h * f + 4 * h) + 2 * V * h + 2 * h
+    # the papers' rounded figures: 15B's "3.2B" embedding parameters are 3.146B (2 x 256,000 x 6,144)
+    assert abs((c.embedding + c.lm_head) / 1e9 - embedding_b) < 0.06
+    assert round((c.total - c.embedding - c.lm_head) / 1e9, 1) == non_embedding_b

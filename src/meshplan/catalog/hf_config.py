@@ -22,7 +22,8 @@ vocab_size         vocab_size                    vocab_size                    v
 max_position       max_position_embeddings       n_positions                   max_position_embeddings
 mlp                hidden_act (silu): silu →     activation_function           hidden_act (gelu):
                    swiglu, gelu family → geglu   (gelu_new): gelu family →     gelu family → gelu,
-                                                 gelu, relu → relu             relu → relu
+                                                 gelu, relu → relu,            relu → relu,
+                                                 relu2 → relu2                 relu2 → relu2
 norm               rmsnorm                       layernorm                     layernorm
 position           rope                          learned                       rope
 tied_embeddings    tie_word_embeddings (false)   tie_word_embeddings (true)    tie_word_embeddings (false)
@@ -115,7 +116,7 @@ _GELU_ACTS = frozenset(
 #: Llama-style MLPs are always gated: act(gate(x)) * up(x).
 _GATED_MLP = {"silu": "swiglu", "swish": "swiglu"} | dict.fromkeys(_GELU_ACTS, "geglu")
 #: GPT-2 / GPT-NeoX MLPs are two plain matrices around the activation.
-_PLAIN_MLP = dict.fromkeys(_GELU_ACTS, "gelu") | {"relu": "relu"}
+_PLAIN_MLP = dict.fromkeys(_GELU_ACTS, "gelu") | {"relu": "relu", "relu2": "relu2"}
 
 #: ModelSpec field -> the Hugging Face key it is read from, per key dialect.
 _LLAMA_KEYS = {

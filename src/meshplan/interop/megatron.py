@@ -40,14 +40,14 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
 * rank_order: tp,cp,dp,pp (Megatron's default) or tp,cp,pp,dp (``--use-tp-pp-dp-mapping``).
 * Model: ``--num-layers --hidden-size --ffn-hidden-size --num-attention-heads
   --group-query-attention --num-query-groups --kv-channels --max-position-embeddings
-  --vocab-size --swiglu --normalization --position-embedding-type
+  --vocab-size --swiglu --squared-relu --normalization --position-embedding-type
   --untie-embeddings-and-output-weights --disable-bias-linear --add-qkv-bias --attention-dropout
   --hidden-dropout``, ``--qk-layernorm``; mixture of experts: ``--num-experts
   --moe-router-topk --moe-ffn-hidden-size --moe-shared-expert-intermediate-size
   --moe-shared-expert-gate --moe-layer-freq`` (a 0/1 list when some layers are dense); MLA:
   ``--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim`` (the non-rotary part,
   d − d_r, as Megatron-Core's ``MLATransformerConfig`` defines it) ``--qk-pos-emb-head-dim
-  --v-head-dim``. GeGLU and ReLU MLPs, parallel residuals, bias on the output and MLP linears
+  --v-head-dim``. GeGLU and plain ReLU MLPs, parallel residuals, bias on the output and MLP linears
   without bias on q/k/v, and Gemma's post-norms cannot be expressed.
 """
 
@@ -74,6 +74,8 @@ SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 PP_DP_ORDER = ("tp", "cp", "pp", "dp")
 #: meshplan's attention kernels as Megatron-LM's ``--attention-backend`` (AttnBackend) names them
 ATTENTION_BACKEND = {"flash2": "flash", "cudnn": "fused"}
+#: ModelSpec.mlp -> Megatron-LM's activation flag (GeLU is its default, no flag)
+MLP_FLAGS = {"swiglu": "--swiglu", "relu2": "--squared-relu"}
 
 
 def _layout(split: tuple[int, ...]) -> str:
@@ -105,10 +107,10 @@ def _model_args(model: ModelSpec, plan: TrainingPlan, led: Ledger) -> list[tuple
         a.append(("--kv-channels", str(m.head_dim)))
     a += [("--seq-length", str(plan.seq_len)), ("--max-position-embeddings", str(m.max_position)),
           ("--vocab-size", str(m.vocab_size))]
-    if m.mlp == "swiglu":
-        a.append(("--swiglu", None))
+    if m.mlp in MLP_FLAGS:
+        a.append((MLP_FLAGS[m.mlp], None))
     elif m.mlp != "gelu":
-        led.lose("model.mlp", f"Megatron-LM has no {m.mlp} MLP flag (--swiglu or the default GeLU); exported as GeLU")
+        led.lose("model.mlp", f"Megatron-LM has no {m.mlp} MLP flag (--swiglu, --squared-relu or the default GeLU); exported as GeLU")
     a.append(("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"))
     a.append(("--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"))
     if not m.tied_embeddings:
@@ -497,10 +499,12 @@ def _parse_model(v, num, val, flag) -> Optional[ModelSpec]:
             raise InputError(need.lstrip("-"), "is needed with --num-layers to read the model (Megatron takes the vocabulary from the tokenizer; give --vocab-size)")
     h, a = num("--hidden-size"), num("--num-attention-heads")
     g = num("--num-query-groups", 1) if flag(v, "--group-query-attention") else a
-    mlp = "swiglu" if flag(v, "--swiglu") else "gelu"
-    for other in ("--squared-relu", "--quick-geglu"):
-        if other in v:
-            raise InputError(other.lstrip("-"), "is not modelled by meshplan")
+    given = [m for m, f in MLP_FLAGS.items() if flag(v, f)]
+    if len(given) > 1:
+        raise InputError("swiglu", "and --squared-relu are exclusive: give one MLP activation")
+    mlp = given[0] if given else "gelu"
+    if "--quick-geglu" in v:
+        raise InputError("quick-geglu", "is not modelled by meshplan")
     norm = choice("normalization", val("--normalization") or "LayerNorm", {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"})
     pos = choice("position-embedding-type", val("--position-embedding-type") or "learned_absolute",
                  {"learned_absolute": "learned", "rope": "rope"})

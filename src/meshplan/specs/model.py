@@ -59,7 +59,9 @@ class ModelSpec(Spec):
     ffn_hidden: int = Field(gt=0, le=100_000_000)
     vocab_size: int = Field(gt=0, le=100_000_000)
     max_position: int = Field(default=8192, gt=0, le=100_000_000)
-    mlp: Literal["swiglu", "geglu", "gelu", "relu"] = "swiglu"
+    # swiglu/geglu: gated, three matrices; gelu, relu and relu2 (squared ReLU, relu(x)², Nemotron-4;
+    # Megatron-LM --squared-relu): two matrices around the activation
+    mlp: Literal["swiglu", "geglu", "gelu", "relu", "relu2"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     position: Literal["rope", "learned"] = "rope"
     tied_embeddings: bool = False
@@ -116,7 +118,7 @@ class ModelSpec(Spec):
     # ---- derived shapes -------------------------------------------------------------------
     @property
     def gated_mlp(self) -> bool:
-        """SwiGLU/GeGLU have three MLP matrices (gate, up, down); GeLU/ReLU MLPs have two."""
+        """SwiGLU/GeGLU have three MLP matrices (gate, up, down); GeLU/ReLU/squared-ReLU MLPs have two."""
         return self.mlp in ("swiglu", "geglu")
 
     @property

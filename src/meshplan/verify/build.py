@@ -33,7 +33,7 @@ from meshplan.specs.model import ModelSpec
 
 #: ModelSpec.mlp -> the activation name each config dialect uses for it
 _GATED_ACT = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}
-_PLAIN_ACT = {"gelu": "gelu_new", "relu": "relu"}
+_PLAIN_ACT = {"gelu": "gelu_new", "relu": "relu", "relu2": "relu2"}
 DROPOUT = 0.1  # the probability written when the spec trains with dropout (GPT-2's default)
 
 
@@ -106,7 +106,7 @@ def hf_config(model: ModelSpec) -> dict[str, Any]:
             "intermediate_size": model.ffn_hidden,
             "vocab_size": model.vocab_size,
             "max_position_embeddings": model.max_position,
-            "hidden_act": "gelu" if model.mlp == "gelu" else "relu",
+            "hidden_act": "gelu" if model.mlp == "gelu" else model.mlp,
             "tie_word_embeddings": model.tied_embeddings,
             "use_parallel_residual": model.parallel_residual,
             "attention_bias": True,
