@@ -244,11 +244,11 @@ def test_unknown_kernels_value_is_refused():
 
 def test_heldout_runs_are_separate_from_the_ground_truth():
     ids = [r["id"] for r in heldout_runs()]
-    assert len(ids) == len(set(ids)) == 65
+    assert len(ids) == len(set(ids)) == 135
     assert not set(ids) & {r["id"] for r in published_runs()}
     runs = map_heldout_runs()
     assert all(r.supported for r in runs)
-    assert {r.group for r in runs} == {"nemo2407", "mbridge", "mtnlg", "llmfoundry"}
+    assert {r.group for r in runs} == {"nemo2407", "mbridge", "dgxc", "mtnlg", "llmfoundry"}
 
 
 def test_heldout_step_times_follow_the_published_figures():
@@ -285,6 +285,49 @@ def test_megatron_bridge_rows_agree_with_their_own_tflops_column():
     assert layer_split(126, 8, 8) == (1,) + (2,) * 62 + (1,) and big.plan.layer_split is None
 
 
+def test_dgxc_rows_agree_with_their_own_throughput_and_recipes():
+    """DGX Cloud Benchmarking prints the step time and the cluster's tokens/s of each column; the
+    two agree (tokens/s = global batch x sequence / step) to the table's rounding of the step, which
+    catches a mistyped cell (the 405B 96-GPU "8.7  5" reads 8.75). Each row's plan carries its
+    workload's recipe: layout, micro-batch, accumulation, recompute, attention kernel, gradients."""
+    rows = {r["id"]: r for r in heldout_runs() if r["group"] == "dgxc"}
+    assert len(rows) == 70 and sum(r["precision"] == "bf16" for r in rows.values()) == 35
+    runs = {r.id: r for r in map_heldout_runs() if r.group == "dgxc"}
+    for rid, raw in rows.items():
+        run, p = runs[rid], runs[rid].plan
+        tokens = raw["global_batch"] * raw["seq_len"]
+        step = Fraction(str(raw["step_time_s"]))
+        assert abs(Fraction(tokens) / step / raw["tokens_per_s"] - 1) < Fraction(3, 1000), rid
+        assert run.published_step_s == float(step)
+        assert p.dp * p.tp * p.pp * p.cp == raw["gpus"] and p.grad_accum * p.micro_batch * p.dp == raw["global_batch"]
+        assert (p.vpp, p.zero, p.kernels, p.sequence_parallel, p.tp_comm_overlap) == (raw["vp"], 1, "fused", p.tp > 1, p.tp > 1)
+        assert p.schedule == ("interleaved" if raw["vp"] > 1 else "1f1b")
+    # the recipes' settings, as their scripts give them
+    r = {k: runs[k].plan for k in ("dgxc_nemotron4_340b_bf16_128gpu", "dgxc_gpt3_175b_fp8_2048gpu",
+                                    "dgxc_nemotron4_15b_bf16_16gpu", "dgxc_llama31_8b_fp8_8gpu")}
+    assert (r["dgxc_nemotron4_340b_bf16_128gpu"].recompute, r["dgxc_nemotron4_340b_bf16_128gpu"].attention_kernel) == ("selective", "flash2")
+    assert r["dgxc_nemotron4_340b_bf16_128gpu"].grad_accum == 16 and r["dgxc_gpt3_175b_fp8_2048gpu"].grad_accum == 64
+    assert r["dgxc_gpt3_175b_fp8_2048gpu"].attention_kernel == "flash2" and runs["dgxc_gpt3_175b_fp8_2048gpu"].model.dropout
+    assert (r["dgxc_nemotron4_15b_bf16_16gpu"].precision.grad_dtype, r["dgxc_nemotron4_15b_bf16_16gpu"].attention_kernel) == ("fp32", "cudnn")
+    assert (r["dgxc_llama31_8b_fp8_8gpu"].precision.grad_dtype, r["dgxc_llama31_8b_fp8_8gpu"].cp) == ("bf16", 2)
+    # the 405B runs: GPT-2's tokenizer padded to 51,200, 16 query groups, and the proxies' layers
+    proxy, full = runs["dgxc_llama31_405b_fp8_32gpu"], runs["dgxc_llama31_405b_bf16_2304gpu"]
+    assert (proxy.model.n_layers, proxy.plan.pp, proxy.plan.vpp, proxy.plan.dp) == (7, 1, 1, 2)
+    assert (full.model.n_layers, full.model.vocab_size, full.model.n_kv_heads) == (126, 51200, 16)
+    assert (full.plan.pp, full.plan.vpp, full.plan.dp, full.plan.grad_accum) == (9, 7, 16, 63)
+    assert runs["dgxc_llama31_405b_bf16_96gpu"].published_step_s == 8.75
+    # the one cell that disagrees with its column: 70B BF16 on 2,048 GPUs prints 14.98 s, while its
+    # tokens/s, MFU and days for 1T tokens
+    # all come from 14.92 s; the row takes 14.92
+    odd = rows["dgxc_llama31_70b_bf16_2048gpu"]
+    assert odd["printed_step_time_s"] == 14.98 and odd["step_time_s"] == 14.92
+    assert round(4096 * 8192 / 14.92) == 2248957 and round(4096 * 8192 / 14.98) == 2239949
+    # MFU per GPU is the same at every scale for the same step: the 1,024-GPU column's 14.92 s prints
+    # 53.38 %, as the 2,048-GPU column does; 14.98 s would print 53.17 %
+    assert round(53.38 * 14.92 / 14.98, 2) == 53.17
+    assert round(1e12 / 2248957 / 86400, 2) == 5.15 != round(1e12 / (4096 * 8192 / 14.98) / 86400, 2)
+
+
 def test_llm_foundry_rows_are_mpt_by_its_own_parameter_count():
     """Every LLM Foundry row: meshplan's count of the MPT config equals the table's NumParams to
     the parameter; the step is the global batch's tokens over the published tokens/s per GPU; the
@@ -312,7 +355,7 @@ def test_run_sets_and_predictions_through_estimate():
     assert len(runs_of("all")) == len(runs_of("visible")) + len(runs_of("held-out"))
     rep = validate_runs(run_set="held-out")
     assert rep.run_set == "held-out" and rep.to_dict()["set"] == "held-out"
-    assert rep.overall.supported == 65
+    assert rep.overall.supported == 135
     run = [r for r in map_heldout_runs() if r.id == "nemo2407_llama2_7b_8gpu"][0]
     assert predict(run).predicted_step_s == estimate(run.model, run.cluster, run.plan).time.step_s
     assert calibration_for(run.cluster.gpu) is HOPPER
@@ -331,7 +374,7 @@ def test_cli_validate_set_held_out_json_and_bad_input():
     code, out, _ = run_cli("validate", "--set", "held-out", "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["set"] == "held-out" and set(doc["groups"]) == {"nemo2407", "mbridge", "mtnlg", "llmfoundry"}
+    assert doc["set"] == "held-out" and set(doc["groups"]) == {"nemo2407", "mbridge", "dgxc", "mtnlg", "llmfoundry"}
     code, out, err = run_cli("validate", "--set", "hidden")
     assert code == 2 and "set" in err and "Traceback" not in err + out
     code, out, err = run_cli("validate", "--source", "mtnlg")  # a held-out source, visible set

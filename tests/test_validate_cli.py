@@ -21,7 +21,7 @@ from meshplan.cli.app import main
 
 SVG = "{http://www.w3.org/2000/svg}"
 SOURCES = ["narayanan21", "korthikanti22", "megatron_readme", "llama3", "bloom", "opt", "neox", "torchtitan", "trainy",
-           "nemo2407", "mbridge", "mtnlg", "llmfoundry"]  # the visible sources, then the held-out ones
+           "nemo2407", "mbridge", "dgxc", "mtnlg", "llmfoundry"]  # the visible sources, then the held-out ones
 
 
 @pytest.fixture(scope="module")

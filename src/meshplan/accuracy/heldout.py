@@ -20,6 +20,14 @@ Unstated settings take the framework's documented default, recorded in each run'
   current scaling (meshplan's FP8 recipe has no scaling mode: the same FP8 GEMMs); the 405B
   recipe's pipeline split, which counts the embedding and the loss as a layer each, is meshplan's
   default split for 126 layers over 64 chunks (1, 2 × 62, 1).
+* DGX Cloud Benchmarking (NVIDIA's performance recipes, release 24.11: NeMo 24.09, GPT-3 on
+  NeMo 24.05; DGX H100, eight 400 Gb/s InfiniBand links a node): as NeMo 24.07, with each
+  workload's settings read from the recipe's ``configure.sh`` / YAML (:data:`DGXC_RECIPES`):
+  the attention backend its ``NVTE_FUSED_ATTN`` picks (1: cuDNN's fused attention; 0:
+  FlashAttention-2), the gradient-reduction dtype of its optimizer config, Nemotron-4 340B's
+  selective recompute; the 405B runs use GPT-2's tokenizer as a proxy (50,257 tokens, padded by
+  NeMo to 51,200) and NeMo's 405B config has 16 query groups; the 405B proxy columns keep the
+  recipe but cut the layers (7, 21, 42) and the pipeline (1, 3, 3 stages).
 * MT-NLG (Megatron-DeepSpeed, 2021): DeepSpeed's 1F1B pipeline engine (no interleaving),
   ZeRO-1, full activation checkpointing, BF16 with fp32 gradients, materialized attention (no
   FlashAttention in 2021), gradients reduced after the pipeline (not overlapped), no sequence
@@ -36,6 +44,7 @@ Unstated settings take the framework's documented default, recorded in each run'
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -47,6 +56,7 @@ from meshplan.accuracy.runs import MappedRun, gpt_model, unsupported
 from meshplan.catalog import load_gpu, load_model
 from meshplan.errors import InputError
 from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 from meshplan.specs.validate import check_plan
 
@@ -56,6 +66,7 @@ HELDOUT_FILE = "heldout_runs.yaml"
 HELDOUT_SOURCES = {
     "nemo2407": "NVIDIA NeMo 24.07 performance summary, DGX-H100, FP8",
     "mbridge": "NVIDIA Megatron-Bridge performance summary (NeMo 25.11, 26.02), DGX-H100, FP8",
+    "dgxc": "NVIDIA DGX Cloud Benchmarking recipes (release 24.11: NeMo 24.09 and 24.05), DGX H100, BF16 and FP8",
     "mtnlg": "Smith et al. 2022 (MT-NLG 530B, arXiv 2201.11990), Sec. 2.4",
     "llmfoundry": "MosaicML LLM Foundry MPT benchmarks (PyTorch FSDP), A100 and H100",
 }
@@ -78,6 +89,55 @@ MPT_PRECISION = {
 }
 
 
+@dataclass(frozen=True)
+class NemoRecipe:
+    """One DGX Cloud Benchmarking workload: what its scripts set that meshplan's plan expresses.
+
+    ``model_overrides`` change the catalog model to what the run built (vocabulary, query
+    groups); ``grads`` is the gradient-reduction dtype; ``attention_kernel`` follows the
+    recipe's ``NVTE_FUSED_ATTN`` (1 → cudnn, 0 → flash2, Transformer Engine then running the
+    flash-attn package); ``notes`` say where each setting was read."""
+
+    model: str
+    grads: str
+    attention_kernel: str
+    recompute: str = "none"
+    model_overrides: tuple[tuple[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+_LLAMA_ENV = ("NVTE_FUSED_ATTN=1, NVTE_FLASH_ATTN=0 (llama3.1/configure.sh): cuDNN's fused attention; "
+              "FP8 runs add fp8_hybrid and fp8_params (FP8 weights: not modelled)")
+_LLAMA_GRADS = ("distributed_fused_adam with grad_sync_dtype bf16 (the GSW 24.11 llama3.1 YAMLs as copied in "
+                "mindhash/dgxc-bench f9d8bc85; the recipe's own YAMLs are not published)")
+
+#: DGX Cloud Benchmarking release 24.11 workloads (NVIDIA/dgxc-benchmarking 35a9aecc / 143b90dd)
+DGXC_RECIPES = {
+    "llama3.1-8b": NemoRecipe("llama3-8b", "bf16", "cudnn", notes=(_LLAMA_ENV, _LLAMA_GRADS, "NeMo 24.09")),
+    "llama3.1-70b": NemoRecipe("llama3-70b", "bf16", "cudnn", notes=(
+        _LLAMA_ENV, _LLAMA_GRADS, "NeMo 24.09; defer_embedding_wgrad_compute (not modelled)")),
+    "llama3.1-405b": NemoRecipe("llama3-405b", "bf16", "cudnn", model_overrides=(("n_kv_heads", 16), ("vocab_size", 51200)), notes=(
+        _LLAMA_ENV, "gradient dtype not published for the 405B YAML: bf16 as the 8B and 70B recipes",
+        "GPT2BPETokenizer as a proxy (README_405b): 50,257 tokens padded by NeMo to 128 x TP 8 multiples, 51,200; "
+        "16 query groups as NeMo's 405B config and the recipe's FLOP formula state; mock data", "NeMo 24.09")),
+    "nemotron4-15b": NemoRecipe("nemotron4-15b", "fp32", "cudnn", notes=(
+        "NVTE_FUSED_ATTN=1 (nemotron/configure.sh): cuDNN's fused attention",
+        "mcore_distributed_optim without grad_sync_dtype: fp32 gradient reduction (nemotron4-15b-synth.yaml, "
+        "stored only at the 25.02 commit 8f5cbb37)", "sequence parallelism and userbuffers TP overlap set by the launch overrides",
+        "NeMo 24.09; mock data")),
+    "nemotron4-340b": NemoRecipe("nemotron4-340b", "bf16", "flash2", recompute="selective", notes=(
+        "NVTE_FUSED_ATTN=0 (nemotron/configure.sh): Transformer Engine's FlashAttention (flash-attn 2)",
+        "distributed_fused_adam with grad_sync_dtype bf16; selective activation recompute "
+        "(nemotron4-340b-synth.yaml, stored only at the 25.02 commit 8f5cbb37)",
+        "sequence parallelism and userbuffers TP overlap set by the launch overrides",
+        "NeMo 24.09; mock data; defer_embedding_wgrad_compute (not modelled)")),
+    "gpt3-175b": NemoRecipe("gpt3-175b", "bf16", "flash2", notes=(
+        "NVTE_FUSED_ATTN=0 (nemo_megatron/launch.sh): Transformer Engine's FlashAttention (flash-attn 2)",
+        "distributed_fused_adam with grad_sync_dtype bf16, userbuffers TP overlap, dropout 0.1 "
+        "(gpt3_175b_hydra.yaml at 35a9aecc)", "NeMo 24.05; the Pile")),
+}
+
+
 @lru_cache(maxsize=1)
 def heldout_runs() -> tuple[dict[str, Any], ...]:
     """The ``runs`` of the held-out file, in file order (read-only)."""
@@ -86,6 +146,13 @@ def heldout_runs() -> tuple[dict[str, Any], ...]:
 
 
 def _model(r: dict[str, Any]):
+    if r["group"] == "dgxc":
+        recipe = DGXC_RECIPES[r["recipe"]]
+        base = load_model(recipe.model)
+        changes = dict(recipe.model_overrides) | ({"n_layers": r["layers"]} if "layers" in r else {})
+        if not changes:
+            return base
+        return ModelSpec.build(where=f"model {r['id']}", **(base.model_dump() | changes | {"name": f"{base.name} ({r['recipe']} run)"}))
     spec = r["model"]
     if isinstance(spec, str):
         return load_model(spec)
@@ -132,27 +199,38 @@ def _plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
     tp, pp, cp, vp, n = r["tp"], r["pp"], r["cp"], r["vp"], r["gpus"]
     dp = n // (tp * pp * cp)
     fp8 = r["precision"] == "fp8"
-    megatron_core = r["group"] in ("nemo2407", "mbridge")
-    grads = "bf16" if r["group"] == "mbridge" else "fp32"  # Megatron-Bridge's perf scripts: grad_reduce_in_fp32 = False
+    megatron_core = r["group"] in ("nemo2407", "mbridge", "dgxc")
+    workload = DGXC_RECIPES[r["recipe"]] if r["group"] == "dgxc" else None
+    if workload:
+        grads = workload.grads
+    else:
+        grads = "bf16" if r["group"] == "mbridge" else "fp32"  # Megatron-Bridge's perf scripts: grad_reduce_in_fp32 = False
     recipe = PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype=grads)
     common = dict(where="plan", tp=tp, pp=pp, cp=cp, dp=dp, vpp=vp, micro_batch=r["micro_batch"],
                   global_batch=r["global_batch"], seq_len=r["seq_len"], zero=1, precision=recipe)
     if megatron_core:
+        recompute = workload.recompute if workload else "none"
         plan = TrainingPlan.build(
-            **common, schedule="interleaved" if vp > 1 else "1f1b", recompute="none",
+            **common, schedule="interleaved" if vp > 1 else "1f1b", recompute=recompute,
             sequence_parallel=tp > 1, tp_comm_overlap=tp > 1, attention="flash",
+            attention_kernel=workload.attention_kernel if workload else "auto",
         )
-        framework = ("Megatron-Bridge perf script settings" if r["group"] == "mbridge"
-                     else "NeMo 24.07 perf recipe defaults")
+        framework = (f"DGX Cloud Benchmarking {r['recipe']} recipe" if workload else
+                     "Megatron-Bridge perf script settings" if r["group"] == "mbridge" else "NeMo 24.07 perf recipe defaults")
         notes = [
             f"{framework}: distributed optimizer (ZeRO-1), overlapped grad reduce-scatter and param "
-            "all-gather, no activation recompute",
+            f"all-gather, {'no activation recompute' if recompute == 'none' else recompute + ' activation recompute'}",
             "sequence parallelism and TP communication overlap (TP > 1)" if tp > 1 else "no TP",
             f"interleaved 1F1B, {vp} virtual stages per rank" if vp > 1 else "1F1B" if pp > 1 else "no PP",
-            f"FP8 (Transformer Engine) GEMMs, BF16 attention, {grads} gradients" if fp8 else "BF16",
-            "cuDNN's fused attention, Transformer Engine's choice on Hopper (meshplan attention_kernel auto)",
+            f"FP8 (Transformer Engine) GEMMs, BF16 attention, {grads} gradients" if fp8 else f"BF16, {grads} gradients",
             "DGX H100: 8 GPUs per NVSwitch node, one 400 Gb/s NIC per GPU (catalog h100-sxm-80gb)",
         ]
+        if workload:
+            notes += list(workload.notes)
+            if "layers" in r:
+                notes.append(f"proxy configuration: {r['layers']} of the model's layers, as the recipe runs it on {n} GPUs")
+        else:
+            notes.insert(4, "cuDNN's fused attention, Transformer Engine's choice on Hopper (meshplan attention_kernel auto)")
         if r["group"] == "mbridge":
             notes.append("FP8 with current scaling (FP8-CS): meshplan models the FP8 GEMMs, not the scaling mode")
     else:
