@@ -244,7 +244,7 @@ def test_unknown_kernels_value_is_refused():
 
 def test_heldout_runs_are_separate_from_the_ground_truth():
     ids = [r["id"] for r in heldout_runs()]
-    assert len(ids) == len(set(ids)) == 135
+    assert len(ids) == len(set(ids)) == 153
     assert not set(ids) & {r["id"] for r in published_runs()}
     runs = map_heldout_runs()
     assert all(r.supported for r in runs)
@@ -291,7 +291,7 @@ def test_dgxc_rows_agree_with_their_own_throughput_and_recipes():
     catches a mistyped cell (the 405B 96-GPU "8.7  5" reads 8.75). Each row's plan carries its
     workload's recipe: layout, micro-batch, accumulation, recompute, attention kernel, gradients."""
     rows = {r["id"]: r for r in heldout_runs() if r["group"] == "dgxc"}
-    assert len(rows) == 70 and sum(r["precision"] == "bf16" for r in rows.values()) == 35
+    assert len(rows) == 88 and sum(r["precision"] == "bf16" for r in rows.values()) == 44
     runs = {r.id: r for r in map_heldout_runs() if r.group == "dgxc"}
     for rid, raw in rows.items():
         run, p = runs[rid], runs[rid].plan
@@ -300,6 +300,7 @@ def test_dgxc_rows_agree_with_their_own_throughput_and_recipes():
         assert abs(Fraction(tokens) / step / raw["tokens_per_s"] - 1) < Fraction(3, 1000), rid
         assert run.published_step_s == float(step)
         assert p.dp * p.tp * p.pp * p.cp == raw["gpus"] and p.grad_accum * p.micro_batch * p.dp == raw["global_batch"]
+        assert p.ep == raw.get("ep", 1) and (p.ep > 1) == run.model.is_moe
         assert (p.vpp, p.zero, p.kernels, p.sequence_parallel, p.tp_comm_overlap) == (raw["vp"], 1, "fused", p.tp > 1, p.tp > 1)
         assert p.schedule == ("interleaved" if raw["vp"] > 1 else "1f1b")
     # the recipes' settings, as their scripts give them
@@ -316,6 +317,12 @@ def test_dgxc_rows_agree_with_their_own_throughput_and_recipes():
     assert (full.model.n_layers, full.model.vocab_size, full.model.n_kv_heads) == (126, 51200, 16)
     assert (full.plan.pp, full.plan.vpp, full.plan.dp, full.plan.grad_accum) == (9, 7, 16, 63)
     assert runs["dgxc_llama31_405b_bf16_96gpu"].published_step_s == 8.75
+    # Grok-1: 8 experts, top 2, over EP 8 (2 and 4 on the one- and two-node proxies), as NeMo builds it
+    grok, small = runs["dgxc_grok1_314b_fp8_512gpu"], runs["dgxc_grok1_314b_bf16_8gpu"]
+    assert (grok.model.n_experts, grok.model.experts_per_token, grok.model.n_layers, grok.model.vocab_size) == (8, 2, 64, 128256)
+    assert (grok.model.tied_embeddings, grok.model.norms_per_layer, grok.plan.attention_kernel) == (False, 2, "flash2")
+    assert (grok.plan.tp, grok.plan.pp, grok.plan.cp, grok.plan.dp, grok.plan.ep, grok.plan.vpp) == (4, 8, 2, 8, 8, 8)
+    assert (small.model.n_layers, small.plan.seq_len, small.plan.dp, small.plan.ep, small.plan.grad_accum) == (2, 4096, 2, 2, 512)
     # the one cell that disagrees with its column: 70B BF16 on 2,048 GPUs prints 14.98 s, while its
     # tokens/s, MFU and days for 1T tokens
     # all come from 14.92 s; the row takes 14.92
@@ -355,7 +362,7 @@ def test_run_sets_and_predictions_through_estimate():
     assert len(runs_of("all")) == len(runs_of("visible")) + len(runs_of("held-out"))
     rep = validate_runs(run_set="held-out")
     assert rep.run_set == "held-out" and rep.to_dict()["set"] == "held-out"
-    assert rep.overall.supported == 135
+    assert rep.overall.supported == 153
     run = [r for r in map_heldout_runs() if r.id == "nemo2407_llama2_7b_8gpu"][0]
     assert predict(run).predicted_step_s == estimate(run.model, run.cluster, run.plan).time.step_s
     assert calibration_for(run.cluster.gpu) is HOPPER

@@ -348,3 +348,15 @@ def test_nemotron4_by_part(name, L, h, a, g, d, f, embedding_b, non_embedding_b)
     # the papers' rounded figures: 15B's "3.2B" embedding parameters are 3.146B (2 x 256,000 x 6,144)
     assert abs((c.embedding + c.lm_head) / 1e9 - embedding_b) < 0.06
     assert round((c.total - c.embedding - c.lm_head) / 1e9, 1) == non_embedding_b
+
+
+def test_grok1_by_part():
+    """Grok-1 (xai-org/grok-1): 8 gated-GeLU experts of 32,768 per MoE layer, 4 RMSNorms a layer,
+    one in/out embedding of 131,072 x 6,144; the README's 314B is the count without the embedding,
+    rounded down."""
+    c = count_params(load_model("grok1-314b"))
+    h, f, E, L, V = 6144, 32768, 8, 64, 131072
+    attention = h * 48 * 128 * 2 + 2 * h * 8 * 128
+    per_layer = attention + E * 3 * h * f + h * E + 4 * h
+    assert c.total == L * per_layer + V * h + h == 315_684_820_992
+    assert int((c.total - V * h) / 1e9) == 314

@@ -1,8 +1,9 @@
 """The held-out runs: published training runs that no calibration constant was set from.
 
 ``catalog/data/heldout_runs.yaml`` lists runs gathered after the calibration was fixed, on A100
-and H100, BF16 and FP8, Megatron-style stacks (NVIDIA NeMo 24.07's H100 FP8 table and
-Megatron-Bridge's of 2025–26; DeepSpeed + Megatron's MT-NLG 530B on A100) and FSDP-style ones
+and H100, BF16 and FP8, Megatron-style stacks (NVIDIA NeMo 24.07's H100 FP8 table,
+Megatron-Bridge's of 2025–26 and the DGX Cloud Benchmarking recipes' H100 BF16 and FP8 tables;
+DeepSpeed + Megatron's MT-NLG 530B on A100) and FSDP-style ones
 (MosaicML LLM Foundry's MPT benchmarks: PyTorch FSDP on A100 40/80 GB and H100, BF16 and FP8). They are mapped like the visible runs
 (:mod:`meshplan.accuracy.runs`: same :class:`MappedRun`, same ``estimate``) and reported apart
 (``meshplan validate --set held-out``), so their error measures how meshplan predicts runs it
@@ -131,6 +132,16 @@ DGXC_RECIPES = {
         "(nemotron4-340b-synth.yaml, stored only at the 25.02 commit 8f5cbb37)",
         "sequence parallelism and userbuffers TP overlap set by the launch overrides",
         "NeMo 24.09; mock data; defer_embedding_wgrad_compute (not modelled)")),
+    "grok1-314b": NemoRecipe("grok1-314b", "bf16", "flash2", model_overrides=(
+        ("vocab_size", 128256), ("tied_embeddings", False), ("norms_per_layer", 2)), notes=(
+        "NVTE_FUSED_ATTN=0 (grok1/configure.sh): Transformer Engine's FlashAttention (flash-attn 2)",
+        "grok1_314b.yaml at 35a9aecc: Megatron-Core MoE, 8 experts, top 2, all-to-all dispatch padded to "
+        "capacity factor 1.0 (balanced, as meshplan routes), experts split by TP (expert tensor parallel = tp), "
+        "mcore_distributed_optim with grad_sync_dtype bf16, no recompute; userbuffers TP overlap and "
+        "sequence parallelism set by configure.sh",
+        "NeMo's block: pre-norm only (2 RMSNorms a layer), untied embeddings, Llama 3's tokenizer as a proxy "
+        "(128,256 tokens); mock data",
+        "NeMo development image of the 24.09 era (the release lists Grok-1 with 24.09)")),
     "gpt3-175b": NemoRecipe("gpt3-175b", "bf16", "flash2", notes=(
         "NVTE_FUSED_ATTN=0 (nemo_megatron/launch.sh): Transformer Engine's FlashAttention (flash-attn 2)",
         "distributed_fused_adam with grad_sync_dtype bf16, userbuffers TP overlap, dropout 0.1 "
@@ -206,7 +217,7 @@ def _plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
     else:
         grads = "bf16" if r["group"] == "mbridge" else "fp32"  # Megatron-Bridge's perf scripts: grad_reduce_in_fp32 = False
     recipe = PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype=grads)
-    common = dict(where="plan", tp=tp, pp=pp, cp=cp, dp=dp, vpp=vp, micro_batch=r["micro_batch"],
+    common = dict(where="plan", tp=tp, pp=pp, cp=cp, dp=dp, ep=r.get("ep", 1), vpp=vp, micro_batch=r["micro_batch"],
                   global_batch=r["global_batch"], seq_len=r["seq_len"], zero=1, precision=recipe)
     if megatron_core:
         recompute = workload.recompute if workload else "none"
