@@ -22,13 +22,15 @@ Unstated settings take the framework's documented default, recorded in each run'
   recipe's pipeline split, which counts the embedding and the loss as a layer each, is meshplan's
   default split for 126 layers over 64 chunks (1, 2 × 62, 1).
 * DGX Cloud Benchmarking (NVIDIA's performance recipes, release 24.11: NeMo 24.09, GPT-3 on
-  NeMo 24.05; DGX H100, eight 400 Gb/s InfiniBand links a node): as NeMo 24.07, with each
+  NeMo 24.05, Grok-1 on a NeMo development image of that era; DGX H100, eight 400 Gb/s
+  InfiniBand links a node): as NeMo 24.07, with each
   workload's settings read from the recipe's ``configure.sh`` / YAML (:data:`DGXC_RECIPES`):
   the attention backend its ``NVTE_FUSED_ATTN`` picks (1: cuDNN's fused attention; 0:
   FlashAttention-2), the gradient-reduction dtype of its optimizer config, Nemotron-4 340B's
   selective recompute; the 405B runs use GPT-2's tokenizer as a proxy (50,257 tokens, padded by
   NeMo to 51,200) and NeMo's 405B config has 16 query groups; the 405B proxy columns keep the
-  recipe but cut the layers (7, 21, 42) and the pipeline (1, 3, 3 stages).
+  recipe but cut the layers (7, 21, 42) and the pipeline (1, 3, 3 stages), as Grok-1's do (2 to
+  32 layers, with the recipe's own EP, CP and sequence length per column).
 * MT-NLG (Megatron-DeepSpeed, 2021): DeepSpeed's 1F1B pipeline engine (no interleaving),
   ZeRO-1, full activation checkpointing, BF16 with fp32 gradients, materialized attention (no
   FlashAttention in 2021), gradients reduced after the pipeline (not overlapped), no sequence
