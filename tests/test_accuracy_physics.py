@@ -317,6 +317,10 @@ def test_dgxc_rows_agree_with_their_own_throughput_and_recipes():
     assert (full.model.n_layers, full.model.vocab_size, full.model.n_kv_heads) == (126, 51200, 16)
     assert (full.plan.pp, full.plan.vpp, full.plan.dp, full.plan.grad_accum) == (9, 7, 16, 63)
     assert runs["dgxc_llama31_405b_bf16_96gpu"].published_step_s == 8.75
+    # the report splits the source by compute precision: 44 BF16 and 44 FP8 rows
+    rep = validate_runs(run_set="held-out")
+    split = {k: g.supported for k, g in rep.source_precisions.items() if k.startswith("dgxc/")}
+    assert split == {"dgxc/bf16": 44, "dgxc/fp8": 44} and "mbridge/fp8" not in rep.source_precisions
     # Grok-1: 8 experts, top 2, over EP 8 (2 and 4 on the one- and two-node proxies), as NeMo builds it
     grok, small = runs["dgxc_grok1_314b_fp8_512gpu"], runs["dgxc_grok1_314b_bf16_8gpu"]
     assert (grok.model.n_experts, grok.model.experts_per_token, grok.model.n_layers, grok.model.vocab_size) == (8, 2, 64, 128256)

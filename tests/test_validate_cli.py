@@ -66,7 +66,7 @@ def test_json_is_the_library_report(report):
     assert (code, err) == (0, "")
     assert out.count("\n") == 1
     d = json.loads(out)
-    assert set(d) == {"set", "rows", "groups", "overall", "worst"} and d["set"] == "visible"
+    assert set(d) == {"set", "rows", "groups", "overall", "precisions", "source_precisions", "worst"} and d["set"] == "visible"
     assert [r["id"] for r in d["rows"]] == [r.id for r in report.rows]
     assert len(d["rows"]) == 55
     for row, lib in zip(d["rows"], report.rows):
@@ -101,6 +101,15 @@ def test_json_is_the_library_report(report):
     assert d["overall"]["mean_error"] == pytest.approx(_mean(errs), rel=1e-12)
     ranked = sorted((r for r in d["rows"] if r["error"] is not None), key=lambda r: abs(r["error"]), reverse=True)
     assert d["worst"] == [r["id"] for r in ranked[:5]] == [r.id for r in report.worst]
+    # by compute precision: every precision over all rows, and each source that ran several
+    assert {r["precision"] for r in d["rows"] if r["error"] is not None} == set(d["precisions"]) == {"fp16", "bf16", "fp8"}
+    for p, g in d["precisions"].items():
+        errs = [r["error"] for r in d["rows"] if r["precision"] == p and r["error"] is not None]
+        assert g["supported"] == len(errs) and g["mape"] == pytest.approx(_mean([abs(e) for e in errs]), rel=1e-12)
+    assert sum(g["supported"] for g in d["precisions"].values()) == 53
+    assert list(d["source_precisions"]) == ["torchtitan/bf16", "torchtitan/fp8"]
+    tt = [r for r in d["rows"] if r["group"] == "torchtitan" and r["precision"] == "fp8"]
+    assert d["source_precisions"]["torchtitan/fp8"]["mean_error"] == pytest.approx(_mean([r["error"] for r in tt]), rel=1e-12)
 
 
 def test_source_filter_keeps_only_those_rows_with_the_same_predictions(report):

@@ -10,7 +10,9 @@ that no constant was set from (:mod:`meshplan.accuracy.heldout`); ``all``, both.
 
 Errors are signed fractions, ``(predicted − published) / published`` (positive: meshplan predicts
 a slower step, or more memory). MAPE is the mean of ``|error|`` over a group's supported rows
-(a fraction; 0.057 = 5.7 %), per source group and over all supported rows.
+(a fraction; 0.057 = 5.7 %), per source group and over all supported rows, and by the plans'
+compute precision: over all rows, and within each source that ran more than one (a BF16 row and
+an FP8 row of the same layout differ only in the GEMMs' format, so their split isolates it).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class RunResult:
     mem_error: Optional[float] = None  # signed fraction
     predicted_mfu: Optional[float] = None
     fits: Optional[bool] = None  # predicted peak within the GPU's memory
+    precision: Optional[str] = None  # the plan's compute precision (bf16, fp16, fp8, fp32)
     breakdown: dict[str, float] = field(default_factory=dict)  # predicted step, seconds by part
     assumptions: list[str] = field(default_factory=list)
     formula: str = ""
@@ -65,6 +68,8 @@ class ValidationReport:
     overall: GroupSummary
     worst: list[RunResult]  # supported rows by |error|, largest first
     run_set: str = "visible"  # visible | held-out | all
+    precisions: dict[str, GroupSummary] = field(default_factory=dict)  # all rows, by compute precision
+    source_precisions: dict[str, GroupSummary] = field(default_factory=dict)  # "source/precision", mixed sources only
 
     def supported(self) -> list[RunResult]:
         return [r for r in self.rows if r.status == "ok"]
@@ -84,6 +89,8 @@ class ValidationReport:
             "rows": [asdict(r) for r in self.rows],
             "groups": {k: asdict(g) for k, g in self.groups.items()},
             "overall": asdict(self.overall),
+            "precisions": {k: asdict(g) for k, g in self.precisions.items()},
+            "source_precisions": {k: asdict(g) for k, g in self.source_precisions.items()},
             "worst": [r.id for r in self.worst],
         }
 
@@ -117,6 +124,7 @@ def predict(run: MappedRun) -> RunResult:
     if not run.supported:
         return res
     est = estimate(run.model, run.cluster, run.plan)
+    res.precision = run.plan.precision.precision
     res.predicted_step_s = est.time.step_s
     res.predicted_mem_gib = est.peak_bytes / GiB
     res.predicted_mfu = est.mfu
@@ -158,5 +166,20 @@ def validate_runs(
         by_group.setdefault(r.group, []).append(r)
     groups = {g: summarize(g, rs) for g, rs in by_group.items()}
     ranked = sorted((r for r in rows if r.error is not None), key=lambda r: abs(r.error), reverse=True)
+    precisions, source_precisions = precision_summaries(rows)
     return ValidationReport(rows=rows, groups=groups, overall=summarize("overall", rows), worst=ranked[:worst],
-                            run_set=run_set)
+                            run_set=run_set, precisions=precisions, source_precisions=source_precisions)
+
+
+def precision_summaries(rows: list[RunResult]) -> tuple[dict[str, GroupSummary], dict[str, GroupSummary]]:
+    """(all supported rows by compute precision, and by ``source/precision`` within each source
+    whose rows ran more than one precision), in first-seen order."""
+    by_precision: dict[str, list[RunResult]] = {}
+    by_source: dict[str, dict[str, list[RunResult]]] = {}
+    for r in rows:
+        if r.status == "ok" and r.precision:
+            by_precision.setdefault(r.precision, []).append(r)
+            by_source.setdefault(r.group, {}).setdefault(r.precision, []).append(r)
+    precisions = {p: summarize(p, rs) for p, rs in by_precision.items()}
+    mixed = {f"{g}/{p}": summarize(f"{g}/{p}", rs) for g, ps in by_source.items() if len(ps) > 1 for p, rs in ps.items()}
+    return precisions, mixed

@@ -178,6 +178,25 @@ def summary_table(report: ValidationReport) -> Table:
     return t
 
 
+def _precision_rows(report: ValidationReport) -> list[tuple[str, GroupSummary]]:
+    """(label, summary): every compute precision over all rows, then each source that ran several."""
+    rows = [(f"all {p}", g) for p, g in report.precisions.items()]
+    return rows + [(key.replace("/", " "), g) for key, g in report.source_precisions.items()]
+
+
+PRECISION_TITLE = "MAPE by compute precision (all rows, then each source that ran more than one)"
+
+
+def precision_table(report: ValidationReport) -> Table:
+    t = Table(title=PRECISION_TITLE, box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("rows of")
+    for col in ("predicted", "step MAPE", "bias", "max |error|"):
+        t.add_column(col, justify="right")
+    for label, g in _precision_rows(report):
+        t.add_row(label, str(g.supported), _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False))
+    return t
+
+
 def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
     out = _console()
     for line in _headline(report):
@@ -196,6 +215,8 @@ def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
             out.print(f"  {r.id} ({r.group}): {r.reason}", markup=False)
         out.print()
     out.print(summary_table(report))
+    if len(report.precisions) > 1:
+        out.print(precision_table(report))
     if report.worst:
         out.print()
         out.print("Largest step-time errors:", markup=False)
@@ -246,6 +267,11 @@ def markdown(report: ValidationReport) -> str:
                      _pct(g.mem_mape, False)])
     lines += _md_table(["source", "publication", "rows", "predicted", "step MAPE", "bias", "max \\|error\\|",
                         "memory rows", "memory MAPE"], rows, {2, 3, 4, 5, 6, 7, 8})
+    if len(report.precisions) > 1:
+        lines += ["", f"### {PRECISION_TITLE}", ""]
+        lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"],
+                           [[label, str(g.supported), _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False)]
+                            for label, g in _precision_rows(report)], {1, 2, 3, 4})
     if report.worst:
         lines += ["", "### Largest step-time errors", ""]
         for r in report.worst:
