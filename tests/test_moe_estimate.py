@@ -307,3 +307,36 @@ def test_gemma_four_norms_in_activations_and_time():
     extra = 2 * (n * h / t) * elementwise_bytes(e)["norm"]
     assert o4.fwd_memory - o2.fwd_memory == pytest.approx(memory_time(extra, gpu, cal) - cal.kernel_overhead, rel=1e-9)
     assert o4.fwd_gemm == o2.fwd_gemm
+
+
+def test_expert_tp_exchange_replaces_the_moe_mlp_pair():
+    """With tp > 1 Megatron-Core's all-to-all dispatcher all-gathers the dispatched tokens over the
+    TP group and reduce-scatters the experts' output (n·k·h·e each), outside the TP overlap, where
+    a dense MLP's sequence parallelism moves n·h·e: a top-1 MoE layer's TP time equals its dense
+    twin's, a top-2 layer's exceeds it by the larger exchange, forward and backward."""
+    from meshplan.cost.comm import plan_placements, tp_collective_time
+    from meshplan.cost.moe import expert_tp_time
+
+    cluster = _cluster(16)
+    cal = calibration_for(cluster.gpu)
+    mix = load_model("mixtral-8x7b")
+    top1 = mix.model_copy(update={"experts_per_token": 1})
+    dense = mix.model_copy(update={"n_experts": 0, "experts_per_token": 0, "expert_ffn_hidden": 0})
+    kw = dict(tp=2, dp=8, pp=1, micro_batch=1, global_batch=64, seq_len=4096, recompute="none", zero=1)
+    plan = TrainingPlan(ep=8, **kw)
+    pl = plan_placements(cluster, plan)
+    n, h, e = 4096, 4096, 2
+    tp_one = tp_collective_time(n * h * e, True, pl.tp, cluster, cal)
+    x2 = expert_tp_time(mix, n, pl.tp, e, cluster, cal)
+    assert x2 == tp_collective_time(2 * n * h * e, True, pl.tp, cluster, cal) > tp_one
+    assert expert_tp_time(top1, n, pl.tp, e, cluster, cal) == tp_one
+    assert expert_tp_time(mix, n, plan_placements(cluster, TrainingPlan(ep=8, **(kw | {"tp": 1, "dp": 16}))).tp, e, cluster, cal) == 0.0
+    tp_s = {name: estimate(m, cluster, plan if m.is_moe else TrainingPlan(**kw)).time.tp_comm_s
+            for name, m in (("top2", mix), ("top1", top1), ("dense", dense))}
+    assert tp_s["top1"] == pytest.approx(tp_s["dense"], rel=1e-12)
+    # 8 micro-batches x 32 layers x (forward + backward) x (n·k·h exchange − n·h pair)
+    assert tp_s["top2"] - tp_s["top1"] == pytest.approx(8 * 32 * 2 * (x2 - tp_one), rel=1e-9)
+    # the TP overlap hides the dense MLP's pair, not the expert exchange
+    overlapped = {name: estimate(m, cluster, TrainingPlan(tp_comm_overlap=True, **(kw | ({"ep": 8} if m.is_moe else {})))).time.tp_comm_s
+                  for name, m in (("top1", top1), ("dense", dense))}
+    assert overlapped["top1"] >= 8 * 32 * 2 * tp_one > overlapped["dense"]

@@ -58,6 +58,7 @@ from meshplan.cost.moe import (
     expert_dp_placements,
     expert_placements,
     expert_shard_degree,
+    expert_tp_time,
     moe_fsdp_layer_times,
     moe_layers_per_stage,
     rank_expert_params,
@@ -439,7 +440,8 @@ def estimate(
         moe_units = moe_fsdp_layer_times(model, t, plan.ep, rec, pl.shard, edp, cluster, cal) if fsdp_per_layer else (0.0, 0.0)
         moe_copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal, moe=True, ep=plan.ep)[:2] if fsdp_per_layer and fsdp2 else (0.0, 0.0)
         lt_moe = layer_times(
-            **(lt_args | {"all_gather": moe_units[0], "reduce_scatter": moe_units[1], "fsdp_copies": (*moe_copies, *copies[2:])}),
+            **(lt_args | {"all_gather": moe_units[0], "reduce_scatter": moe_units[1], "fsdp_copies": (*moe_copies, *copies[2:]),
+                          "expert_tp": expert_tp_time(model, tokens, pl.tp, e, cluster, cal)}),
             **_op_args(moe_ops, recompute_time(moe_ops, plan.recompute)),
         )
         moe_stage = moe_layers_per_stage(model, split)

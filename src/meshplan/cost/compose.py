@@ -110,6 +110,7 @@ def layer_times(
     nccl_share: Num = 0.0,
     tp_share: Num = 0.0,
     fsdp_copies: tuple[Num, Num, Num, Num, Num, Num] = (0.0,) * 6,
+    expert_tp: Num | None = None,
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs.
 
@@ -140,16 +141,24 @@ def layer_times(
       stacks) run on the compute stream beside the collectives they serve, one copy-out after
       every all-gather and one copy-in before every reduce-scatter, charged to the FSDP time in
       full.
+    * An MoE layer (``expert_tp`` given: :func:`meshplan.cost.moe.expert_tp_time`) keeps the
+      attention half's TP pair as above; its MLP half moves the dispatched tokens instead, one
+      all-gather and one reduce-scatter of n·k·h·e each way, exposed (outside the TP overlap).
+      torch's micro-pipelined times (``tp_overlapped``) already leave an MoE layer's MLP pair
+      exposed whole (``tp_one``), which the expert exchange replaces.
     * Full recompute repeats the forward's TP and CP collectives in the backward.
     * Contention (:mod:`meshplan.cost.contention`): the compute beside each hidden collective
       takes Δ = T_h · n_c/n_SM longer, with ``tp_share`` = n_c/n_SM for the overlapped TP
       collectives and ``nccl_share`` for the CP and FSDP ones (both 0: no contention).
     """
-    tp_fwd = tp_bwd = 2 * tp_one
+    pairs = 2 if expert_tp is None else 1  # TP pairs that overlap can hide: attention's and a dense MLP's
+    tp_fwd = tp_bwd = pairs * tp_one
     if tp_overlapped is None:
         tp_fwd, tp_bwd = pick(tp_comm_overlap, exposed(tp_fwd, fwd_gemm), tp_fwd), pick(tp_comm_overlap, exposed(tp_bwd, bwd_gemm), tp_bwd)
     else:
-        tp_fwd, tp_bwd = pick(tp_comm_overlap, tp_overlapped[0], tp_fwd), pick(tp_comm_overlap, tp_overlapped[1], tp_bwd)
+        mlp = 0.0 if expert_tp is None else tp_one  # the MoE MLP pair its times leave exposed
+        tp_fwd = pick(tp_comm_overlap, tp_overlapped[0] - mlp, tp_fwd)
+        tp_bwd = pick(tp_comm_overlap, tp_overlapped[1] - mlp, tp_bwd)
     half = pick(sp, tp_one / 2, 0.0)
     cp_fwd, cp_bwd = cp_exposed_times(kernels, cp, cp_comm[0], cp_comm[1], fwd_attention, bwd_attention)
     ag_bwd = all_gather if reshard_after_forward else 0.0
@@ -163,8 +172,10 @@ def layer_times(
     fsdp_head_bwd = pick(fsdp_per_layer, exposed(head_rs, head[1]), 0.0)
     raw_cp_fwd, raw_cp_bwd = cp_raw_times(kernels, cp, cp_comm[0], cp_comm[1])
     on = lambda x: pick(fsdp_per_layer, x, 0.0)  # noqa: E731
-    h_tp_fwd = hidden_comm(2 * tp_one, tp_fwd)
-    h_tp_bwd = hidden_comm(2 * tp_one, tp_bwd) + pick(full_recompute, h_tp_fwd, 0.0)
+    h_tp_fwd = hidden_comm(pairs * tp_one, tp_fwd)
+    h_tp_bwd = hidden_comm(pairs * tp_one, tp_bwd) + pick(full_recompute, h_tp_fwd, 0.0)
+    if expert_tp is not None:
+        tp_fwd, tp_bwd = tp_fwd + expert_tp, tp_bwd + expert_tp
     h_cp_fwd = hidden_comm(raw_cp_fwd, cp_fwd)
     h_cp_bwd = hidden_comm(raw_cp_bwd, cp_bwd) + pick(full_recompute, h_cp_fwd, 0.0)
     h_fsdp_fwd = on(hidden_comm(all_gather, fsdp_fwd))

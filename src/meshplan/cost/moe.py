@@ -16,7 +16,12 @@ Per MoE layer and micro-batch each GPU dispatches its tokens' k copies to the ex
 combines the results back: two all-to-alls forward (dispatch, combine) and two backward (their
 gradients), two more with full recompute, each of ``S = n·k·h·e / t`` bytes (n = b·s/c tokens;
 with sequence parallelism, which Megatron requires for ep with tp > 1, each TP rank sends its
-1/t of them). Routing is taken as balanced and dropless (no capacity factor: Megatron-Core's
+1/t of them). With tp > 1 the experts are split t ways, so Megatron-Core's all-to-all dispatcher
+then all-gathers the dispatched tokens over the TP group and reduce-scatters the experts' output
+before the combine (``MoEAlltoAllTokenDispatcher``: ``gather_from_sequence_parallel_region`` after
+the dispatch, ``reduce_scatter_to_sequence_parallel_region`` before the combine): one all-gather
+and one reduce-scatter of ``n·k·h·e`` each way, where a dense MLP's sequence parallelism moves
+``n·h·e``, and outside Transformer Engine's TP overlap (:func:`expert_tp_time`). Routing is taken as balanced and dropless (no capacity factor: Megatron-Core's
 default and DeepSeek-V3's training, report Sec. 2.1.2), the all-to-alls as exposed (not hidden
 behind the attention of another micro-batch, as DeepSeek's DualPipe does). With ep = 1 there is
 no all-to-all: every GPU holds every expert.
@@ -29,7 +34,7 @@ from dataclasses import dataclass, replace
 from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
-from meshplan.cost.comm import Placements
+from meshplan.cost.comm import Placements, tp_collective_time
 from meshplan.cost.compose import LayerTimes, StageTimes
 from meshplan.cost.params import expert_params_per_rank, layer_params_per_rank
 from meshplan.specs.hardware import ClusterSpec
@@ -75,6 +80,16 @@ def expert_dp_placements(pl: Placements, edp: GroupPlacement) -> Placements:
     return replace(pl, shard=edp, dpcp=edp, rep=GroupPlacement(1, 1, 1, 1))
 
 
+def expert_tp_time(model: ModelSpec, tokens: float, pl_tp: GroupPlacement, act_bytes: int,
+                   cluster: ClusterSpec, cal: Calibration) -> float:
+    """One direction's expert TP exchange of one MoE layer and micro-batch: the all-gather of the
+    dispatched tokens and the reduce-scatter of the experts' output over the TP group, each of
+    ``n·k·h·e`` (module docstring); exposed, in the MLP half's place. 0 without TP."""
+    if pl_tp.size <= 1:
+        return 0.0
+    return tp_collective_time(tokens * model.experts_per_token * model.hidden * act_bytes, True, pl_tp, cluster, cal)
+
+
 def alltoall_times(
     model: ModelSpec, tokens: float, tp: int, sp: bool, act_bytes: int, full_recompute: bool,
     ep_group: GroupPlacement, cluster: ClusterSpec, cal: Calibration,
@@ -100,7 +115,8 @@ def add_moe_layers(
 ) -> ExpertComm:
     """Turn ``st``, computed as if every layer were a dense one (``dense``), into the stage times
     of the real mix, in place: stage k's n_m MoE layers add n_m × (MoE − dense layer) to each part
-    and n_m × the all-to-alls to its forward and backward."""
+    (compute, recompute, TP with the expert exchange, ZeRO-3) and n_m × the all-to-alls to its
+    forward and backward."""
     ep_fwd, ep_bwd = [], []
     for k, n_m in enumerate(moe_per_stage):
         d = lambda name: n_m * (getattr(moe, name) - getattr(dense, name))  # noqa: E731
@@ -110,11 +126,13 @@ def add_moe_layers(
         st.comp_fwd[k] = st.comp_fwd[k] + d("fwd")
         st.comp_bwd[k] = st.comp_bwd[k] + (d("bwd") + rb)
         st.recompute[k] = st.recompute[k] + rb
+        st.tp_fwd[k] = st.tp_fwd[k] + d("tp_fwd")
+        st.tp_bwd[k] = st.tp_bwd[k] + d("tp_bwd")
         st.fsdp_fwd[k] = st.fsdp_fwd[k] + d("fsdp_fwd")
         st.fsdp_bwd[k] = st.fsdp_bwd[k] + d("fsdp_bwd")
         st.wgt[k] = st.wgt[k] + d("wgt")
-        st.fwd[k] = st.fwd[k] + (d("fwd") + d("fsdp_fwd") + a2a_f)
-        st.bwd[k] = st.bwd[k] + (d("bwd") + rb + d("fsdp_bwd") + a2a_b)
+        st.fwd[k] = st.fwd[k] + (d("fwd") + d("tp_fwd") + d("fsdp_fwd") + a2a_f)
+        st.bwd[k] = st.bwd[k] + (d("bwd") + rb + d("tp_bwd") + d("fsdp_bwd") + a2a_b)
         ep_fwd.append(a2a_f)
         ep_bwd.append(a2a_b)
     return ExpertComm(ep_fwd, ep_bwd)

@@ -95,6 +95,7 @@ from meshplan.cost.moe import (
     alltoall_times,
     expert_dp_placements,
     expert_group_placements,
+    expert_tp_time,
     moe_fsdp_layer_times,
     moe_layers_per_stage,
     rank_expert_params,
@@ -118,7 +119,7 @@ _KERNEL_FIELDS = (
     "act_stored", "act_working", "emb_act", "head_act", "kept_output", "head_output", "held_logits",
 )
 #: the collectives of one micro-batch (:meth:`Engine._comm_terms`)
-_MB_FIELDS = ("tp_one", "cp_kv", "cp_dkv", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd")
+_MB_FIELDS = ("tp_one", "cp_kv", "cp_dkv", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd", "expert_tp")
 #: per-layer ZeRO-3's unit collectives (:meth:`Engine._unit_terms`)
 _UNIT_FIELDS = ("all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather", "head_reduce_scatter",
                 "copy_out", "copy_in", "emb_copy_out", "emb_copy_in", "head_copy_out", "head_copy_in")
@@ -487,7 +488,8 @@ class Engine:
 
     def _comm_terms(self, t: int, c: int, p: int, d: int, b: int, sp: int) -> tuple:
         """The collectives of one micro-batch, which do not depend on the ZeRO stage: TP (one),
-        CP K|V exchange and backward transfer, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP.
+        CP K|V exchange and backward transfer, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP,
+        an MoE layer's expert TP exchange.
         They use the TP, CP and PP groups only, which sit where they do whatever the HSDP shard
         group (:func:`meshplan.cost.comm.placements`), so the placements of dp_shard = dp serve."""
         m, cluster, cal, e, rec = self.model, self.cluster, self.cal, self.e, self.rec
@@ -500,7 +502,8 @@ class Engine:
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
         micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e, self.base.kernels)
                  if self.base.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
-        return (tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro)
+        expert_tp = expert_tp_time(m, tokens, pl.tp, e, cluster, cal) if m.is_moe else 0.0
+        return (tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp)
 
     def _unit_terms(self, t: int, c: int, p: int, d: int, fsdp: int) -> tuple:
         """ZeRO-3's per-layer and embedding/head unit collectives over the shard group of ``fsdp``
@@ -625,7 +628,8 @@ class Engine:
             return lt, None
         km = dict(zip(_MOE_FIELDS, moe["kernel"].T))
         mc = moe["comm"]
-        moe_args = {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1], "fsdp_copies": (mc[:, 2], mc[:, 3], *lt_args["fsdp_copies"][2:])}
+        moe_args = {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1], "fsdp_copies": (mc[:, 2], mc[:, 3], *lt_args["fsdp_copies"][2:]),
+                    "expert_tp": cm["expert_tp"]}
         return lt, layer_times(**(lt_args | moe_args), **_op_fields(km))
 
     # ---- one pipeline shape -------------------------------------------------------------------
