@@ -178,10 +178,13 @@ def summary_table(report: ValidationReport) -> Table:
     return t
 
 
-def _precision_rows(report: ValidationReport) -> list[tuple[str, GroupSummary]]:
-    """(label, summary): every compute precision over all rows, then each source that ran several."""
-    rows = [(f"all {p}", g) for p, g in report.precisions.items()]
-    return rows + [(key.replace("/", " "), g) for key, g in report.source_precisions.items()]
+def _precision_rows(report: ValidationReport) -> list[list[str]]:
+    """The cells of the precision table: every compute precision over all rows, then each source
+    that ran several (label, predicted rows, step MAPE, bias, max |error|)."""
+    labelled = [(f"all {p}", g) for p, g in report.precisions.items()]
+    labelled += [(key.replace("/", " "), g) for key, g in report.source_precisions.items()]
+    return [[label, str(g.supported), _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False)]
+            for label, g in labelled]
 
 
 PRECISION_TITLE = "MAPE by compute precision (all rows, then each source that ran more than one)"
@@ -192,8 +195,8 @@ def precision_table(report: ValidationReport) -> Table:
     t.add_column("rows of")
     for col in ("predicted", "step MAPE", "bias", "max |error|"):
         t.add_column(col, justify="right")
-    for label, g in _precision_rows(report):
-        t.add_row(label, str(g.supported), _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False))
+    for cells in _precision_rows(report):
+        t.add_row(*cells)
     return t
 
 
@@ -269,9 +272,7 @@ def markdown(report: ValidationReport) -> str:
                         "memory rows", "memory MAPE"], rows, {2, 3, 4, 5, 6, 7, 8})
     if len(report.precisions) > 1:
         lines += ["", f"### {PRECISION_TITLE}", ""]
-        lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"],
-                           [[label, str(g.supported), _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False)]
-                            for label, g in _precision_rows(report)], {1, 2, 3, 4})
+        lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"], _precision_rows(report), {1, 2, 3, 4})
     if report.worst:
         lines += ["", "### Largest step-time errors", ""]
         for r in report.worst:

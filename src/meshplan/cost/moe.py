@@ -21,8 +21,9 @@ then all-gathers the dispatched tokens over the TP group and reduce-scatters the
 before the combine (``MoEAlltoAllTokenDispatcher``: ``gather_from_sequence_parallel_region`` after
 the dispatch, ``reduce_scatter_to_sequence_parallel_region`` before the combine): one all-gather
 and one reduce-scatter of ``n·k·h·e`` each way, where a dense MLP's sequence parallelism moves
-``n·h·e``, and outside Transformer Engine's TP overlap (:func:`expert_tp_time`). Routing is taken as balanced and dropless (no capacity factor: Megatron-Core's
-default and DeepSeek-V3's training, report Sec. 2.1.2), the all-to-alls as exposed (not hidden
+``n·h·e``, and outside Transformer Engine's TP overlap (:func:`expert_tp_time`). Routing is
+taken as balanced and dropless (no capacity factor: Megatron-Core's default and DeepSeek-V3's
+training, report Sec. 2.1.2), the all-to-alls as exposed (not hidden
 behind the attention of another micro-batch, as DeepSeek's DualPipe does). With ep = 1 there is
 no all-to-all: every GPU holds every expert.
 """
