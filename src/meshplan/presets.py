@@ -2,7 +2,9 @@
 
 A preset is data: the plan's settings, keyed by the names of ``meshplan estimate``'s options
 (``seq_len`` for ``--seq-len``), and the published figures to compare the estimate with. Options
-given on the command line override a preset's values.
+given on the command line override a preset's values. Besides the named presets below, every
+published run of ``meshplan validate`` is a preset under its row id
+(:mod:`meshplan.accuracy.run_presets`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Published:
     mfu: Optional[float] = None
     step_s: Optional[float] = None
     tokens_per_s: Optional[float] = None
+    peak_memory_gib: Optional[float] = None
     flops_per_step: Optional[Callable[[Any], float]] = None
     formula: str = ""
 
@@ -51,6 +54,9 @@ class Preset:
     values: Mapping[str, Any]
     published: Optional[Published] = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # plan fields no option sets (``meshplan.interop.EXTRA_FIELDS``, the optimizer), applied after
+    # the options as a ``--plan`` file's are
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _llama3_405b(gpus: int, dp: int) -> dict[str, Any]:
@@ -109,9 +115,17 @@ def preset_names() -> list[str]:
 
 
 def get_preset(name: str) -> Preset:
+    """The named preset, or the published run of ``meshplan validate`` whose row id is ``name``."""
+    from meshplan.accuracy.run_presets import close_run_ids, run_preset
     from meshplan.errors import InputError
 
     key = name.strip().lower()
-    if key not in PRESETS:
-        raise InputError("preset", f"unknown preset '{name}' (presets: {', '.join(PRESETS)})")
-    return PRESETS[key]
+    if key in PRESETS:
+        return PRESETS[key]
+    run = run_preset(key)
+    if run is not None:
+        return run
+    near = close_run_ids(key)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise InputError("preset", f"unknown preset '{name}' (named presets: {', '.join(PRESETS)}; or a run id that "
+                               f"`meshplan validate --set all` lists{hint})")

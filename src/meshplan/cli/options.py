@@ -37,7 +37,7 @@ from meshplan.pipeline.stages import split_problem
 from meshplan.estimate import Budget
 from meshplan.presets import Preset, get_preset, preset_names
 from meshplan.specs.base import input_error_from
-from meshplan.specs.hardware import ClusterSpec
+from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
 from meshplan.specs.validate import check_plan
@@ -62,7 +62,7 @@ def _opt(decl: str, help: str, panel: str, **kw: Any) -> typer.models.OptionInfo
 
 #: name -> (type, option); the names are PlanArgs' fields and the keys of preset values.
 PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "preset": (Optional[str], _opt("--preset", f"Start from a published run's plan ({', '.join(preset_names())}); other options override it.", P_MODEL)),
+    "preset": (Optional[str], _opt("--preset", f"Start from a published run's plan: {', '.join(preset_names())}, or any run id that `meshplan validate --set all` lists (e.g. torchtitan_405b_512gpu_3d_1f1b), estimated exactly as validate predicts it, beside its published step time and memory; other options override it.", P_MODEL)),
     "plan_file": (Optional[str], _opt("--plan", "Start from an engine config: a torchtitan TOML or --section.key list, Megatron-LM arguments, a DeepSpeed JSON or a nanotron YAML (see `meshplan import`); other options override it.", P_MODEL)),
     "model": (Optional[str], _opt("--model", "Catalog model name (see `meshplan models`) or path to a Hugging Face config.json / meshplan model YAML. (default: llama3-8b)", P_MODEL)),
     "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`). (default: h100-sxm-80gb)", P_MODEL)),
@@ -76,7 +76,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
     "pipeline_runtime": (Optional[Literal["dependency", "lockstep"]], _opt("--pipeline-runtime", "How pipeline ranks advance: dependency (Megatron-LM, torch's 1F1B and GPipe: an action waits only for its rank and its input) or lockstep (torch's multi-stage schedules as torchtitan's 2024 runs ran them, PipelineScheduleMulti: slot by slot over the schedule's grid, each rank waiting for its neighbours' sends and receives of the slot; changes interleaved, interleaved-zb, zbh1 and zbv only). (default: dependency)", P_LAYOUT)),
     "pp_buffers": (Optional[Literal["in-flight", "per-micro-batch"]], _opt("--pp-buffers", "Pipeline stage-to-stage buffers: in-flight (Megatron-LM: the activation and gradient being received; stage outputs freed once sent) or per-micro-batch (torch.distributed.pipelining, torchtitan: every stage but the first keeps an input buffer per micro-batch, every stage but the last an output-gradient buffer per micro-batch, and each stage output, the last stage's logits too, is kept until its backward). (default: in-flight)", P_MEMORY)),
-    "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times). (default: even, remainder to the inner stages)", P_LAYOUT)),
+    "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times); a preset's or --plan file's split is dropped when --pp, --vpp or --schedule is given. (default: even, remainder to the inner stages)", P_LAYOUT)),
     "rank_order": (Optional[str], _opt("--rank-order", "Mesh axes innermost first, e.g. tp,cp,pp,dp (Llama 3). (default: tp,cp,dp,pp)", P_LAYOUT)),
     "micro_batch": (Optional[int], _opt("--micro-batch", "Sequences per forward on one DP rank. (default: 1)", P_BATCH)),
     "global_batch": (Optional[int], _opt("--global-batch", "Sequences per optimizer step. (default: about 4M tokens: micro_batch·dp·m with m = round(4,194,304 / (seq_len·micro_batch·dp)) in 1..1024, a multiple of pp when interleaved)", P_BATCH)),
@@ -339,8 +339,10 @@ def resolve(args: PlanArgs) -> Setup:
     for name in ("gpus", "dp", "vpp", "global_batch", "dp_shard", "gpus_per_node", "pod_size"):
         if v.get(name) is not None:
             _positive_int(name, v[name], cap=MAX_GPUS if name in ("gpus", "dp", "pod_size") else 1_000_000_000)
+    if "layer_split" not in given and any(k in given for k in ("pp", "vpp", "schedule")):
+        v.pop("layer_split", None)  # a preset's split fits its own stages only
     model = v["model"] if isinstance(v["model"], ModelSpec) else load_model(v["model"])
-    gpu = load_gpu(v["gpu"])
+    gpu = v["gpu"] if isinstance(v["gpu"], GPUSpec) else load_gpu(v["gpu"])
 
     # ---- schedule and virtual stages --------------------------------------------------------
     vpp = v.get("vpp")
@@ -429,6 +431,10 @@ def resolve(args: PlanArgs) -> Setup:
         plan_fields["layer_split"] = parse_layer_split(v["layer_split"])
     if v.get("rank_order") is not None:
         plan_fields["rank_order"] = parse_rank_order(v["rank_order"])
+    if preset is not None and preset.extra:
+        from meshplan.interop import apply_extra_fields
+
+        plan_fields = apply_extra_fields(plan_fields, dict(preset.extra))
     if imported is not None:
         plan_fields = imported.apply_extra(plan_fields)
     plan = _spec(TrainingPlan, "plan", **plan_fields)

@@ -242,6 +242,9 @@ def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
         t.add_row("step time (s)", f"{est.time.step_s:.3f}", f"{pub.step_s:g}", diff(est.time.step_s, pub.step_s))
     if pub.tokens_per_s is not None:
         t.add_row("tokens/s", f"{est.tokens_per_s:,.0f}", f"{pub.tokens_per_s:,.0f}", diff(est.tokens_per_s, pub.tokens_per_s))
+    if pub.peak_memory_gib is not None:
+        peak = est.peak_bytes / GiB
+        t.add_row("peak memory (GiB, the fullest GPU)", f"{peak:,.1f}", f"{pub.peak_memory_gib:g}", diff(peak, pub.peak_memory_gib))
     return t
 
 

@@ -267,12 +267,14 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     # the base plan's own layout is neutral; switches that describe ZeRO-3 (FSDP2's units, its FP8
     # all-gather) need a ZeRO-3 base, and the search gives them to its ZeRO-3 plans only (plan_of)
     zero3_only = bool(plan.fsdp_head_in_root or plan.fsdp_fp8_all_gather)
-    neutral = dict(tp=1, cp=1, pp=1, ep=None, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None,
+    neutral = dict(tp=1, cp=1, pp=1, ep=1, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None,
                    zero="3" if zero3_only else None)
     one = resolve(replace(plan, **neutral, dp=1, gpus=None))  # base plan fields, model, budget
     gpus = preset_setup.cluster.num_gpus if preset_setup else (plan.gpus if plan.gpus is not None else (plan.dp * (plan.tp or 1) * (plan.cp or 1) * (plan.pp or 1) if plan.dp else 8))
     whole = resolve(replace(plan, **neutral, dp=None, gpus=gpus, global_batch=gpus, global_batch_tokens=None))
-    cluster, budget, base = whole.cluster, one.budget, one.plan
+    # the searched plans vary ZeRO: a preset's or --plan file's unsharded accumulation (ZeRO-3 with
+    # torch's pipeline schedules), which the search's screen does not model, stays with the baseline
+    cluster, budget, base = whole.cluster, one.budget, one.plan.model_copy(update={"fsdp_accumulate_unsharded": False})
     if search.objective != "throughput" and not budget.tokens:
         raise InputError("tokens", f"the {search.objective} objective needs --tokens")
     if search.objective == "cost" and budget.price_per_gpu_hour is None:

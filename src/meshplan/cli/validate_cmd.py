@@ -228,6 +228,10 @@ def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
                       f"predicted {r.predicted_step_s:,.3f} s)", markup=False)
             for note in not_modelled(r):
                 out.print(f"    - {note}", markup=False)
+    if report.worst:
+        out.print()
+        out.print(f"One run in full, with its assumptions: meshplan estimate --preset {report.worst[0].id} "
+                  "(any run id above; explain and search take it too)", markup=False)
     if wrote is not None:
         out.print()
         out.print(f"wrote {wrote}", markup=False)
@@ -501,7 +505,7 @@ def validate(
 ) -> None:
     """Compare meshplan with published training runs: step time and peak memory per run, MAPE per source and overall, the largest errors, and the runs meshplan cannot express (with why).
 
-    Each run is predicted exactly as `meshplan estimate` would (same catalog, same calibration); settings a source leaves unstated take its framework's default and are recorded as assumptions (in --json)."""
+    Each run is predicted exactly as `meshplan estimate` would (same catalog, same calibration); settings a source leaves unstated take its framework's default and are recorded as assumptions (in --json). `meshplan estimate --preset <run id>` shows one run's full estimate beside its published figures, with those assumptions."""
     if json_out and markdown_out:
         raise InputError("markdown", "give either --json or --markdown, not both")
     if run_set not in RUN_SETS:

@@ -87,7 +87,12 @@ EXTRA_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "reshard_after_fo
 
 def options_of(parsed: ParseResult) -> dict[str, Any]:
     """Plan fields as the values of ``meshplan estimate``'s options (PlanArgs names and types)."""
-    f = parsed.plan
+    return options_of_fields(parsed.plan)
+
+
+def options_of_fields(f: dict[str, Any]) -> dict[str, Any]:
+    """A plan's fields (``TrainingPlan`` keyword arguments, the precision as a dict) as the values
+    of ``meshplan estimate``'s options (PlanArgs names and types)."""
     out: dict[str, Any] = {k: f[k] for k in OPTION_FIELDS if f.get(k) is not None}
     if f.get("zero") is not None:
         out["zero"] = str(f["zero"])
@@ -114,15 +119,22 @@ class ImportedPlan:
 
     def apply_extra(self, fields: dict[str, Any]) -> dict[str, Any]:
         """Add the fields no option sets to the plan's keyword arguments, where they still apply."""
-        out = dict(fields)
-        for k, v in self.extra.items():
-            if k == "fsdp_accumulate_unsharded" and (not v or out.get("zero", 1) != 3):
-                continue
-            if k == "optimizer":
-                out["precision"] = out["precision"].model_copy(update={"optimizer": v})
-                continue
-            out[k] = v
-        return out
+        return apply_extra_fields(fields, self.extra)
+
+
+def apply_extra_fields(fields: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` (a plan's keyword arguments, the precision a ``PrecisionRecipe``) with the plan
+    fields no option sets (:data:`EXTRA_FIELDS` and the optimizer) added where they still apply:
+    the unsharded accumulation only on ZeRO-3."""
+    out = dict(fields)
+    for k, v in extra.items():
+        if k == "fsdp_accumulate_unsharded" and (not v or out.get("zero", 1) != 3):
+            continue
+        if k == "optimizer":
+            out["precision"] = out["precision"].model_copy(update={"optimizer": v})
+            continue
+        out[k] = v
+    return out
 
 
 def load_plan_file(path: str, where: str = "plan") -> ImportedPlan:
