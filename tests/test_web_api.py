@@ -125,6 +125,18 @@ def test_view_plan_bundles_estimate_pipeline_assumptions(client):
     assert d["breakdown_labels"]["pipeline_bubble"] == "pipeline bubble (idle)"
 
 
+def test_view_plan_of_a_validated_run(client, capsys):
+    """A run id of ``meshplan validate`` is a preset here too: its model and GPU by name, the
+    published step and memory beside meshplan's as ``meshplan estimate`` prints them."""
+    q = {"preset": "torchtitan_405b_512gpu_3d_1f1b"}
+    d = client.get("/api/view/plan", params=q).json()
+    assert d["estimate"] == cli_json(capsys, "estimate", "--preset", q["preset"], "--json")
+    assert (d["preset"]["values"]["model"], d["preset"]["values"]["gpu"]) == ("llama3-405b", "h100-sxm-96gb-500w")
+    rows = {r[0]: r for r in d["published"]["rows"]}
+    assert rows["step time (s)"][2] == "40.96"
+    assert rows["peak memory (GiB, the fullest GPU)"][1:3] == [f"{d['estimate']['memory']['peak_bytes'] / 2**30:.1f}", "82.5"]
+
+
 def test_view_plan_fp32_recipe_and_no_timeline_for_huge_pipelines(client):
     d = client.get("/api/view/plan", params={"precision": "fp32"}).json()
     assert d["assumptions"]["bytes_per_param"]["total"] == 16

@@ -24,7 +24,9 @@ from meshplan.cli.pipeline_cmd import to_json as pipeline_json
 from meshplan.cli.render import BREAKDOWN_LABELS, gpu_row, published_table
 from meshplan.errors import InputError
 from meshplan.estimate import Estimate, estimate
-from meshplan.presets import PRESETS
+from meshplan.presets import PRESETS, Preset
+from meshplan.specs.hardware import GPUSpec
+from meshplan.specs.model import ModelSpec
 from meshplan.units import GBPS, TFLOPS
 from meshplan.web.estimate_cache import EstimateCache
 
@@ -130,9 +132,10 @@ def published(est: Estimate, setup: Setup) -> Optional[dict[str, Any]]:
     return {"source": preset.published.source, "formula": preset.published.formula, "rows": rows}
 
 
-def preset_info(name: str) -> dict[str, Any]:
-    p = PRESETS[name]
-    return {"name": p.name, "description": p.description, "values": dict(p.values), "notes": list(p.notes)}
+def preset_info(p: Preset) -> dict[str, Any]:
+    """A preset as JSON: a published run's model and GPU specs by their names."""
+    values = {k: (v.name if isinstance(v, (ModelSpec, GPUSpec)) else v) for k, v in p.values.items()}
+    return {"name": p.name, "description": p.description, "values": values, "notes": list(p.notes)}
 
 
 router = APIRouter(prefix="/api")
@@ -189,14 +192,14 @@ def api_view_plan(q: PlanParams) -> dict[str, Any]:
         "assumptions": assumptions(est),
         "timeline": timeline(est),
         "published": published(est, setup),
-        "preset": preset_info(setup.preset.name) if setup.preset else None,
+        "preset": preset_info(setup.preset) if setup.preset else None,
         "breakdown_labels": BREAKDOWN_LABELS,
     }
 
 
 @router.get("/presets", tags=["catalog"], summary="Named plans of published runs")
 def api_presets() -> list[dict[str, Any]]:
-    return [preset_info(n) for n in PRESETS]
+    return [preset_info(p) for p in PRESETS.values()]
 
 
 @router.get("/gpus", tags=["catalog"], summary="The GPU catalog (as `meshplan gpus --json`)")

@@ -19,6 +19,7 @@ from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.cli.pipeline_cmd import schedule_names
 from meshplan.learn import TOPICS
 from meshplan.pipeline.simulate import RUNTIMES
+from meshplan.accuracy.run_presets import supported_runs
 from meshplan.presets import PRESETS
 from meshplan.search.run import OBJECTIVES
 from meshplan.web.calc_api import calculators
@@ -76,6 +77,7 @@ def _context(request: Request, view: str, **extra: Any) -> dict[str, Any]:
     return {
         "request": request, "view": view, "views": VIEWS,
         "presets": [(p.name, p.description) for p in PRESETS.values()],
+        "run_presets": supported_runs(),
         "models": model_names(), "gpus": gpu_names(), "schedules": schedule_names(),
         "objectives": OBJECTIVES, **extra,
     }
