@@ -6,15 +6,13 @@ step time and peak memory print beside meshplan's; options override it; bad name
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
+from test_cli import run_cli
 
 from meshplan.accuracy.run_presets import run_ids
 from meshplan.accuracy.validate import predict, runs_of
-from meshplan.cli.app import main
 from meshplan.cli.options import PlanArgs, resolve
 from meshplan.estimate import estimate
 from meshplan.presets import PRESETS, Preset, get_preset
@@ -23,11 +21,8 @@ from meshplan.units import GiB
 ROW = "torchtitan_405b_512gpu_3d_1f1b"
 
 
-def run_cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return code, out.getvalue(), err.getvalue()
+def runs_of_plan(row_id: str):
+    return {r.id: r for r in runs_of("all")}[row_id].plan
 
 
 def test_every_supported_run_resolves_to_the_plan_validate_predicts():
@@ -104,10 +99,6 @@ def test_json_estimate_and_explain_take_a_run_preset():
     ("torchtitan_405b_512gpu", "did you mean torchtitan_405b_512gpu_3d_1f1b,"),
     ("zzzz", "named presets: llama3-405b-16k, llama3-405b-8k; or a run id that `meshplan validate --set all` lists)"),
 ])
-def runs_of_plan(row_id: str):
-    return {r.id: r for r in runs_of("all")}[row_id].plan
-
-
 def test_bad_run_names_are_one_line(name, rule):
     code, out, err = run_cli("estimate", "--preset", name)
     assert (code, out) == (2, "")

@@ -43,6 +43,26 @@ def test_405b_preset_shows_its_mfu(server, page):
     shot(page, "plan-405b")
 
 
+def test_a_validated_run_is_a_preset(server, page):
+    """A run id of ``meshplan validate`` from the preset list: its published step and memory shown
+    beside meshplan's, the run's GPU (not in the catalog) kept when another option changes."""
+    row = "torchtitan_405b_512gpu_3d_1f1b"
+    page.goto(f"{server}/plan?preset={row}")
+    n = loaded(page)
+    est = api("/api/estimate", preset=row)
+    assert page.input_value("#in-preset") == row
+    assert page.text_content("#kpi-mfu") == f"{100 * est['throughput']['mfu']:.1f}%"
+    published = page.text_content("#published")
+    assert "peak memory (GiB, the fullest GPU)" in published and "82.5" in published and "40.96" in published
+    page.fill("#in-pp", "4")
+    loaded(page, n)
+    page.wait_for_function("document.getElementById('summary').textContent.includes('PP4')")
+    assert parse_qs(urlparse(page.url).query) == {"preset": [row], "pp": ["4"]}
+    four = api("/api/estimate", preset=row, pp=4)
+    assert four["cluster"]["gpu"] == "h100-sxm-96gb-500w"
+    page.wait_for_function(f"document.getElementById('kpi-mfu').textContent === '{100 * four['throughput']['mfu']:.1f}%'")
+
+
 def test_raising_tp_changes_the_memory_chart(server, page):
     page.goto(f"{server}/plan?model=llama3-8b&gpus=8")
     n = loaded(page)
