@@ -281,9 +281,9 @@ def test_fp8_casts_cost_hbm_traffic():
     from meshplan.cost.compute import fp8_cast_bytes
 
     m, n, k = 8192, 6144, 4096
-    fwd, bwd = fp8_cast_bytes([(m, n, k)], 2)
-    assert fwd == 5 * (m * k + k * n)
-    assert bwd == 5 * m * n + 2 * (m * k + k * n)
+    act_f, act_b, weight_f, weight_b = fp8_cast_bytes([(m, n, k, 1)], 2)
+    assert (act_f, weight_f) == (5 * m * k, 5 * k * n)
+    assert (act_b, weight_b) == (5 * m * n + 2 * m * k, 2 * k * n)
     # so FP8 is faster than BF16, but less than the 2x of its peak
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(H100, 8)
     base = dict(dp=8, global_batch=16, seq_len=8192, recompute="selective", zero=3)

@@ -5,7 +5,12 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.compute import dense_gemm_shapes, fp8_cast_bytes, layer_op_times, memory_time, repeat_kv_bytes
+from meshplan.cost.compute import (
+    MLP_GEMM_NAMES, dense_gemm_shapes, fp8_cast_bytes, layer_op_times, memory_time, moe_mlp_gemms, projection_gemms, repeat_kv_bytes,
+)
+from meshplan.estimate import estimate
+from meshplan.specs import ClusterSpec, TrainingPlan
+from meshplan.specs.plan import PrecisionRecipe
 from meshplan.cost.float8 import torchao_float8_passes
 
 H100 = load_gpu("h100-sxm-80gb")
@@ -33,10 +38,10 @@ def test_torchao_adds_the_gradients_column_major_copy_to_transformer_engines_cou
     """Over forward and backward, torchao moves exactly 2·m·n bytes more than the fused stack's
     model: the output gradient's FP8 copy (read 1, write 1), for any GEMM list."""
     gemms = dense_gemm_shapes(LLAMA8B, TOKENS, 1)
-    te_f, te_b = fp8_cast_bytes(gemms, 2)
+    te_f, te_b, w_f, w_b = fp8_cast_bytes([(*g, 1) for g in gemms], 2)
     ao = torchao_float8_passes(gemms, 2)
-    assert ao.fwd_bytes == te_f
-    assert ao.bwd_bytes - te_b == 2 * sum(m * n for m, n, _ in gemms)
+    assert ao.fwd_bytes == te_f + w_f
+    assert ao.bwd_bytes - (te_b + w_b) == 2 * sum(m * n for m, n, _ in gemms)
     # the layer: m·n summed over QKV, output projection, gate|up, down = 16,384 · 43,008
     assert sum(m * n for m, n, _ in gemms) == 16384 * (6144 + 4096 + 28672 + 4096) == 704_643_072
     assert ao.fwd_bytes + ao.bwd_bytes == 9_512_681_472
@@ -68,7 +73,8 @@ def _grad_sum_time() -> float:
 
 def test_compiled_stack_charges_torchaos_passes_and_fused_keeps_its_own():
     gemms = dense_gemm_shapes(LLAMA8B, TOKENS, 1)
-    te_f, te_b = fp8_cast_bytes(gemms, 2)
+    # the fused stack (Megatron-Core) casts the weights once per step, not in a micro-batch's time
+    te_f, te_b, w_f, w_b = fp8_cast_bytes([(*g, 1) for g in gemms], 2)
     # compiled, AOTAutograd's CSE casts the input wq, wk, wv (w1, w3) share once: the fused shapes
     ao = torchao_float8_passes(gemms, 2)
     k = CAL.kernel_overhead
@@ -81,6 +87,7 @@ def test_compiled_stack_charges_torchaos_passes_and_fused_keeps_its_own():
     exp_b = memory_time(ao.bwd_bytes, H100, CAL) + (ao.bwd_kernels - 1) * k - te(te_b)
     rep = _repeat_kv_time()  # torch's GQA K/V copy, also on the compiled stack only
     rope_f, rope_b = _rope_extra()  # torch's RoPE, on the compiled stack too
+    assert fused.weight_cast == te(w_f + w_b) and compiled.weight_cast == 0.0
     assert compiled.fwd_memory - fused.fwd_memory == pytest.approx(exp_f + rep + rope_f, rel=1e-12)
     assert compiled.bwd_memory - fused.bwd_memory == pytest.approx(exp_b + rep + _grad_sum_time() + rope_b, rel=1e-12)
     # op-level checkpointing re-casts every input and weight on the torchao stack only
@@ -186,3 +193,79 @@ def test_fp8_gemms_read_one_byte_operands():
     assert (cal8.gemm_efficiency, CAL.gemm_efficiency) == (0.62, 0.70)
     fwd = sum(float(gemm_time(a, b, c, H100, cal8, peak, 1, 2)) for _, (a, b, c) in projection_gemms(model, 131072, 8, "compiled"))
     assert ops.fwd_gemm == pytest.approx(fwd, rel=1e-12)
+
+
+def test_transformer_engines_cast_bytes_by_hand():
+    """Llama 3 8B's gate|up GEMM on 16,384 tokens, m = 16,384, n = 28,672, k = 4,096, bf16
+    operands (e = 2): the input's 67,108,864 elements at 2e + 1 = 5 bytes forward and its FP8
+    transpose at 2 backward, the output gradient's 469,762,048 at 5; the weight's 117,440,512 at 5
+    forward (cast) and 2 backward (transpose). Eight experts of one GEMM each count eight times."""
+    m, n, k = 16384, 28672, 4096
+    act_f, act_b, w_f, w_b = fp8_cast_bytes([(m, n, k, 1)], 2)
+    assert (act_f, act_b) == (5 * 67_108_864, 5 * 469_762_048 + 2 * 67_108_864) == (335_544_320, 2_483_027_968)
+    assert (w_f, w_b) == (5 * 117_440_512, 2 * 117_440_512) == (587_202_560, 234_881_024)
+    assert fp8_cast_bytes([(m, n, k, 8)], 2) == (8 * act_f, 8 * act_b, 8 * w_f, 8 * w_b)
+
+
+def test_megatron_core_casts_the_weights_once_a_step_and_composer_every_micro_batch():
+    """Transformer Engine's linears on the fused stack (Megatron-Core passes is_first_microbatch)
+    cast the weights on a step's first micro-batch only: the layer's weight_cast, per step, out of
+    the micro-batch's forward and backward. Called without the flag (Composer, the eager stack
+    with fp8_linears transformer-engine) they cast every micro-batch: no per-step part, input and
+    weight casts inside each micro-batch's forward."""
+    k = CAL.kernel_overhead
+    gemms = [(*g, 1) for g in dense_gemm_shapes(LLAMA8B, TOKENS, 1)]
+    act_f, act_b, w_f, w_b = fp8_cast_bytes(gemms, 2)
+    fused, fused_bf16 = _ops("fused"), _ops("fused", "bf16")
+    assert fused.weight_cast == memory_time(w_f + w_b, H100, CAL) + (len(gemms) - 1) * k
+    assert fused.fwd_memory - fused_bf16.fwd_memory == pytest.approx(memory_time(act_f, H100, CAL) + (len(gemms) - 1) * k, rel=1e-12)
+    assert fused.bwd_memory - fused_bf16.bwd_memory == pytest.approx(memory_time(act_b, H100, CAL) + (len(gemms) - 1) * k, rel=1e-12)
+    # 1.53 GB of weight casts and transposes a layer: 0.57 ms at 80 % of 3.35 TB/s and 4 launches
+    assert w_f + w_b == 7 * sum(kk * n for _, n, kk, _ in gemms) == 7 * 218_103_808 == 1_526_726_656
+    assert 0.00058 < fused.weight_cast < 0.00059
+    te_eager, eager_bf16 = (layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", H100, CAL, dtype, 2, "eager",
+                                           fp8_linears="transformer-engine", attention_kernel="flash2") for dtype in ("fp8", "bf16"))
+    separate = [(*g, 1) for _, g in projection_gemms(LLAMA8B, TOKENS, 1, "eager")]
+    e_f, e_b, ew_f, ew_b = fp8_cast_bytes(separate, 2)
+    assert te_eager.weight_cast == 0.0
+    assert te_eager.fwd_memory - eager_bf16.fwd_memory == pytest.approx(memory_time(e_f + ew_f, H100, CAL) + (len(separate) - 1) * k, rel=1e-12)
+    assert te_eager.bwd_memory - eager_bf16.bwd_memory == pytest.approx(memory_time(e_b + ew_b, H100, CAL) + (len(separate) - 1) * k, rel=1e-12)
+
+
+def test_the_step_pays_every_layers_weight_casts_once():
+    """Megatron-Core's FP8 step: the first micro-batch's forward crosses all 32 layers (two
+    pipeline stages here) with their weights cast, once: L · weight_cast on top of the schedule,
+    a part of its own in the breakdown, which still adds up to the step. BF16 has none."""
+    cluster = ClusterSpec.of(H100, 8)
+    plan = TrainingPlan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=32, seq_len=8192, sequence_parallel=True,
+                        precision=PrecisionRecipe(precision="fp8"))
+    est = estimate(LLAMA8B, cluster, plan)
+    ops = layer_op_times(LLAMA8B, 1, 8192, 2, 1, True, "flash", "causal", H100, CAL, "fp8", 2, "fused")
+    assert est.time.fp8_weight_cast_s == 32 * ops.weight_cast > 0
+    parts = est.time.breakdown()
+    assert parts["fp8_weight_cast"] == est.time.fp8_weight_cast_s
+    assert sum(parts.values()) == pytest.approx(est.time.step_s, rel=1e-12)
+    bf16 = estimate(LLAMA8B, cluster, plan.model_copy(update={"precision": PrecisionRecipe()}))
+    assert bf16.time.fp8_weight_cast_s is None and "fp8_weight_cast" not in bf16.time.breakdown()
+
+
+def test_moe_layers_cast_their_experts_weights_and_tokens():
+    """An MoE layer's FP8 GEMMs are its attention projections and its experts (the router stays
+    16-bit): the E/ep local experts' inputs and output gradients every micro-batch, their weights
+    once a step; the step pays dense and MoE layers' weight casts by their counts."""
+    mixtral = load_model("mixtral-8x7b")
+    t, ep, tokens = 2, 8, 4096
+    moe_ops = layer_op_times(mixtral, 1, tokens, t, 1, True, "flash", "causal", H100, CAL, "fp8", 2, "fused", moe=True, ep=ep)
+    attention = [(*g, 1) for nm, g in projection_gemms(mixtral, tokens, t) if nm not in MLP_GEMM_NAMES]
+    experts = moe_mlp_gemms(mixtral, tokens, t, ep)[1:]  # the router excluded
+    # one local expert (8/ep) receiving n·k = 8,192 tokens: gate|up 2·14,336/t wide, down from 14,336/t
+    assert experts == [(8192, 14336, 4096, 1), (8192, 4096, 7168, 1)]
+    act_f, act_b, w_f, w_b = fp8_cast_bytes(attention + experts, 2)
+    k = CAL.kernel_overhead
+    assert moe_ops.weight_cast == memory_time(w_f + w_b, H100, CAL) + (len(attention) + 1) * k
+    moe_bf16 = layer_op_times(mixtral, 1, tokens, t, 1, True, "flash", "causal", H100, CAL, "bf16", 2, "fused", moe=True, ep=ep)
+    assert moe_ops.fwd_memory - moe_bf16.fwd_memory == pytest.approx(memory_time(act_f, H100, CAL) + (len(attention) + 1) * k, rel=1e-12)
+    assert moe_ops.bwd_memory - moe_bf16.bwd_memory == pytest.approx(memory_time(act_b, H100, CAL) + (len(attention) + 1) * k, rel=1e-12)
+    plan = TrainingPlan(tp=t, pp=1, dp=8, ep=ep, micro_batch=1, global_batch=64, seq_len=tokens, precision=PrecisionRecipe(precision="fp8"))
+    est = estimate(mixtral, ClusterSpec.of(H100, 16), plan)
+    assert est.time.fp8_weight_cast_s == 32 * moe_ops.weight_cast

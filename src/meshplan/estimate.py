@@ -132,6 +132,9 @@ class StepTime:
     bubble_overhead: float
     per_rank_finish_s: tuple[float, ...]
     ep_comm_s: Optional[float] = None  # MoE models: exposed expert-parallel all-to-all
+    # FP8 on Megatron-Core: the weights' casts on the step's first micro-batch, all L layers'
+    # (meshplan.cost.compute.fp8_weight_cast_per_step)
+    fp8_weight_cast_s: Optional[float] = None
     # communication that runs concurrently with compute on the critical rank, seconds per step by
     # kind (tp, cp, fsdp, dp_grad, param_gather): not part of the step, which it overlaps
     hidden_comm: dict[str, float] = field(default_factory=dict)
@@ -158,6 +161,8 @@ class StepTime:
         }
         if self.ep_comm_s is not None:
             out["ep_comm"] = self.ep_comm_s
+        if self.fp8_weight_cast_s is not None:
+            out["fp8_weight_cast"] = self.fp8_weight_cast_s
         return out
 
 
@@ -574,7 +579,11 @@ def estimate(
     busy = sim.busy[crit]
     slowest = max(range(pp), key=lambda r: opt_times[r] + pg_times[r])
     opt_s, pg_s = opt_times[slowest], pg_times[slowest]
-    step_s = ends[crit] + opt_s + pg_s
+    # Megatron-Core's FP8 weight casts, once per step: the first micro-batch's forward crosses
+    # every layer before the steady state (fp8_weight_cast_per_step)
+    n_moe = sum(moe_stage) if model.is_moe else 0
+    cast_s = (model.n_layers - n_moe) * ops.weight_cast + (n_moe * moe_ops.weight_cast if n_moe else 0.0)
+    step_s = ends[crit] + opt_s + pg_s + cast_s
     hidden = _hidden_per_step(split, mine, m, lt, lt_moe if model.is_moe else lt,
                               moe_stage if model.is_moe else None, dp_hidden[crit], dp_hidden[slowest][1])
     time = StepTime(
@@ -594,6 +603,7 @@ def estimate(
         bubble_overhead=sim.bubble_overhead,
         per_rank_finish_s=sim.finish,
         ep_comm_s=per_mb(ep_comm.fwd) + per_mb(ep_comm.bwd) if ep_comm else None,
+        fp8_weight_cast_s=cast_s if cast_s else None,
         hidden_comm=hidden,
         contention=_contention_per_step(hidden, lt_args["nccl_share"], lt_args["tp_share"]),
     )
@@ -828,13 +838,16 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         f"{fmt_seconds(t.contention_s)} per step (the layers' in compute, the DP synchronization's in DP comm and weight all-gather)",
         "meshplan.cost.contention; NCCL channels (one CTA each), Transformer Engine userbuffers' num_sm"))
     d.append(Derivation(
-        "time.step_s", "Step time", "pipeline makespan (critical rank) + exposed DP comm + optimizer + exposed weight all-gather",
+        "time.step_s", "Step time", "pipeline makespan (critical rank) + exposed DP comm + optimizer + exposed weight all-gather"
+        + (" + FP8 weight casts (first micro-batch)" if t.fp8_weight_cast_s else ""),
         (("makespan", f"{fmt_seconds(est.sim.finish[t.critical_rank])} on rank {t.critical_rank} ({p.schedule}, p={p.pp}, m={p.grad_accum}, v={p.vpp}, "
                       f"{runtime_words(p.schedule, p.pp, p.grad_accum, p.vpp, p.pipeline_runtime)})"),
          ("p2p", f"{fmt_seconds(p2p)} per stage boundary"),
          ("bubble", f"{fmt_seconds(t.pipeline_bubble_s)} idle; fraction {t.bubble_fraction:.3f}, overhead {t.bubble_overhead:.3f}"),
          ("dp comm", fmt_seconds(t.dp_comm_s)), ("optimizer", fmt_seconds(t.optimizer_s)),
-         ("param gather", fmt_seconds(t.param_gather_s))),
+         ("param gather", fmt_seconds(t.param_gather_s)))
+        + ((("FP8 casts", f"{fmt_seconds(t.fp8_weight_cast_s)}: the {est.model.n_layers} layers' weights cast and transposed "
+                          "once per step (Megatron-Core's is_first_microbatch)"),) if t.fp8_weight_cast_s else ()),
         fmt_seconds(t.step_s), "event simulation of the schedule (meshplan.pipeline.simulate"
         + ("; lockstep over torch's grid: meshplan.pipeline.lockstep)" if runs_lockstep(p.schedule, p.pp, p.pipeline_runtime) else ")")))
     d.append(Derivation(

@@ -34,6 +34,7 @@ BREAKDOWN_LABELS = {
     "optimizer": "optimizer step",
     "param_gather": "parameter all-gather (exposed)",
     "ep_comm": "EP all-to-all (exposed)",
+    "fp8_weight_cast": "FP8 weight casts (first micro-batch)",
 }
 
 

@@ -156,8 +156,9 @@ def _why(best: Estimate, other: Estimate) -> list[str]:
     a, b = best.time.breakdown(), other.time.breakdown()
     names = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP communication", "cp_comm": "CP communication",
              "fsdp_comm": "FSDP communication", "pipeline_bubble": "pipeline bubble", "dp_comm": "DP gradient sync",
-             "optimizer": "optimizer step", "param_gather": "weight all-gather", "ep_comm": "expert all-to-all"}
-    diffs = sorted(((b[k] - a[k], k) for k in a), key=lambda x: -abs(x[0]))
+             "optimizer": "optimizer step", "param_gather": "weight all-gather", "ep_comm": "expert all-to-all",
+             "fp8_weight_cast": "FP8 weight casts"}
+    diffs = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in {**a, **b}), key=lambda x: -abs(x[0]))
     return [f"{names[k]} {d:+.3f} s" for d, k in diffs if abs(d) >= 0.005 * best.time.step_s][:4]
 
 

@@ -192,6 +192,9 @@ class OpTimes:
     bwd_memory: float
     bwd_weight: float = 0.0  # the weight-gradient GEMMs inside bwd_gemm (a split backward's W)
     fwd_op_recompute: float = 0.0  # what torchtitan's op-level checkpointing repeats in backward
+    # seconds per step, not per micro-batch: the layer's FP8 weight casts that Megatron-Core has
+    # Transformer Engine run on a step's first micro-batch only (fp8_weight_cast_per_step)
+    weight_cast: float = 0.0
 
     @property
     def fwd(self) -> float:
@@ -507,10 +510,18 @@ def layer_op_times(
     op_rec = fm + sum(
         float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal_g, peak, ge, e)) for nm, _, _ in op_sac_recomputed(model)
     )
+    weight_cast = 0.0
     if compute_dtype == "fp8" and fp8_library_of(kernels, fp8_linears) == "transformer-engine":
-        cast_f, cast_b = fp8_cast_bytes(gemms, e)
-        fm += memory_time(cast_f, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
-        bm += memory_time(cast_b, gpu, cal) + (len(gemms) - 1) * cal.kernel_overhead
+        # every FP8 GEMM of the layer: the projections and MLP, or the MoE layer's shared expert
+        # and experts (the router runs in 16 bits)
+        te_gemms = [(*g, 1) for g in gemms] + list(grouped[1:])
+        cast_f, cast_b, weight_f, weight_b = fp8_cast_bytes(te_gemms, e)
+        if fp8_weight_cast_per_step(kernels):
+            weight_cast = memory_time(weight_f + weight_b, gpu, cal) + (len(te_gemms) - 1) * cal.kernel_overhead
+        else:
+            cast_f, cast_b = cast_f + weight_f, cast_b + weight_b
+        fm += memory_time(cast_f, gpu, cal) + (len(te_gemms) - 1) * cal.kernel_overhead
+        bm += memory_time(cast_b, gpu, cal) + (len(te_gemms) - 1) * cal.kernel_overhead
     elif compute_dtype == "fp8":  # torchao's Float8Linear (meshplan.cost.float8)
         # compiled, AOTAutograd's CSE casts a shared input once: the fused stack's shapes count it once
         cast_gemms = gemms if kernels == "eager" else [
@@ -519,7 +530,7 @@ def layer_op_times(
         fm += memory_time(f8.fwd_bytes, gpu, cal) + (f8.fwd_kernels - 1) * cal.kernel_overhead
         bm += memory_time(f8.bwd_bytes, gpu, cal) + (f8.bwd_kernels - 1) * cal.kernel_overhead
         op_rec += memory_time(f8.recompute_bytes, gpu, cal) + (f8.recompute_kernels - 1) * cal.kernel_overhead
-    return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec)
+    return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec, weight_cast)
 
 
 def repeat_kv_bytes(tokens: float, heads: int, kv_heads: int, d: float, e: int) -> float:
@@ -557,19 +568,45 @@ def moe_mlp_gemms(model: ModelSpec, tokens: float, tp: int, ep: int) -> list[tup
     return out + [(m_e, n_in * f_e, h, local), (m_e, h, f_e, local)]
 
 
-def fp8_cast_bytes(gemms: list[tuple[float, float, float]], e: int) -> tuple[float, float]:
-    """HBM traffic of FP8 training's casts with dynamic (current) scaling, forward and backward,
-    for GEMMs (m, n, k) whose operands live in ``e``-byte precision: each operand cast to FP8 is
-    read once for its absolute maximum and once more to write one byte per element, e + e + 1
-    bytes per element — the input (m·k) and weight (k·n) forward; the output gradient (m·n) and
-    the transposed FP8 copies of input and weight that the two backward GEMMs read, backward
-    (Transformer Engine's recipe, the ``fused`` stack; Micikevicius et al. 2022, "FP8 Formats for
-    Deep Learning", Sec. 4). torchao's Float8Linear (``compiled``/``eager``) makes one more pass,
-    the output gradient's column-major copy: :mod:`meshplan.cost.float8`."""
+def fp8_cast_bytes(gemms: list[tuple[float, float, float, float]], e: int) -> tuple[float, float, float, float]:
+    """HBM traffic of Transformer Engine's FP8 casts for ``count`` GEMMs (m, n, k) each whose
+    operands live in ``e``-byte precision, as (activations forward, activations backward, weights
+    forward, weights backward). Each operand cast to FP8 is read once for its absolute maximum and
+    once more to write one byte per element, e + e + 1 bytes per element — the input (m·k) and the
+    weight (k·n) forward, the output gradient (m·n) backward — and the two backward GEMMs read FP8
+    transposes of input and weight, 2 bytes per element each (Micikevicius et al. 2022, "FP8
+    Formats for Deep Learning", Sec. 4):
+
+        activations: fwd (2e + 1)·m·k,  bwd (2e + 1)·m·n + 2·m·k
+        weights:     fwd (2e + 1)·k·n,  bwd 2·k·n
+
+    per GEMM. Whether the weights' part is paid every micro-batch or once per step is the stack's
+    (:func:`fp8_weight_cast_per_step`). torchao's Float8Linear (``compiled``/``eager``) makes one
+    more pass, the output gradient's column-major copy: :mod:`meshplan.cost.float8`."""
     per = 2 * e + 1
-    fwd = sum(per * (m * k + k * n) for m, n, k in gemms)
-    bwd = sum(per * m * n + 2 * (m * k + k * n) for m, n, k in gemms)  # grad cast; FP8 transposes
-    return fwd, bwd
+    act_f = sum(c * per * m * k for m, n, k, c in gemms)
+    act_b = sum(c * (per * m * n + 2 * m * k) for m, n, k, c in gemms)  # grad cast; input transpose
+    weight_f = sum(c * per * k * n for m, n, k, c in gemms)
+    weight_b = sum(c * 2 * k * n for m, n, k, c in gemms)  # the weight's FP8 transpose
+    return act_f, act_b, weight_f, weight_b
+
+
+def fp8_weight_cast_per_step(kernels: str) -> bool:
+    """Whether Transformer Engine casts the FP8 weights (and their transposes) once per step rather
+    than every micro-batch: on the ``fused`` stack, Megatron-Core. Its schedules call
+    ``set_is_first_microbatch`` at a step's first micro-batch ("When this flag is set, TE modules
+    will update their fp8 parameter cache", ``megatron/core/transformer/module.py``) and its TE
+    layers pass ``is_first_microbatch`` to TE, whose linears then cache "the FP8 versions of the
+    weights" between the micro-batches of a step, when the weights do not change
+    (``transformer_engine/pytorch/module/linear.py``, ``forward``). Other users of TE's linears
+    (Composer's amp_fp8, Accelerate: the ``eager`` stack) call them without the flag, which casts
+    every call.
+
+    The casts then sit on the step's critical path once per layer: the first micro-batch's forward
+    runs through every pipeline stage (every virtual stage, interleaved) before the schedule's
+    steady state, each stage's first forward longer by its layers' casts, so the step grows by
+    the casts of all L layers, ``L · t_cast`` (:func:`meshplan.estimate.estimate`), at any pp."""
+    return kernels == "fused"
 
 
 def ring_attention_merge_times(

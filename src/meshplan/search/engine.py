@@ -45,7 +45,9 @@ b_k, stage-to-stage transfer τ, m micro-batches and the exposed after-pipeline 
   GPipe, interleaved), that gradient still has to cross stages r − 1 .. 0:
   makespan ≥ σ_r + busy_r + Σ_{k<r} (b_k + τ).
 
-step ≥ max(max_r (σ_r + busy_r + a_r), makespan bound) + optimizer + weight all-gather. σ_r and
+step ≥ max(max_r (σ_r + busy_r + a_r), makespan bound) + optimizer + weight all-gather (the
+FP8 weight casts Megatron-Core's step adds once, ``fp8_weight_cast_s``, are left out: a lower
+bound still, short by one micro-batch's weight casts of the L layers). σ_r and
 the gradient chain never decrease with r and ranks of a class share busy_r and a_r, so both maxima
 are taken over each class's last rank only (rounded sums are monotone: the same bits). For equal
 stages and free transfers the 1F1B bound is the closed form (m + p − 1)(f + b) (Narayanan et al.
