@@ -14,12 +14,12 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from meshplan.accuracy.run_presets import supported_runs
 from meshplan.catalog import gpu_names, model_names
 from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.cli.pipeline_cmd import schedule_names
 from meshplan.learn import TOPICS
 from meshplan.pipeline.simulate import RUNTIMES
-from meshplan.accuracy.run_presets import supported_runs
 from meshplan.presets import PRESETS
 from meshplan.search.run import OBJECTIVES
 from meshplan.web.calc_api import calculators
