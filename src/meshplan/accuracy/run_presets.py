@@ -1,6 +1,6 @@
 """Every published run of ``meshplan validate`` as a preset of ``meshplan estimate``.
 
-``meshplan estimate --preset <run id>`` (and ``explain`` and ``search``) starts from
+``meshplan estimate --preset <run id>`` (and ``explain``, ``search`` and ``export``) starts from
 the plan ``validate`` predicts for that row — the same model, cluster and plan, so the estimate
 is the row's prediction to the last digit — and prints the published step time and peak memory
 beside meshplan's, with every assumption made where the source is silent. Other options override
