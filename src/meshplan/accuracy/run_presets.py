@@ -20,7 +20,7 @@ from typing import Any
 from meshplan.accuracy.runs import MappedRun
 from meshplan.accuracy.validate import runs_of
 from meshplan.errors import InputError
-from meshplan.interop import EXTRA_FIELDS, options_of_fields
+from meshplan.interop import extra_fields_of, options_of_fields
 from meshplan.presets import Preset, Published
 from meshplan.units import GBPS
 
@@ -58,8 +58,7 @@ def run_values(run: MappedRun) -> tuple[dict[str, Any], dict[str, Any]]:
         nic_gbps=cluster.scale_out.bandwidth / GBPS, pod_size=cluster.pod_size,
         oversubscription=cluster.oversubscription, attention_flops=plan.attention_flops,
     )
-    extra = {k: fields[k] for k in EXTRA_FIELDS} | {"optimizer": plan.precision.optimizer}
-    return values, extra
+    return values, extra_fields_of(fields)
 
 
 def run_preset(name: str) -> Preset | None:

@@ -122,6 +122,16 @@ class ImportedPlan:
         return apply_extra_fields(fields, self.extra)
 
 
+def extra_fields_of(f: dict[str, Any]) -> dict[str, Any]:
+    """The plan fields of ``f`` (``TrainingPlan`` keyword arguments, the precision as a dict) that
+    no option sets: :data:`EXTRA_FIELDS` and the optimizer, those ``f`` gives."""
+    extra = {k: f[k] for k in EXTRA_FIELDS if k in f}
+    opt = (f.get("precision") or {}).get("optimizer")
+    if opt is not None:
+        extra["optimizer"] = opt
+    return extra
+
+
 def apply_extra_fields(fields: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """``fields`` (a plan's keyword arguments, the precision a ``PrecisionRecipe``) with the plan
     fields no option sets (:data:`EXTRA_FIELDS` and the optimizer) added where they still apply:
@@ -146,8 +156,4 @@ def load_plan_file(path: str, where: str = "plan") -> ImportedPlan:
     options = options_of(parsed)
     if parsed.model is not None:
         options["model"] = parsed.model
-    extra = {k: parsed.plan[k] for k in EXTRA_FIELDS if k in parsed.plan}
-    opt = (parsed.plan.get("precision") or {}).get("optimizer")
-    if opt is not None:
-        extra["optimizer"] = opt
-    return ImportedPlan(parsed, options, extra)
+    return ImportedPlan(parsed, options, extra_fields_of(parsed.plan))
