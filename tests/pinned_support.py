@@ -75,12 +75,14 @@ def search_spaces():
 
 
 def base_plan(fields: dict[str, Any]):
-    """The search's base plan from the space's fields (``stack`` holds the behaviour fields)."""
+    """The search's base plan and stack from the space's fields (``stack`` holds the behaviour
+    fields; the search applies them to each plan, not to the base)."""
     from meshplan.specs import TrainingPlan
+    from meshplan.specs.stack import Stack
 
     fields = dict(fields)
-    stack = fields.pop("stack", {})
-    return TrainingPlan(**fields, **stack)
+    stack = Stack(**fields.pop("stack", {}))
+    return TrainingPlan(**fields, stack=stack), stack
 
 
 def search_numbers() -> dict[str, Any]:
@@ -90,10 +92,10 @@ def search_numbers() -> dict[str, Any]:
 
     out = {}
     for name, (model, cluster, fields, limits) in search_spaces().items():
-        base = base_plan(fields)
+        base, stack = base_plan(fields)
         table = enumerate_plans(model, cluster.num_gpus, cluster.gpus_per_node, base.seq_len, (base.global_batch,), limits)
-        screen = Engine(model, cluster, base).evaluate(table)
-        res = search(model, cluster, base, limits, top_k=10)
+        screen = Engine(model, cluster, base, stack).evaluate(table)
+        res = search(model, cluster, base, limits, top_k=10, stack=stack)
         out[name] = {
             "evaluated": res.evaluated, "feasible": res.feasible, "rejected": dict(sorted(res.rejected.items())),
             "screen_peak_bytes": _digest(screen.peak_bytes), "screen_step_lower_bound": _digest(screen.step_lower_bound),

@@ -84,12 +84,12 @@ def test_unknown_source_and_inexpressible_plan_come_back_unsupported():
 
 def test_plan_settings_follow_the_sources(runs):
     n = _one(runs, "narayanan21_t1_529.6B")  # run_table_1.sh: MBS 1, local DDP, 1 layer per virtual stage
-    assert (n.plan.micro_batch, n.plan.vpp, n.plan.schedule, n.plan.overlap_grad_reduce) == (1, 3, "interleaved", False)
+    assert (n.plan.micro_batch, n.plan.vpp, n.plan.schedule, n.plan.stack.overlap_grad_reduce) == (1, 3, "interleaved", False)
     assert (n.plan.recompute, n.plan.zero, n.plan.attention) == ("full", 0, "materialized")
     small = _one(runs, "narayanan21_t1_1.7B")  # MBS 16, torch DDP (overlapped)
-    assert (small.plan.micro_batch, small.plan.grad_accum, small.plan.overlap_grad_reduce) == (16, 1, True)
+    assert (small.plan.micro_batch, small.plan.grad_accum, small.plan.stack.overlap_grad_reduce) == (16, 1, True)
     k = _one(runs, "korthikanti22_530B_dp8_2240gpu")
-    assert (k.plan.sequence_parallel, k.plan.recompute, k.plan.overlap_grad_reduce) == (True, "selective", False)
+    assert (k.plan.sequence_parallel, k.plan.recompute, k.plan.stack.overlap_grad_reduce) == (True, "selective", False)
     assert (k.plan.precision.precision, k.plan.precision.grad_dtype) == ("fp16", "fp32")
     assert _one(runs, "korthikanti22_175B_full_recompute").plan.sequence_parallel is False
     ll = _one(runs, "llama3_405b_16384gpu_seq131072")
@@ -97,7 +97,7 @@ def test_plan_settings_follow_the_sources(runs):
     assert ll.plan.rank_order == ("tp", "cp", "pp", "dp")
     assert (ll.cluster.pod_size, ll.cluster.oversubscription) == (3072, 7.0)
     tt = _one(runs, "torchtitan_405b_512gpu_3d_1f1b")  # local batch 32 in pp = 8 micro-batches
-    assert (tt.plan.micro_batch, tt.plan.grad_accum, tt.plan.zero, tt.plan.reshard_after_forward) == (4, 8, 3, False)
+    assert (tt.plan.micro_batch, tt.plan.grad_accum, tt.plan.zero, tt.plan.stack.reshard_after_forward) == (4, 8, 3, False)
     assert tt.cluster.gpu.hbm_bytes == 96 * GiB
 
 
@@ -208,7 +208,7 @@ def test_llama3_interleaving_reproduces_the_published_bubble_structure(runs):
     assert published == pytest.approx(16384 * 400 / (8192 * 430), rel=1e-9)  # 1.8605
     ours = {}
     for v in (8, 2):
-        steps = [estimate(r.model, r.cluster, r.plan.model_copy(update={"vpp": v})).time.step_s for r in (big, small)]
+        steps = [estimate(r.model, r.cluster, r.plan.replace(**{"vpp": v})).time.step_s for r in (big, small)]
         ours[v] = steps[0] / steps[1]
     assert ours[8] == pytest.approx(published, rel=0.01)
     assert ours[2] < 0.92 * published

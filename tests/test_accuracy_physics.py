@@ -279,7 +279,7 @@ def test_megatron_bridge_rows_agree_with_their_own_tflops_column():
         assert full / per_token > Fraction(104, 100)
         assert run.published_step_s == float(Fraction(raw["global_batch"] * 8192, raw["tokens_per_s_per_gpu"] * raw["gpus"]))
         assert (p.tp, p.pp, p.cp, p.vpp, p.zero, p.recompute) == (raw["tp"], raw["pp"], raw["cp"], raw["vp"], 1, "none")
-        assert (p.precision.precision, p.precision.grad_dtype, p.kernels, p.tp_comm_overlap) == ("fp8", "bf16", "fused", True)
+        assert (p.precision.precision, p.precision.grad_dtype, p.stack.kernels, p.stack.tp_comm_overlap) == ("fp8", "bf16", "fused", True)
     # the 405B recipe's split (embedding and loss counted as a layer each) is meshplan's default one
     big = next(r for r in map_heldout_runs() if r.id == "mbridge2511_llama31_405b_1024gpu")
     assert layer_split(126, 8, 8) == (1,) + (2,) * 62 + (1,) and big.plan.layer_split is None
@@ -301,15 +301,15 @@ def test_dgxc_rows_agree_with_their_own_throughput_and_recipes():
         assert run.published_step_s == float(step)
         assert p.dp * p.tp * p.pp * p.cp == raw["gpus"] and p.grad_accum * p.micro_batch * p.dp == raw["global_batch"]
         assert p.ep == raw.get("ep", 1) and (p.ep > 1) == run.model.is_moe
-        assert (p.vpp, p.zero, p.kernels, p.sequence_parallel, p.tp_comm_overlap) == (raw["vp"], 1, "fused", p.tp > 1, p.tp > 1)
+        assert (p.vpp, p.zero, p.stack.kernels, p.sequence_parallel, p.stack.tp_comm_overlap) == (raw["vp"], 1, "fused", p.tp > 1, p.tp > 1)
         assert p.schedule == ("interleaved" if raw["vp"] > 1 else "1f1b")
     # the recipes' settings, as their scripts give them
     r = {k: runs[k].plan for k in ("dgxc_nemotron4_340b_bf16_128gpu", "dgxc_gpt3_175b_fp8_2048gpu",
                                     "dgxc_nemotron4_15b_bf16_16gpu", "dgxc_llama31_8b_fp8_8gpu")}
-    assert (r["dgxc_nemotron4_340b_bf16_128gpu"].recompute, r["dgxc_nemotron4_340b_bf16_128gpu"].attention_kernel) == ("selective", "flash2")
+    assert (r["dgxc_nemotron4_340b_bf16_128gpu"].recompute, r["dgxc_nemotron4_340b_bf16_128gpu"].stack.attention_kernel) == ("selective", "flash2")
     assert r["dgxc_nemotron4_340b_bf16_128gpu"].grad_accum == 16 and r["dgxc_gpt3_175b_fp8_2048gpu"].grad_accum == 64
-    assert r["dgxc_gpt3_175b_fp8_2048gpu"].attention_kernel == "flash2" and runs["dgxc_gpt3_175b_fp8_2048gpu"].model.dropout
-    assert (r["dgxc_nemotron4_15b_bf16_16gpu"].precision.grad_dtype, r["dgxc_nemotron4_15b_bf16_16gpu"].attention_kernel) == ("fp32", "cudnn")
+    assert r["dgxc_gpt3_175b_fp8_2048gpu"].stack.attention_kernel == "flash2" and runs["dgxc_gpt3_175b_fp8_2048gpu"].model.dropout
+    assert (r["dgxc_nemotron4_15b_bf16_16gpu"].precision.grad_dtype, r["dgxc_nemotron4_15b_bf16_16gpu"].stack.attention_kernel) == ("fp32", "cudnn")
     assert (r["dgxc_llama31_8b_fp8_8gpu"].precision.grad_dtype, r["dgxc_llama31_8b_fp8_8gpu"].cp) == ("bf16", 2)
     # the 405B runs: GPT-2's tokenizer padded to 51,200, 16 query groups, and the proxies' layers
     proxy, full = runs["dgxc_llama31_405b_fp8_32gpu"], runs["dgxc_llama31_405b_bf16_2304gpu"]
@@ -324,7 +324,7 @@ def test_dgxc_rows_agree_with_their_own_throughput_and_recipes():
     # Grok-1: 8 experts, top 2, over EP 8 (2 and 4 on the one- and two-node proxies), as NeMo builds it
     grok, small = runs["dgxc_grok1_314b_fp8_512gpu"], runs["dgxc_grok1_314b_bf16_8gpu"]
     assert (grok.model.n_experts, grok.model.experts_per_token, grok.model.n_layers, grok.model.vocab_size) == (8, 2, 64, 128256)
-    assert (grok.model.tied_embeddings, grok.model.norms_per_layer, grok.plan.attention_kernel) == (False, 2, "flash2")
+    assert (grok.model.tied_embeddings, grok.model.norms_per_layer, grok.plan.stack.attention_kernel) == (False, 2, "flash2")
     assert (grok.plan.tp, grok.plan.pp, grok.plan.cp, grok.plan.dp, grok.plan.ep, grok.plan.vpp) == (4, 8, 2, 8, 8, 8)
     assert (small.model.n_layers, small.plan.seq_len, small.plan.dp, small.plan.ep, small.plan.grad_accum) == (2, 4096, 2, 2, 512)
     # the one cell that disagrees with its column: 70B BF16 on 2,048 GPUs prints 14.98 s, while its
@@ -350,13 +350,13 @@ def test_llm_foundry_rows_are_mpt_by_its_own_parameter_count():
         assert count_params(run.model).total == raw["params"], run.id
         n = raw["gpus"]
         assert run.published_step_s == float(Fraction(raw["global_batch"] * 2048, raw["tokens_per_s_per_gpu"] * n))
-        assert (p.dp, p.tp, p.pp, p.zero, p.kernels, p.micro_batch) == (n, 1, 1, 3, "eager", raw["micro_batch"])
+        assert (p.dp, p.tp, p.pp, p.zero, p.stack.kernels, p.micro_batch) == (n, 1, 1, 3, "eager", raw["micro_batch"])
         assert p.recompute == ("full" if raw["activation_checkpointing"] else "none")
         assert p.grad_accum * p.micro_batch * n == raw["global_batch"]
     # PURE mixed precision reduces in bf16, DEFAULT in fp32
     assert map_heldout_runs()[-1].plan.precision.grad_dtype == "bf16"
     fp8 = next(r for r in map_heldout_runs() if r.id == "llmfoundry_h100_fp8_3b_8gpu").plan
-    assert (fp8.precision.precision, fp8.kernels, fp8.fp8_library) == ("fp8", "eager", "transformer-engine")
+    assert (fp8.precision.precision, fp8.stack.kernels, fp8.stack.fp8_library) == ("fp8", "eager", "transformer-engine")
     h100 = next(r for r in map_heldout_runs() if r.id == "llmfoundry_h100_bf16_7b_8gpu")
     assert h100.plan.precision.grad_dtype == "fp32" and h100.published_step_s == pytest.approx(48 * 2048 / (8 * 10643))
 

@@ -47,12 +47,12 @@ def test_405b_rows_run_what_torchtitan_ran(runs):
     assert default_layer_split(126, 8) == (15, 16, 16, 16, 16, 16, 16, 15)
     assert default_layer_split(126, 16) == (7,) + (8,) * 14 + (7,)
     for p in (one, il):
-        assert (p.zero, p.reshard_after_forward, p.fsdp_accumulate_unsharded, p.overlap_grad_reduce) == (3, False, True, False)
+        assert (p.zero, p.stack.reshard_after_forward, p.stack.fsdp_accumulate_unsharded, p.stack.overlap_grad_reduce) == (3, False, True, False)
 
 
 def test_fsdp_without_pipeline_still_overlaps_its_reduce_scatter(runs):
     p = runs["torchtitan_8b_8gpu_fsdp_compile_fp8"].plan
-    assert (p.pp, p.reshard_after_forward, p.fsdp_accumulate_unsharded, p.overlap_grad_reduce) == (1, True, False, True)
+    assert (p.pp, p.stack.reshard_after_forward, p.stack.fsdp_accumulate_unsharded, p.stack.overlap_grad_reduce) == (1, True, False, True)
     assert any("stage.py" in a for a in runs["torchtitan_405b_512gpu_3d_1f1b"].assumptions)
 
 
@@ -61,7 +61,11 @@ def test_pipeline_reduce_scatter_is_exposed_whole(runs):
     after the last backward, all of it does: n = 15 layers on the critical first rank."""
     r = runs["torchtitan_405b_512gpu_3d_1f1b"]
     ran = estimate(r.model, r.cluster, r.plan).time
-    hidden = estimate(r.model, r.cluster, r.plan.model_copy(update={"overlap_grad_reduce": True})).time
+    # the stack's rule ignores overlap_grad_reduce under the unsharded accumulation (meshplan.specs.stack.RULES)
+    assert r.plan.replace(overlap_grad_reduce=True).stack.overlap_grad_reduce is False
+    # the counterfactual the rule forbids, priced by copying the plan past its validation
+    forced = r.plan.model_copy(update={"stack": r.plan.stack.model_copy(update={"overlap_grad_reduce": True})})
+    hidden = estimate(r.model, r.cluster, forced).time
     assert ran.critical_rank == hidden.critical_rank == 0
     # overlapped, the hidden 14/15 also slow the backward by their SMs' share (meshplan.cost.contention)
     assert ran.contention["dp_grad"] == 0.0 < hidden.contention["dp_grad"]

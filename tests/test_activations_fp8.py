@@ -56,8 +56,8 @@ def test_estimate_uses_the_stack_rule(kernels, expect_smaller):
     m = load_model("llama3-8b")
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
     common = dict(dp=8, micro_batch=1, global_batch=8, seq_len=8192, zero=1, kernels=kernels)
-    bf16 = estimate(m, cluster, TrainingPlan(precision=PrecisionRecipe(precision="bf16"), **common))
-    fp8 = estimate(m, cluster, TrainingPlan(precision=PrecisionRecipe(precision="fp8"), **common))
+    bf16 = estimate(m, cluster, TrainingPlan.of(precision=PrecisionRecipe(precision="bf16"), **common))
+    fp8 = estimate(m, cluster, TrainingPlan.of(precision=PrecisionRecipe(precision="fp8"), **common))
     a16, a8 = bf16.stages[0].activations, fp8.stages[0].activations
     if expect_smaller:
         per_layer = layer_activations(m, 1, 8192, act_bytes=2).stored - layer_activations(m, 1, 8192, act_bytes=2, gemm_input_bytes=1).stored

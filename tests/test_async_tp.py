@@ -27,7 +27,7 @@ L70 = load_model("llama3-70b")
 def _plan(**kw):
     base = dict(tp=8, dp=4, global_batch=8, seq_len=8192, micro_batch=2, recompute="full", zero=3,
                 tp_comm_overlap=True)
-    return TrainingPlan(**(base | kw))
+    return TrainingPlan.of(**(base | kw))
 
 
 def test_fused_op_is_one_chunk_pipeline_plus_decomposition():
@@ -125,7 +125,7 @@ def test_estimate_charges_the_micro_pipeline_between_userbuffers_and_no_overlap(
     one = tp_collective_time(2 * 8192.0 * 8192 * 2, True, pl, cluster, CAL)
     assert tp["micro-pipeline"] == pytest.approx(80 * (2 * fwd + bwd) + 2 * one, rel=1e-9)
     est = estimate(L70, cluster, _plan(tp_overlap_kind="micro-pipeline"))
-    assert est.to_dict()["plan"]["tp_overlap_kind"] == "micro-pipeline"
+    assert est.to_dict()["plan"]["stack"]["tp_overlap_kind"] == "micro-pipeline"
     # explain's layer derivation shows the same exposed seconds, the backward with the recomputed forward
     layer = next(d for d in est.derivations if d.key == "time.layer")
     assert dict(layer.symbols)["TP exposed"] == (
@@ -139,6 +139,8 @@ def test_estimate_charges_the_micro_pipeline_between_userbuffers_and_no_overlap(
 
 def test_screen_uses_the_plans_overlap_kind():
     from meshplan.search.engine import Engine
+    from meshplan.search.run import plan_of
+    from meshplan.specs.stack import Stack
     from meshplan.search.space import SearchLimits, enumerate_plans
 
     cluster = ClusterSpec.of(H100, 32)
@@ -148,10 +150,12 @@ def test_screen_uses_the_plans_overlap_kind():
     assert len(table) > 0
     bounds = {}
     for kind in ("userbuffers", "micro-pipeline"):
-        base = TrainingPlan(global_batch=8, seq_len=8192, tp_comm_overlap=True, tp_overlap_kind=kind)
-        screen = Engine(L70, cluster, base).evaluate(table)
+        # the stack as requested: applied to the TP 1 base its overlap fields would not apply
+        stack = Stack(tp_comm_overlap=True, tp_overlap_kind=kind)
+        base = TrainingPlan(global_batch=8, seq_len=8192, stack=stack)
+        screen = Engine(L70, cluster, base, stack).evaluate(table)
         for i in range(len(table)):
-            est = estimate(L70, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+            est = estimate(L70, cluster, plan_of(base, table, i, stack))
             assert screen.peak_bytes[i] == est.peak_bytes
             assert screen.step_lower_bound[i] <= est.time.step_s
         bounds[kind] = screen.step_lower_bound
@@ -161,14 +165,14 @@ def test_screen_uses_the_plans_overlap_kind():
 def test_torchtitan_asynctp_rows_run_the_micro_pipeline():
     runs = {r.id: r for r in map_runs() if r.group == "torchtitan"}
     a, b = runs["torchtitan_70b_256gpu_2d_asynctp"], runs["torchtitan_70b_256gpu_2d"]
-    assert a.plan.tp_comm_overlap and a.plan.tp_overlap_kind == "micro-pipeline"
-    assert not b.plan.tp_comm_overlap
-    assert runs["torchtitan_405b_512gpu_3d_1f1b"].plan.tp_overlap_kind == "micro-pipeline"
+    assert a.plan.stack.tp_comm_overlap and a.plan.stack.tp_overlap_kind == "micro-pipeline"
+    assert not b.plan.stack.tp_comm_overlap
+    assert runs["torchtitan_405b_512gpu_3d_1f1b"].plan.stack.tp_overlap_kind == "micro-pipeline"
     ta = estimate(a.model, a.cluster, a.plan).time.step_s
     tb = estimate(b.model, b.cluster, b.plan).time.step_s
     # measured 19.764 s -> 18.703 s (1.057x); Megatron-style overlap would predict 1.29x
     assert 1.0 < tb / ta < 1.2
-    ub = estimate(a.model, a.cluster, a.plan.model_copy(update={"tp_overlap_kind": "userbuffers"})).time.step_s
+    ub = estimate(a.model, a.cluster, a.plan.replace(**{"tp_overlap_kind": "userbuffers"})).time.step_s
     assert tb / ub > 1.25
     assert a.plan.precision == PrecisionRecipe(precision="fp8", grad_dtype="fp32")
 

@@ -25,6 +25,7 @@ from meshplan.estimate import estimate
 from meshplan.interop import export, parse_text
 from meshplan.interop.common import canonical, to_plan
 from meshplan.specs import ClusterSpec, TrainingPlan
+from meshplan.specs.stack import Stack, ignored
 from meshplan.specs.validate import check_plan
 
 SWEEP = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200-2026-11-28" / "sweep.json"
@@ -94,32 +95,34 @@ def test_only_the_attention_core_moves():
 def test_estimate_memory_is_the_same_and_the_step_shorter():
     m = load_model("llama3-8b")
     cluster = ClusterSpec.of(H100, 8)
-    runs = {k: estimate(m, cluster, TrainingPlan(dp=8, global_batch=64, seq_len=8192, attention_kernel=k))
+    runs = {k: estimate(m, cluster, TrainingPlan.of(dp=8, global_batch=64, seq_len=8192, attention_kernel=k))
             for k in ("flash2", "cudnn")}
     assert runs["cudnn"].peak_bytes == runs["flash2"].peak_bytes
     assert runs["cudnn"].time.step_s < runs["flash2"].time.step_s
-    assert runs["cudnn"].to_dict()["plan"]["attention_kernel"] == "cudnn"
+    assert runs["cudnn"].to_dict()["plan"]["stack"]["attention_kernel"] == "cudnn"
 
 
 def test_bad_requests_name_the_field():
-    with pytest.raises(ValueError, match="attention flash"):
-        TrainingPlan(global_batch=8, seq_len=2048, attention="materialized", attention_kernel="cudnn")
+    # a materialized attention ignores the kernel, by the stack's rule (meshplan.specs.stack.RULES)
+    plan = TrainingPlan.of(global_batch=8, seq_len=2048, attention="materialized", attention_kernel="cudnn")
+    assert plan.stack.attention_kernel == "auto"
+    assert [f for f, _, _ in ignored(Stack(attention_kernel="cudnn"), plan)] == ["attention_kernel"]
     a100 = ClusterSpec.of(load_gpu("a100-sxm-80gb"), 8)
     with pytest.raises(InputError, match="attention_kernel.*Hopper"):
-        check_plan(load_model("llama3-8b"), a100, TrainingPlan(dp=8, global_batch=64, seq_len=4096, attention_kernel="cudnn"))
+        check_plan(load_model("llama3-8b"), a100, TrainingPlan.of(dp=8, global_batch=64, seq_len=4096, attention_kernel="cudnn"))
     assert calibration_for(a100.gpu).attention_cudnn is None
 
 
 def test_cli_flag_header_and_bad_gpu(capsys):
-    assert main(["estimate", "--attention-kernel", "flash2"]) == 0
+    assert main(["estimate", "--set", "attention_kernel=flash2"]) == 0
     assert "flash attention (FlashAttention-2)" in capsys.readouterr().out
     assert main(["estimate"]) == 0  # the fused stack on an H100: cuDNN
     assert "flash attention (cuDNN fused attention)" in capsys.readouterr().out
     assert main(["explain", "--figure", "layer"]) == 0  # the derivation names the kernel and its rates
     assert "cuDNN fused attention: η∞ 0.626 / 0.55, L₀ 332 / 662 keys" in capsys.readouterr().out
-    assert main(["explain", "--figure", "layer", "--kernels", "compiled"]) == 0
+    assert main(["explain", "--figure", "layer", "--set", "kernels=compiled"]) == 0
     assert "FlashAttention-2: η∞ 0.36 / 0.3, L₀ 420 / 275 keys" in capsys.readouterr().out
-    assert main(["estimate", "--gpu", "a100-sxm-80gb", "--attention-kernel", "cudnn"]) == 2
+    assert main(["estimate", "--gpu", "a100-sxm-80gb", "--set", "attention_kernel=cudnn"]) == 2
     captured = capsys.readouterr()
     assert "attention_kernel" in captured.err and "Traceback" not in captured.err + captured.out
 
@@ -127,19 +130,19 @@ def test_cli_flag_header_and_bad_gpu(capsys):
 @pytest.mark.parametrize("kernel, flag", [("flash2", "flash"), ("cudnn", "fused"), ("auto", None)])
 def test_megatron_attention_backend_round_trip(kernel, flag):
     m = load_model("llama3-8b")
-    plan = TrainingPlan(tp=2, dp=4, global_batch=64, seq_len=4096, attention_kernel=kernel)
+    plan = TrainingPlan.of(tp=2, dp=4, global_batch=64, seq_len=4096, attention_kernel=kernel)
     text = export("megatron", m, plan).text
     assert (f"--attention-backend {flag}" in text) if flag else ("--attention-backend" not in text)
     back = to_plan(parse_text(text, "megatron").plan)
-    assert back.attention_kernel == kernel and canonical(back, m) == canonical(plan, m)
+    assert back.stack.attention_kernel == kernel and canonical(back, m) == canonical(plan, m)
 
 
 def test_torch_engines_warn_on_cudnn():
     m = load_model("llama3-8b")
-    plan = TrainingPlan(dp=8, global_batch=64, seq_len=4096, kernels="compiled", attention_kernel="cudnn")
+    plan = TrainingPlan.of(dp=8, global_batch=64, seq_len=4096, kernels="compiled", attention_kernel="cudnn")
     for engine in ("torchtitan", "deepspeed", "nanotron"):
         out = export(engine, m, plan)
         assert any("attention_kernel" in w for w in out.warnings), engine
     # FlashAttention-2 named on a torch stack is what auto resolves to there: the same plan
-    flash = TrainingPlan(dp=8, global_batch=64, seq_len=4096, kernels="compiled", attention_kernel="flash2")
-    assert canonical(flash, m) == canonical(flash.model_copy(update={"attention_kernel": "auto"}), m)
+    flash = TrainingPlan.of(dp=8, global_batch=64, seq_len=4096, kernels="compiled", attention_kernel="flash2")
+    assert canonical(flash, m) == canonical(flash.replace(**{"attention_kernel": "auto"}), m)

@@ -110,8 +110,13 @@ BAD = [
     (["--gpus", "1.5"], "error: Invalid value for '--gpus'"),
     (["--schedule", "zb-v"], "error: Invalid value for '--schedule'"),
     (["--zero", "4"], "error: Invalid value for '--zero'"),
-    (["--zero", "1", "--fsdp-fp8-all-gather"], "error: plan: fsdp_fp8_all_gather describes torch's FSDP2"),
-    (["--model", "mixtral-8x7b", "--zero", "3", "--precision", "fp8", "--kernels", "compiled", "--fsdp-fp8-all-gather"],
+    (["--stack", "nosuch"], "error: stack: unknown stack 'nosuch' (profiles: megatron-core,"),
+    (["--set", "kernels"], "error: set: must be FIELD=VALUE"),
+    (["--set", "zero=3"], "error: set: unknown stack field 'zero'"),
+    (["--set", "kernels=triton"], "error: stack.kernels: Input should be 'fused', 'compiled' or 'eager'"),
+    (["--set", "fsdp_head_in_root=maybe"], "error: set.fsdp_head_in_root: must be true or false"),
+    (["--set", "fp8_linears=torchao"], "error: set: fp8_linears torchao needs the compiled or eager kernels"),
+    (["--model", "mixtral-8x7b", "--zero", "3", "--precision", "fp8", "--set", "kernels=compiled", "--set", "fsdp_fp8_all_gather=true"],
      "error: fsdp_fp8_all_gather: FP8 all-gather is modelled for dense models"),
     (["--precision", "int4"], "error: Invalid value for '--precision'"),
     (["--recompute", "some"], "error: Invalid value for '--recompute'"),
@@ -297,7 +302,7 @@ def test_library_raises_only_input_errors(inputs):
     try:
         model = load_model(model_name)
         gpu = load_gpu(gpu_name)
-        plan = TrainingPlan(**plan_kw)
+        plan = TrainingPlan.of(**plan_kw)
         cluster = ClusterSpec.of(gpu, plan.num_gpus if gpus is None else gpus, **cluster_kw)
         est = estimate(model, cluster, plan, Budget(**budget_kw))
     except (InputError, ValidationError):

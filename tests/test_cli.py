@@ -96,8 +96,8 @@ def _schema_keys() -> set[str]:
 
 
 def test_schema_doc_lists_every_plan_key():
-    d = run_json("--tp", "2", "--tp-comm-overlap", "--tp-overlap-kind", "micro-pipeline")
-    assert d["plan"]["tp_overlap_kind"] == "micro-pipeline"
+    d = run_json("--tp", "2", "--tp-comm-overlap", "--set", "tp_overlap_kind=micro-pipeline")
+    assert d["plan"]["stack"]["tp_overlap_kind"] == "micro-pipeline"
     assert sorted(f"plan.{k}" for k in d["plan"] if f"plan.{k}" not in _schema_keys()) == []
 
 
@@ -129,7 +129,7 @@ def test_every_plan_flag_reaches_the_plan():
                  "--seq-len", "8192", "--recompute", "full", "--no-sequence-parallel", "--zero", "3", "--dp-shard", "1",
                  "--precision", "fp8", "--grad-dtype", "bf16", "--no-master-weights", "--grad-fp32-copy",
                  "--attention", "materialized", "--attention-flops", "full", "--schedule", "gpipe",
-                 "--layer-split", "15,17", "--tp-comm-overlap", "--kernels", "eager", "--gpus-per-node", "4", "--pod-size", "16",
+                 "--layer-split", "15,17", "--tp-comm-overlap", "--set", "kernels=eager", "--gpus-per-node", "4", "--pod-size", "16",
                  "--oversubscription", "3")
     p, c = d["plan"], d["cluster"]
     assert (p["tp"], p["cp"], p["pp"], p["dp"], p["dp_shard"]) == (4, 2, 2, 2, 1)
@@ -137,7 +137,7 @@ def test_every_plan_flag_reaches_the_plan():
     assert (p["recompute"], p["sequence_parallel"], p["zero"], p["schedule"]) == ("full", False, 3, "gpipe")
     assert (p["precision"], p["grad_dtype"], p["master_weights"], p["grad_fp32_copy"]) == ("fp8", "bf16", False, True)
     assert (p["attention"], p["attention_flops"], p["layer_split"]) == ("materialized", "full", [15, 17])
-    assert (p["kernels"], p["tp_comm_overlap"]) == ("eager", True)
+    assert (p["stack"]["kernels"], p["stack"]["tp_comm_overlap"]) == ("eager", True)
     assert (c["num_gpus"], c["gpus_per_node"], c["pod_size"], c["oversubscription"]) == (32, 4, 16, 3.0)
 
 
@@ -213,7 +213,7 @@ def test_preset_plan_is_llama3_405b_on_16k_gpus():
     assert (p["tp"], p["cp"], p["pp"], p["dp"], p["vpp"], p["schedule"]) == (8, 1, 16, 128, 8, "interleaved")
     assert (p["global_batch"], p["global_batch_tokens"], p["grad_accum"]) == (2048, 16 * 2**20, 16)
     assert p["rank_order"] == ["tp", "cp", "pp", "dp"] and p["zero"] == 2 and p["recompute"] == "none"
-    assert p["attention_kernel"] == "flash2"  # Meta's stack, not Transformer Engine: FlashAttention-2's rates
+    assert p["stack"]["attention_kernel"] == "flash2"  # Meta's stack, not Transformer Engine: FlashAttention-2's rates
     per_rank = [st["layers"] for st in d["memory"]["stages"]]
     assert per_rank == [7] + [8] * 14 + [7]  # one layer fewer on the first and last stages
     assert d["plan"]["layer_split"] == [0] + [1] * 126 + [0]  # the default split for 128 chunks: one layer each, empty ends
@@ -258,9 +258,9 @@ def test_flags_override_the_preset():
 
 
 @pytest.mark.parametrize(("flags", "shown"), [
-    (("--tp", "8", "--tp-comm-overlap", "--tp-overlap-kind", "micro-pipeline"), "; TP overlap micro-pipeline"),
+    (("--tp", "8", "--tp-comm-overlap", "--set", "tp_overlap_kind=micro-pipeline"), "; TP overlap micro-pipeline"),
     (("--tp", "8", "--tp-comm-overlap"), "; TP overlap userbuffers"),
-    (("--tp", "8", "--tp-overlap-kind", "micro-pipeline"), "; TP overlap off"),  # a kind without overlap does nothing
+    (("--tp", "8", "--set", "tp_overlap_kind=micro-pipeline"), "; TP overlap off"),  # a kind without overlap does nothing
     (("--tp", "1", "--tp-comm-overlap"), ""),  # no TP, no TP overlap to speak of
 ])
 def test_plan_line_says_how_tp_communication_overlaps(flags, shown):
@@ -397,18 +397,20 @@ def test_default_global_batch_fits_every_interleaved_schedule():
 
 
 def test_fsdp_head_in_root_flag_and_its_rule():
-    d = run_json("--zero", "3", "--kernels", "eager", "--seq-len", "2048", "--global-batch", "8", "--fsdp-head-in-root")
-    assert d["plan"]["fsdp_head_in_root"] is True and d["plan"]["bytes_per_param"] == 16  # FSDP2: fp32 shards as master
+    d = run_json("--zero", "3", "--set", "kernels=eager", "--seq-len", "2048", "--global-batch", "8", "--set", "fsdp_head_in_root=true")
+    assert d["plan"]["stack"]["fsdp_head_in_root"] is True and d["plan"]["bytes_per_param"] == 16  # FSDP2: fp32 shards as master
     assert "root_gradients_held" in d["memory"]["stages"][0]["other_detail"]
-    code, out, err = run_cli("estimate", "--zero", "1", "--kernels", "eager", "--fsdp-head-in-root")
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "fsdp_head_in_root describes torch's FSDP2 units" in err and "Traceback" not in err
+    # a ZeRO-1 plan has no FSDP2 units: the field is ignored by its rule, and the header says so
+    d = run_json("--zero", "1", "--set", "kernels=eager", "--set", "fsdp_head_in_root=true")
+    assert d["plan"]["stack"]["fsdp_head_in_root"] is False and d["plan"]["stack"]["overrides"] == {"kernels": "eager"}
+    code, out, err = run_cli("estimate", "--zero", "1", "--set", "kernels=eager", "--set", "fsdp_head_in_root=true")
+    assert code == 0 and "not used by this plan: fsdp_head_in_root" in " ".join(out.split())
 
 
 def test_fsdp_fp8_all_gather_flag_in_the_json():
-    args = ("--zero", "3", "--precision", "fp8", "--kernels", "compiled", "--seq-len", "2048", "--global-batch", "8")
-    on, off = run_json(*args, "--fsdp-fp8-all-gather"), run_json(*args)
-    assert on["plan"]["fsdp_fp8_all_gather"] is True and off["plan"]["fsdp_fp8_all_gather"] is False
+    args = ("--zero", "3", "--precision", "fp8", "--set", "kernels=compiled", "--seq-len", "2048", "--global-batch", "8")
+    on, off = run_json(*args, "--set", "fsdp_fp8_all_gather=true"), run_json(*args)
+    assert on["plan"]["stack"]["fsdp_fp8_all_gather"] is True and off["plan"]["stack"]["fsdp_fp8_all_gather"] is False
     # eight GPUs of Llama 3 8B peak at the loss, where the gathered unit is the LM head's (bf16 under
     # either); FSDP2's all-gather pool holds the head's buffer and one block's, an FP8 block 218,103,808 bytes less
     a, b = (d["memory"]["stages"][0]["other_detail"] for d in (off, on))

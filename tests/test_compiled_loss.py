@@ -28,10 +28,10 @@ NV = N * 128_256
 
 def test_loss_kernels_follow_the_blocks_unless_the_loss_stays_eager():
     base = dict(global_batch=8, seq_len=8192, dp=8)
-    assert TrainingPlan(kernels="compiled", **base).loss_kernels == "compiled"
-    assert TrainingPlan(kernels="compiled", compile_loss=False, **base).loss_kernels == "eager"
-    assert TrainingPlan(kernels="eager", **base).loss_kernels == "eager"
-    assert TrainingPlan(kernels="fused", compile_loss=False, **base).loss_kernels == "fused"
+    assert TrainingPlan.of(kernels="compiled", **base).stack.loss_kernels == "compiled"
+    assert TrainingPlan.of(kernels="compiled", compile_loss=False, **base).stack.loss_kernels == "eager"
+    assert TrainingPlan.of(kernels="eager", **base).stack.loss_kernels == "eager"
+    assert TrainingPlan.of(kernels="fused", compile_loss=False, **base).stack.loss_kernels == "fused"
     assert compiled_loss("compiled", 1) and not compiled_loss("compiled", 2) and not compiled_loss("eager", 1)
 
 
@@ -79,8 +79,8 @@ def test_estimate_peak_drops_by_the_losss_fp32_buffers():
     tensors, 2·n·V (tests/test_allocator.py): 10·n·V."""
     cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), 32)
     plan = dict(dp=32, micro_batch=2, global_batch=64, seq_len=8192, recompute="op", zero=3, sequence_parallel=False, kernels="compiled")
-    eager = estimate(LLAMA8B, cluster, TrainingPlan(compile_loss=False, **plan))
-    comp = estimate(LLAMA8B, cluster, TrainingPlan(**plan))
+    eager = estimate(LLAMA8B, cluster, TrainingPlan.of(compile_loss=False, **plan))
+    comp = estimate(LLAMA8B, cluster, TrainingPlan.of(**plan))
     assert eager.peak_bytes - comp.peak_bytes == 8 * NV + 2 * NV
     assert comp.time.step_s < eager.time.step_s
 
@@ -150,10 +150,10 @@ def test_search_screen_counts_the_loss_as_estimate_does():
     assert len(table) >= 8
     peaks = {}
     for flag in (True, False):
-        base = TrainingPlan(global_batch=32, seq_len=8192, kernels="compiled", compile_loss=flag)
+        base = TrainingPlan.of(global_batch=32, seq_len=8192, kernels="compiled", compile_loss=flag)
         screen = Engine(LLAMA8B, cluster, base).evaluate(table)
         for i in range(len(table)):
-            est = estimate(LLAMA8B, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+            est = estimate(LLAMA8B, cluster, TrainingPlan.of(**{**base.model_dump(), **table.row(i)}))
             assert screen.peak_bytes[i] == est.peak_bytes
             assert screen.step_lower_bound[i] <= est.time.step_s
         peaks[flag] = screen.peak_bytes

@@ -24,7 +24,7 @@ def runs():
 def _terms(run, kernels=None):
     """(bytes, collective times, forward and backward attention) of one layer and micro-batch."""
     m, cl, p = run.model, run.cluster, run.plan
-    kernels = kernels or p.kernels
+    kernels = kernels or p.stack.kernels
     cal, e = calibration_for(cl.gpu), p.precision.activation_bytes
     tokens = p.micro_batch * p.seq_len / p.cp
     pl = plan_placements(cl, p)
@@ -39,7 +39,7 @@ def test_8b_cp8_one_node(runs):
     # torchtitan Llama 3.1 8B, 8 H100 in one node, CP 8 at 256K: n = 32,768 tokens, no TP, K/V
     # repeated from 8 to the 32 query heads, d = 128, bf16
     run = runs["torchtitan_8b_8gpu_cp8_seq262144"]
-    assert run.plan.kernels == "compiled" and run.plan.cp == 8 and run.plan.tp == 1
+    assert run.plan.stack.kernels == "compiled" and run.plan.cp == 8 and run.plan.tp == 1
     assert sdpa_kv_heads(run.model, 1, "compiled") == 32 and sdpa_kv_heads(run.model, 1, "fused") == 8
     (kv_b, dkv_b), (ag, dkv), fa, ba, pl, cal = _terms(run)
     assert kv_b == 32768 * 32 * 256 * 2 == 536_870_912  # 16x what Transformer Engine's ring sends
@@ -73,7 +73,7 @@ def test_405b_cp4_across_nodes(runs):
     assert bwd == dkv  # 44.2 ms backward steps hide the all-gather and three transfers
     # per step: 8 micro-batches through the critical stage's 15 layers (126 over 8 stages); full
     # recompute re-runs the forward and its all-gather
-    plain = run.plan.model_copy(update={"kernels": "fused"})
+    plain = run.plan.replace(**{"kernels": "fused"})
     t_torch, t_fused = estimate(run.model, run.cluster, run.plan).time, estimate(run.model, run.cluster, plain).time
     n_l = run.model.n_layers // run.plan.pp
     assert t_torch.cp_comm_s == pytest.approx(8 * n_l * (fwd + bwd + fwd), rel=1e-12)
@@ -102,7 +102,7 @@ def test_fused_ring_unchanged(runs):
     # Llama 3 405B at 128K (CP 16 across nodes, Megatron-style fused kernels): the ring of c − 1
     # send/recv steps of 2·n·g_r·d·e, backward twice the bytes (Liu et al. 2023)
     run = runs["llama3_405b_16384gpu_seq131072"]
-    assert run.plan.kernels == "fused"
+    assert run.plan.stack.kernels == "fused"
     (kv_b, dkv_b), (step, back), fa, ba, pl, cal = _terms(run)
     assert kv_b == cp_kv_bytes(run.model, 8192, 8, 2) == 8192 * 1 * 128 * 2 * 2 and dkv_b == 2 * kv_b
     assert step == coll.collective_time("send_recv", kv_b, pl, run.cluster, cal) and back == 2 * step
@@ -128,9 +128,9 @@ def test_search_screens_torch_cp_as_estimate_does():
     table = enumerate_plans(model, 16, 8, 65536, (4,), lim)
     assert len(table) == 1
     for kernels in ("compiled", "fused"):
-        base = TrainingPlan(global_batch=4, seq_len=65536, kernels=kernels)
+        base = TrainingPlan.of(global_batch=4, seq_len=65536, kernels=kernels)
         screen = Engine(model, cluster, base).evaluate(table)
-        est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(0)}))
+        est = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **table.row(0)}))
         assert screen.peak_bytes[0] == est.peak_bytes
         assert screen.step_lower_bound[0] <= est.time.step_s
         # exact: the screen charges the compute the hidden K/V exchange's SMs slow as estimate does

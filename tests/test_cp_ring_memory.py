@@ -69,7 +69,7 @@ def test_405b_cp_rows_gain_the_ring_buffers():
         peaks[c] = est.peak_bytes / GiB
         items = est.stages[0].activation_items
         working[c] = items["backward_working_set"] + items["backward_gradients"]
-        fused = estimate(run.model, run.cluster, run.plan.model_copy(update={"kernels": "fused"})).stages[0].activation_items
+        fused = estimate(run.model, run.cluster, run.plan.replace(**{"kernels": "fused"})).stages[0].activation_items
         assert working[c] >= fused["backward_working_set"] + fused["backward_gradients"]
     # the peak (first pipeline rank, in a layer's backward) grows with c at a fixed local length,
     # as published (75.3, 75.9, 77.1, 84.9 GiB), by the ring buffers the working set gained, once
@@ -87,7 +87,7 @@ def test_405b_cp_rows_gain_the_ring_buffers():
 def test_search_memory_equals_estimate_with_torch_context_parallelism():
     # the table's rows carry every recompute mode, so the base plan's does not matter
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 16)
-    base = TrainingPlan(global_batch=4, seq_len=65536, kernels="compiled")
+    base = TrainingPlan.of(global_batch=4, seq_len=65536, kernels="compiled")
     table = enumerate_plans(model, 16, cluster.gpus_per_node, 65536, (4,), SearchLimits(max_micro_batch=2, max_vpp=2))
     plans = sampled_peaks_match(model, cluster, base, table, 120, seed=11)
     assert len({p.cp for p in plans} - {1}) >= 2
@@ -101,7 +101,7 @@ def test_ring_buffers_measured_by_torch(cp):
 
     # Llama 3.1 8B's attention shapes without TP (32 heads of 128, K/V repeated), 256 local tokens, bf16
     model = load_model("llama3-8b")
-    plan = TrainingPlan(cp=cp, micro_batch=1, global_batch=1, seq_len=256 * cp, kernels="compiled", recompute="full")
+    plan = TrainingPlan.of(cp=cp, micro_batch=1, global_batch=1, seq_len=256 * cp, kernels="compiled", recompute="full")
     (ranks,) = launch([(model, plan)], task="ring-memory")
     predicted = ring_backward_buffer_bytes(model, 256, 1, 2, "compiled", cp)
     kv, _ = cp_exchange_bytes(model, 256, 1, 2, "compiled")

@@ -37,7 +37,7 @@ def run(key: str, budget: Budget | None = None, gpu=None, **cluster_kw) -> Estim
     model, gpus, ckw, plan = PLANS[key]
     gpu = gpu or (A100 if key.endswith("a100_zero0") else H100)
     cluster = ClusterSpec.of(gpu, gpus, **{**ckw, **cluster_kw})
-    return estimate(load_model(model), cluster, TrainingPlan(**plan), budget)
+    return estimate(load_model(model), cluster, TrainingPlan.of(**plan), budget)
 
 
 @pytest.fixture(scope="module", params=sorted(PLANS))
@@ -156,7 +156,7 @@ def _refuse(model="llama3-8b", gpus=8, gpu=H100, **plan):
     plan.setdefault("global_batch", 16)
     plan.setdefault("seq_len", 2048)
     with pytest.raises(InputError) as err:
-        estimate(load_model(model), ClusterSpec.of(gpu, gpus), TrainingPlan(**plan))
+        estimate(load_model(model), ClusterSpec.of(gpu, gpus), TrainingPlan.of(**plan))
     return err.value
 
 
@@ -252,8 +252,8 @@ def test_full_recompute_repeats_context_parallel_exchange():
     time grows by exactly the forward's share."""
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(H100, 16)
     base = dict(cp=16, global_batch=1, seq_len=32768, zero=1)
-    none = estimate(model, cluster, TrainingPlan(**base, recompute="none")).time
-    full = estimate(model, cluster, TrainingPlan(**base, recompute="full")).time
+    none = estimate(model, cluster, TrainingPlan.of(**base, recompute="none")).time
+    full = estimate(model, cluster, TrainingPlan.of(**base, recompute="full")).time
     assert none.cp_comm_s > 0
     assert full.cp_comm_s > none.cp_comm_s
 
@@ -264,8 +264,8 @@ def test_zero_bubble_schedules_in_the_estimate(schedule, vpp):
     the pipeline so rank 0 holds the embedding and the LM head (and the logits' gradient)."""
     model, cluster = load_model("llama3-70b"), ClusterSpec.of(H100, 64)
     base = dict(tp=8, pp=4, dp=2, global_batch=64, seq_len=4096)
-    est = estimate(model, cluster, TrainingPlan(**base, schedule=schedule, vpp=vpp))
-    ref = estimate(model, cluster, TrainingPlan(**base))
+    est = estimate(model, cluster, TrainingPlan.of(**base, schedule=schedule, vpp=vpp))
+    ref = estimate(model, cluster, TrainingPlan.of(**base))
     assert sum(est.time.breakdown().values()) == pytest.approx(est.time.step_s, rel=1e-9)
     assert est.time.bubble_fraction < ref.time.bubble_fraction
     stages = est.to_dict()["memory"]["stages"]
@@ -287,6 +287,6 @@ def test_fp8_casts_cost_hbm_traffic():
     # so FP8 is faster than BF16, but less than the 2x of its peak
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(H100, 8)
     base = dict(dp=8, global_batch=16, seq_len=8192, recompute="selective", zero=3)
-    bf16 = estimate(model, cluster, TrainingPlan(**base)).time.step_s
-    fp8 = estimate(model, cluster, TrainingPlan(**base, precision=PrecisionRecipe(precision="fp8"))).time.step_s
+    bf16 = estimate(model, cluster, TrainingPlan.of(**base)).time.step_s
+    fp8 = estimate(model, cluster, TrainingPlan.of(**base, precision=PrecisionRecipe(precision="fp8"))).time.step_s
     assert 1.0 < bf16 / fp8 < 1.6

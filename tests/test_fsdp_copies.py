@@ -72,12 +72,12 @@ def _without_copies(monkeypatch):
 def test_torchtitan_8b_step_gains_each_copy_once_per_gather_and_reduction(monkeypatch):
     run = {r.id: r for r in map_runs()}["torchtitan_8b_8gpu_fsdp_compile"]
     model, cluster, plan = run.model, run.cluster, run.plan
-    assert plan.pp == 1 and plan.reshard_after_forward and not model.tied_embeddings and plan.fsdp_head_in_root
+    assert plan.pp == 1 and plan.stack.reshard_after_forward and not model.tied_embeddings and plan.stack.fsdp_head_in_root
     co, ci, e_co, e_ci, h_co, h_ci = fsdp2_unit_copy_times(model, 1, 1, plan.precision, cluster.gpu, calibration_for(cluster.gpu))
     # every layer gathers forward and again backward; the head unit gathers once, and so does the
     # embedding in torchtitan's 2024 root unit (never resharded after forward), twice as a unit of its own
     for head_in_root, embedding_gathers in ((True, 1), (False, 2)):
-        p = plan.model_copy(update={"fsdp_head_in_root": head_in_root})
+        p = plan.replace(**{"fsdp_head_in_root": head_in_root})
         with monkeypatch.context() as m:
             with_copies = estimate(model, cluster, p)
             _without_copies(m)
@@ -88,14 +88,14 @@ def test_torchtitan_8b_step_gains_each_copy_once_per_gather_and_reduction(monkey
         assert math.isclose(with_copies.time.step_s - without.time.step_s, added, rel_tol=1e-9)
     assert 0.055 < added < 0.060  # 3.05 GB per layer at 80 % of the 2.4 TB/s: 2.7 % of the step
     # the fused stack's ZeRO-3 makes no such copies (compared with the last plan: embedding its own unit)
-    fused = plan.model_copy(update={"kernels": "fused", "fsdp_head_in_root": False})
+    fused = plan.replace(**{"kernels": "fused", "fsdp_head_in_root": False})
     assert estimate(model, cluster, fused).time.fsdp_comm_s == without.time.fsdp_comm_s
 
 
 def test_once_per_step_copies_on_the_405b_pipeline_rows(monkeypatch):
     run = {r.id: r for r in map_runs()}["torchtitan_405b_512gpu_3d_1f1b"]
     model, cluster, plan = run.model, run.cluster, run.plan
-    assert plan.fsdp_accumulate_unsharded and not plan.overlap_grad_reduce
+    assert plan.stack.fsdp_accumulate_unsharded and not plan.stack.overlap_grad_reduce
     with_copies = estimate(model, cluster, plan)
     _without_copies(monkeypatch)
     without = estimate(model, cluster, plan)
@@ -108,7 +108,7 @@ def test_search_step_equals_estimate_on_torch_fsdp2(name, gpus):
     """Without a pipeline the screen's step bound is the step: on the compiled stack it carries the
     same copies as ``estimate`` (the MoE layers' their own, over E/ep experts)."""
     model, cluster = load_model(name), ClusterSpec.of(load_gpu("h100-sxm-80gb"), gpus)
-    base = TrainingPlan(global_batch=32, seq_len=8192, kernels="compiled")
+    base = TrainingPlan.of(global_batch=32, seq_len=8192, kernels="compiled")
     table = enumerate_plans(model, gpus, cluster.gpus_per_node, 8192, (32,), SearchLimits(max_micro_batch=2, max_tp=2, max_pp=1))
     screen = Engine(model, cluster, base).evaluate(table)
     rows = [i for i in range(len(table)) if table.zero[i] == 3 and table.pp[i] == 1]
@@ -116,20 +116,20 @@ def test_search_step_equals_estimate_on_torch_fsdp2(name, gpus):
         assert {int(table.ep[i]) for i in rows} > {1}
     assert len(rows) >= 8
     for i in np.random.default_rng(5).choice(rows, 8, replace=False).tolist():
-        plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+        plan = TrainingPlan.of(**{**base.model_dump(), **table.row(i)})
         assert screen.step_lower_bound[i] == pytest.approx(estimate(model, cluster, plan).time.step_s, rel=1e-9), table.row(i)
 
 
 def test_explain_shows_the_copies_on_the_torch_stack_only():
     run = {r.id: r for r in map_runs()}["torchtitan_8b_8gpu_fsdp_compile"]
     for kernels, shown in (("compiled", True), ("fused", False)):
-        est = estimate(run.model, run.cluster, run.plan.model_copy(update={"kernels": kernels}))
+        est = estimate(run.model, run.cluster, run.plan.replace(**{"kernels": kernels}))
         d = next(x for x in est.derivations if x.key == "time.fsdp")
         symbols = dict(d.symbols)
         assert ("copies" in symbols) is shown and ("FSDP2" in d.formula) is shown
         assert symbols["P"].startswith("218,112,000 parameters")
         assert d.value.startswith(f"{est.time.fsdp_comm_s * 1e3:.2f} ms")
-    ddp = estimate(run.model, run.cluster, run.plan.model_copy(update={"zero": 1}))
+    ddp = estimate(run.model, run.cluster, run.plan.replace(**{"zero": 1}))
     assert not any(x.key == "time.fsdp" for x in ddp.derivations)
 
 
@@ -198,7 +198,7 @@ def test_estimate_counts_the_pool_beside_each_moment():
     from meshplan.specs import ClusterSpec, TrainingPlan
 
     m405 = load_model("llama3-405b")
-    piped = TrainingPlan(tp=8, pp=8, dp=8, zero=3, global_batch=256, seq_len=8192, recompute="full", kernels="compiled",
+    piped = TrainingPlan.of(tp=8, pp=8, dp=8, zero=3, global_batch=256, seq_len=8192, recompute="full", kernels="compiled",
                          reshard_after_forward=False, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", micro_batch=4)
     est = estimate(m405, ClusterSpec.of(load_gpu("h100-sxm-80gb"), 512), piped)
     assert est.stages[0].other_items["all_gather_pool"] == gather_pool_bytes(m405, 8, 8, ((15, True, False),), 2)
@@ -207,17 +207,17 @@ def test_estimate_counts_the_pool_beside_each_moment():
     block = layer_params_per_rank(m8, 1) * 2
     # at the loss (the LM head's rank, its loss buffers the larger moment): the whole pool, the
     # final norm + LM head unit's buffer beside a block's
-    flat = TrainingPlan(dp=8, zero=3, global_batch=16, micro_batch=2, seq_len=8192, recompute="op", kernels="compiled")
+    flat = TrainingPlan.of(dp=8, zero=3, global_batch=16, micro_batch=2, seq_len=8192, recompute="op", kernels="compiled")
     one = estimate(m8, ClusterSpec.of(h100, 8), flat).stages[0]
     assert one.other_items["logits_grad"] > 0 and "working_set_not_yet_built" in one.other_items  # the loss's moment
     assert one.other_items["all_gather_pool"] == gather_pool_bytes(m8, 1, 1, ((32, True, True),), 2)
     # at a layer's backward (the first of two pipeline ranks, resharding after forward): the pool
     # of the embedding and two blocks, less the prefetched block counted unsharded
-    piped = flat.model_copy(update={"pp": 2, "dp": 4})
+    piped = flat.replace(**{"pp": 2, "dp": 4})
     first = estimate(m8, ClusterSpec.of(h100, 8), piped).stages[0]
     assert "logits_grad" not in first.other_items
     pool = gather_pool_bytes(m8, 1, 2, ((16, True, False),), 2)
     assert pool == embedding_params_per_rank(m8, 1) * 2 + block  # the embedding larger than a block
     assert first.other_items["all_gather_pool"] == pool - block
-    fused = estimate(m8, ClusterSpec.of(h100, 8), flat.model_copy(update={"kernels": "fused"})).stages[0]
+    fused = estimate(m8, ClusterSpec.of(h100, 8), flat.replace(**{"kernels": "fused"})).stages[0]
     assert "all_gather_pool" not in fused.other_items

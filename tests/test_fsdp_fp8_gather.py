@@ -39,7 +39,7 @@ def test_linear_weights_of_llama3_by_hand():
 def test_a_layer_gathers_and_copies_out_fp8_linear_weights_and_16_bit_norms():
     m8 = load_model("llama3-8b")
     cluster = ClusterSpec.of(H100, 64)
-    plan = TrainingPlan(dp=64, zero=3, seq_len=4096, global_batch=64, precision=FP8, kernels="compiled")
+    plan = TrainingPlan.of(dp=64, zero=3, seq_len=4096, global_batch=64, precision=FP8, kernels="compiled")
     cal, pl = calibration_for(H100), plan_placements(cluster, plan).shard
     gathered = 218_103_808 * 1 + 8_192 * 2  # FP8 linear weights, bf16 norms
     off = fsdp_unit_times(m8, 1, 1, FP8, pl, cluster, cal)
@@ -74,8 +74,8 @@ def test_torchao_passes_lose_the_weight_cast():
 
 
 def _est(model, gpus, **kw):
-    plan = TrainingPlan(precision=FP8, kernels="compiled", zero=3, **kw)
-    return estimate(model, ClusterSpec.of(H100, gpus), plan), estimate(model, ClusterSpec.of(H100, gpus), plan.model_copy(update={"fsdp_fp8_all_gather": True}))
+    plan = TrainingPlan.of(precision=FP8, kernels="compiled", zero=3, **kw)
+    return estimate(model, ClusterSpec.of(H100, gpus), plan), estimate(model, ClusterSpec.of(H100, gpus), plan.replace(**{"fsdp_fp8_all_gather": True}))
 
 
 def test_gathered_weights_at_a_layers_backward_and_through_a_pipelined_step():
@@ -103,9 +103,9 @@ def test_gathered_weights_at_a_layers_backward_and_through_a_pipelined_step():
 
 def test_without_sharding_nothing_is_gathered():
     m8 = load_model("llama3-8b")
-    plan = TrainingPlan(tp=8, dp=1, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True)
+    plan = TrainingPlan.of(tp=8, dp=1, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True)
     cluster = ClusterSpec.of(H100, 8)
-    assert estimate(m8, cluster, plan).peak_bytes == estimate(m8, cluster, plan.model_copy(update={"fsdp_fp8_all_gather": False})).peak_bytes
+    assert estimate(m8, cluster, plan).peak_bytes == estimate(m8, cluster, plan.replace(**{"fsdp_fp8_all_gather": False})).peak_bytes
 
 
 @pytest.mark.parametrize("kw", [dict(zero=1), dict(precision=PrecisionRecipe(precision="bf16")), dict(kernels="fused"),
@@ -113,12 +113,12 @@ def test_without_sharding_nothing_is_gathered():
 def test_the_switch_needs_fsdp2_and_float8(kw):
     fields = dict(dp=8, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True) | kw
     with pytest.raises(ValueError, match="fsdp_fp8_all_gather"):
-        TrainingPlan(**fields)
+        TrainingPlan.of(**fields)
 
 
 def test_mixture_of_experts_is_refused():
     model = load_model("mixtral-8x7b")
-    plan = TrainingPlan(dp=8, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True)
+    plan = TrainingPlan.of(dp=8, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True)
     with pytest.raises(InputError, match="fsdp_fp8_all_gather"):
         check_plan(model, ClusterSpec.of(H100, 8), plan)
 
@@ -160,7 +160,7 @@ def test_torchtitan_flags_carry_it_and_other_engines_warn():
     from meshplan.interop import export
 
     m8 = load_model("llama3-8b")
-    plan = TrainingPlan(dp=8, zero=3, global_batch=16, micro_batch=2, seq_len=8192, recompute="op", precision=FP8,
+    plan = TrainingPlan.of(dp=8, zero=3, global_batch=16, micro_batch=2, seq_len=8192, recompute="op", precision=FP8,
                         kernels="compiled", fsdp_fp8_all_gather=True)
     text = export("torchtitan", m8, plan).text
     assert "--quantize.linear.float8.enable_fsdp_float8_all_gather" in text
@@ -221,9 +221,9 @@ def test_fp8_linears_library_on_the_eager_stack():
     assert fused.fwd_memory < te.fwd_memory  # the fused stack: its fused QKV and element-wise kernels
     assert saved_gemm_input_bytes("fp8", "eager", 2) == 2 and saved_gemm_input_bytes("fp8", "eager", 2, "transformer-engine") == 1
     assert saved_gemm_input_bytes("fp8", "fused", 2) == 1 and saved_gemm_input_bytes("bf16", "eager", 2, "transformer-engine") == 2
-    plan = TrainingPlan(dp=8, global_batch=8, seq_len=4096, precision=FP8, kernels="eager", fp8_linears="transformer-engine")
-    assert plan.fp8_library == "transformer-engine" and plan.model_copy(update={"fp8_linears": "auto"}).fp8_library == "torchao"
+    plan = TrainingPlan.of(dp=8, global_batch=8, seq_len=4096, precision=FP8, kernels="eager", fp8_linears="transformer-engine")
+    assert plan.stack.fp8_library == "transformer-engine" and plan.replace(**{"fp8_linears": "auto"}).stack.fp8_library == "torchao"
     with pytest.raises(ValueError, match="fp8_linears torchao"):
-        TrainingPlan(dp=8, global_batch=8, seq_len=4096, precision=FP8, kernels="fused", fp8_linears="torchao")
-    est = [estimate(m8, ClusterSpec.of(H100, 8), plan.model_copy(update={"fp8_linears": x})) for x in ("auto", "transformer-engine")]
+        TrainingPlan.of(dp=8, global_batch=8, seq_len=4096, precision=FP8, kernels="fused", fp8_linears="torchao")
+    est = [estimate(m8, ClusterSpec.of(H100, 8), plan.replace(**{"fp8_linears": x})) for x in ("auto", "transformer-engine")]
     assert est[1].time.step_s < est[0].time.step_s and est[1].peak_bytes < est[0].peak_bytes

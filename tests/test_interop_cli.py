@@ -64,8 +64,8 @@ def _export(tmp_path, engine: str, *extra: str):
 #: flags that make PLAN expressible in each engine: FSDP without PP for torchtitan (its FSDP under PP
 #: keeps weights gathered across micro-batches, a setting no flag has) and a stack it runs (compiled
 #: blocks with the loss compiled or eager: it has no fused one), 1F1B and ZeRO-0 for nanotron
-EXPRESSIBLE = {"torchtitan": ["--zero", "3", "--pp", "1", "--vpp", "1", "--kernels", "compiled"],
-               "torchtitan-toml": ["--zero", "3", "--pp", "1", "--vpp", "1", "--kernels", "compiled", "--no-compile-loss"],
+EXPRESSIBLE = {"torchtitan": ["--zero", "3", "--pp", "1", "--vpp", "1", "--set", "kernels=compiled"],
+               "torchtitan-toml": ["--zero", "3", "--pp", "1", "--vpp", "1", "--set", "kernels=compiled", "--set", "compile_loss=false"],
                "megatron": [], "nanotron": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0"]}
 
 
@@ -173,7 +173,7 @@ def test_estimate_plan_missing_file_names_the_option(tmp_path):
 def test_import_command_keeps_the_tp_overlap_kind(engine, kind, tmp_path):
     """The flags `import` prints estimate what `estimate --plan FILE` does, the TP overlap kind
     included (torchtitan's async TP is the micro-pipeline kind, Megatron's userbuffers)."""
-    extra = [*EXPRESSIBLE[engine], "--tp-comm-overlap", "--tp-overlap-kind", kind]
+    extra = [*EXPRESSIBLE[engine], "--tp-comm-overlap", "--set", f"tp_overlap_kind={kind}"]
     path = _export(tmp_path, engine, *extra)
     code, out, err = run_cli("import", str(path))
     assert code == 0, err
@@ -183,5 +183,5 @@ def test_import_command_keeps_the_tp_overlap_kind(engine, kind, tmp_path):
     assert code == 0, err
     code, got, err = run_cli("estimate", "--plan", str(path), "--json")
     assert code == 0, err
-    assert json.loads(want)["plan"]["tp_overlap_kind"] == kind
+    assert json.loads(want)["plan"]["stack"]["tp_overlap_kind"] == kind
     assert json.loads(want)["time"] == json.loads(got)["time"]

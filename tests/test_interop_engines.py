@@ -78,12 +78,12 @@ def test_torchtitan_config_manager_reads_flags_and_toml(model_name, p, tmp_path)
         assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == p.dp
         assert (tr.global_batch_size, tr.seq_len) == (p.global_batch, p.seq_len)
         assert c.model.flavor in ("8B", "70B") and c.activation_checkpoint.mode == {"op": "selective", "selective": "selective"}.get(p.recompute, p.recompute)
-        assert par.enable_async_tensor_parallel == p.tp_comm_overlap
+        assert par.enable_async_tensor_parallel == p.stack.tp_comm_overlap
         # torchtitan compiles the blocks when "model" is among the components, the loss when "loss" is
         # (build_cross_entropy_loss): compiled with or without the loss, or compile off (eager)
-        assert c.compile.enable == (p.kernels == "compiled")
+        assert c.compile.enable == (p.stack.kernels == "compiled")
         if c.compile.enable:
-            assert c.compile.components == (["model", "loss"] if p.compile_loss else ["model"])
+            assert c.compile.components == (["model", "loss"] if p.stack.compile_loss else ["model"])
         if p.pp > 1:
             assert par.pipeline_parallel_microbatch_size == p.micro_batch
             generate_llm_fqn_per_model_part = _torchtitan_function("distributed/pipeline_parallel.py", "generate_llm_fqn_per_model_part")
@@ -117,7 +117,7 @@ def test_deepspeed_config_class_reads_the_json(p, monkeypatch):
     assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (p.global_batch, p.micro_batch, p.grad_accum)
     assert ds.zero_optimization_stage == p.zero
     if p.zero:
-        assert ds.zero_config.overlap_comm == p.overlap_grad_reduce
+        assert ds.zero_config.overlap_comm == p.stack.overlap_grad_reduce
     assert ds.bfloat16_config.enabled == (p.precision.precision in ("bf16", "fp8"))
     assert ds.float16_config.enabled == (p.precision.precision == "fp16")
     assert str(ds.grad_accum_dtype) == p.precision.grad_dtype

@@ -28,7 +28,7 @@ FUSED_WARNING = ("kernels: torchtitan has no Megatron-Core/Transformer Engine fu
 
 
 def plan(**kw) -> TrainingPlan:
-    return BASE.model_copy(update=kw)
+    return BASE.replace(**kw)
 
 
 def kernel_warnings(result) -> list[str]:
@@ -67,7 +67,7 @@ def test_torchtitan_async_tp_needs_compiled_blocks():
     eager = export("torchtitan", MODEL, plan(kernels="eager", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline"))
     assert kernel_warnings(eager) == [
         "tp_comm_overlap: torchtitan's async TP needs the blocks compiled (compile.enable with \"model\" in compile.components) "
-        "and refuses to start with eager ones; exported with it (give --kernels compiled)"]
+        "and refuses to start with eager ones; exported with it (give --set kernels=compiled)"]
     assert "--parallelism.enable_async_tensor_parallel" in eager.text
     compiled = export("torchtitan", MODEL, plan(kernels="compiled", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline"))
     assert kernel_warnings(compiled) == [] and "--compile.enable" in compiled.text
@@ -109,7 +109,7 @@ def test_torchtitan_import_compile_flags_and_v01():
     assert read(flags + "--compile.no-enable", toml=False)[:2] == ("eager", None)
     kernels, loss, note = read(flags + "--training.compile", toml=False)  # JobConfig before v0.2 (0.1.0)
     assert (kernels, loss) == ("compiled", True)
-    assert "training.compile = true (JobConfig before v0.2" in note and "give --no-compile-loss" in note
+    assert "training.compile = true (JobConfig before v0.2" in note and "give --set compile_loss=false" in note
     kernels, loss, note = read("")
     assert (kernels, loss) == ("eager", None)
     assert note == "kernels: no compile setting (torchtitan's default: off) read as eager (PyTorch eager blocks, torch's cross-entropy)"
@@ -190,7 +190,7 @@ def test_import_prints_the_stack_as_estimate_flags(tmp_path):
                     + '[activation_checkpoint]\nmode = "none"\n[compile]\nenable = true\ncomponents = ["model"]\n')
     code, out, err = run_cli("import", str(path))
     assert code == 0, err
-    assert "--kernels compiled" in out and "--no-compile-loss" in out
+    assert "--set kernels=compiled" in out and "--set", "compile_loss=false" in out
     assert "note: kernels: compile.enable = true, components model read as compiled" in err
     code, out, _ = run_cli("import", str(path), "--json")
     assert json.loads(out)["options"]["kernels"] == "compiled" and json.loads(out)["options"]["compile_loss"] is False
@@ -198,13 +198,13 @@ def test_import_prints_the_stack_as_estimate_flags(tmp_path):
     code, from_file, err = run_cli("estimate", "--plan", str(path), "--json")
     assert code == 0, err
     code, from_flags, err = run_cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--zero", "3", "--global-batch", "32",
-                                    "--seq-len", "4096", "--recompute", "none", "--kernels", "compiled", "--no-compile-loss", "--json")
+                                    "--seq-len", "4096", "--recompute", "none", "--set", "kernels=compiled", "--set", "compile_loss=false", "--json")
     assert code == 0, err
     a, b = json.loads(from_file), json.loads(from_flags)
-    assert a["plan"]["kernels"] == "compiled" and a["plan"]["compile_loss"] is False
+    assert a["plan"]["stack"]["kernels"] == "compiled" and a["plan"]["stack"]["compile_loss"] is False
     assert a == b
     # and the stack read changes the estimate (without TP): the eager loss keeps fp32 logits, the compiled one e-byte ones
-    code, compiled_loss, err = run_cli("estimate", "--plan", str(path), "--compile-loss", "--json")
+    code, compiled_loss, err = run_cli("estimate", "--plan", str(path), "--set", "compile_loss=true", "--json")
     assert code == 0, err
     assert json.loads(compiled_loss)["memory"]["peak_bytes"] < a["memory"]["peak_bytes"]
 
@@ -212,7 +212,7 @@ def test_import_prints_the_stack_as_estimate_flags(tmp_path):
 def test_import_of_megatron_prints_fused(tmp_path):
     path = tmp_path / "args.sh"
     code, _, err = run_cli("export", "--to", "megatron", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--seq-len", "4096",
-                           "--global-batch", "32", "--kernels", "eager", "--out", str(path))
+                           "--global-batch", "32", "--set", "kernels=eager", "--out", str(path))
     assert code == 0 and "warning: kernels: Megatron-LM runs" in err
     code, out, err = run_cli("import", str(path))
-    assert code == 0 and "--kernels fused" in out and "compile-loss" not in out
+    assert code == 0 and "--set kernels=fused" in out and "compile-loss" not in out

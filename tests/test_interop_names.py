@@ -145,7 +145,7 @@ def test_megatron_names_of_the_issue():
 
 
 def test_torchtitan_names_of_the_issue():
-    text = export("torchtitan", load_model("llama3-70b"), BIG.model_copy(update={"zero": 3, "fsdp_accumulate_unsharded": True})).text
+    text = export("torchtitan", load_model("llama3-70b"), BIG.replace(**{"zero": 3, "fsdp_accumulate_unsharded": True})).text
     for flag in ("--parallelism.tensor_parallel_degree 8", "--parallelism.pipeline_parallel_degree 4",
                  "--parallelism.pipeline_parallel_schedule Interleaved1F1B", "--parallelism.data_parallel_shard_degree 4",
                  "--training.local_batch_size 64", "--training.global_batch_size 256", "--training.seq_len 8192",

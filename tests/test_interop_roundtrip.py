@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from meshplan.catalog import load_model
 from meshplan.interop import ENGINES, canonical, export, parse_text, to_plan
 from meshplan.interop.common import same_model
+from meshplan.specs.stack import BEHAVIOUR_FIELDS
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 
 MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "llama2-7b", "gpt3-175b", "nemotron4-15b")}
@@ -27,7 +28,7 @@ CARRIES_MODEL = {"megatron": set(MODELS), "nanotron": {"llama3-8b", "llama3-70b"
 FOLLOWS = {
     "zero": {"reshard_after_forward", "fsdp_accumulate_unsharded", "dp_shard", "overlap_param_gather", "overlap_grad_reduce"},
     "schedule": {"vpp", "layer_split"},
-    "fsdp_accumulate_unsharded": {"zero"},
+    "fsdp_accumulate_unsharded": {"zero", "reshard_after_forward", "overlap_grad_reduce"},  # the stack rules follow it
     "model": {"vpp", "layer_split"},  # torchtitan: without a known flavor the stage count is unknown
     "kernels": {"compile_loss"},  # fused exported as compiled blocks and loss (torchtitan), or as eager (DeepSpeed)
     "precision": {"fp8_linears"},  # FP8 exported as BF16 (DeepSpeed, nanotron): no FP8 library either
@@ -35,7 +36,9 @@ FOLLOWS = {
 
 
 def diff(a: TrainingPlan, b: TrainingPlan) -> set[str]:
-    return {k for k in TrainingPlan.model_fields if getattr(a, k) != getattr(b, k)}
+    """The plan and stack fields that differ (the stack's profile name is no setting of the engine)."""
+    plan = {k for k in TrainingPlan.model_fields if k != "stack" and getattr(a, k) != getattr(b, k)}
+    return plan | {k for k in BEHAVIOUR_FIELDS if getattr(a.stack, k) != getattr(b.stack, k)}
 
 
 def roundtrip(engine: str, model, plan: TrainingPlan):
@@ -52,7 +55,7 @@ def roundtrip(engine: str, model, plan: TrainingPlan):
 def plan(**kw) -> TrainingPlan:
     kw.setdefault("global_batch", kw.get("micro_batch", 1) * kw.get("dp", 1) * 4)
     kw.setdefault("seq_len", 4096)
-    return TrainingPlan(**kw)
+    return TrainingPlan.of(**kw)
 
 
 BF16 = PrecisionRecipe(precision="bf16", grad_dtype="fp32")
@@ -133,7 +136,7 @@ def test_grid_covers_every_schedule_and_recompute_somewhere():
     assert {p.recompute for p in plans} == {"none", "selective", "op", "full"}
     assert {p.zero for p in plans} == {0, 1, 2, 3}
     assert {p.precision.precision for p in plans} == {"fp32", "bf16", "fp16", "fp8"}
-    assert {(p.kernels, p.compile_loss) for p in plans} == {("fused", True), ("compiled", True), ("compiled", False), ("eager", True)}
+    assert {(p.stack.kernels, p.stack.compile_loss) for p in plans} == {("fused", True), ("compiled", True), ("compiled", False), ("eager", True)}
 
 
 # ---- any plan: what does not come back is warned -----------------------------------------------
@@ -167,7 +170,7 @@ def plans(draw):
     kernels = draw(st.sampled_from(["fused", "compiled", "eager"]))
     fp8_linears = draw(st.sampled_from(["auto", "transformer-engine"] + (["torchao"] if kernels != "fused" else [])))
     torchao = fp8_linears == "torchao" or (fp8_linears == "auto" and kernels != "fused")
-    return model, TrainingPlan(
+    return model, TrainingPlan.of(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, schedule=schedule, layer_split=split, micro_batch=micro,
         global_batch=micro * dp * draw(st.integers(1, 8)), seq_len=draw(st.sampled_from([2048, 4096, 8192])),
         recompute=draw(st.sampled_from(["none", "selective", "op", "full"])), sequence_parallel=draw(st.booleans()),
@@ -201,7 +204,7 @@ def test_every_lost_setting_is_warned(engine, drawn):
     lost = diff(canonical(back, model), canonical(p, model))
     assert lost <= warned_fields(result.warnings), (lost, result.warnings)
     for w in result.warnings:  # one line each, naming a field
-        assert "\n" not in w and w.split(":")[0].split(".")[0] in set(TrainingPlan.model_fields) | {"model"}, w
+        assert "\n" not in w and w.split(":")[0].split(".")[0] in set(TrainingPlan.model_fields) | set(BEHAVIOUR_FIELDS) | {"model"}, w
     if parsed.model is not None and not any(w.startswith("model") for w in result.warnings):
         assert same_model(parsed.model, model)
 

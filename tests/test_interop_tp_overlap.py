@@ -14,7 +14,7 @@ LLAMA70 = load_model("llama3-70b")
 
 
 def _plan(kind: str) -> TrainingPlan:
-    return TrainingPlan(tp=8, dp=32, global_batch=256, seq_len=8192, zero=3, sequence_parallel=True,
+    return TrainingPlan.of(tp=8, dp=32, global_batch=256, seq_len=8192, zero=3, sequence_parallel=True,
                         tp_comm_overlap=True, tp_overlap_kind=kind)
 
 
@@ -39,7 +39,7 @@ def test_export_says_when_the_engine_runs_the_other_kind(engine, foreign):
 
 
 def test_no_overlap_no_kind():
-    p = _plan("userbuffers").model_copy(update={"tp_comm_overlap": False})
+    p = _plan("userbuffers").replace(**{"tp_comm_overlap": False})
     for engine in ("torchtitan", "megatron"):
         out = export(engine, LLAMA70, p)
         assert _lost(out) == []

@@ -156,7 +156,7 @@ def test_seed_004_zero_table():
 def _est(model="llama3-8b", gpus=8, **plan):
     plan.setdefault("micro_batch", 1)
     plan.setdefault("seq_len", 4096)
-    return estimate(load_model(model), ClusterSpec.of(H100, gpus), TrainingPlan(**plan))
+    return estimate(load_model(model), ClusterSpec.of(H100, gpus), TrainingPlan.of(**plan))
 
 
 PLANS = [
@@ -305,8 +305,8 @@ def test_fsdp_accumulating_unsharded_holds_gathered_weights_and_gradients():
     step instead of per layer and micro-batch."""
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 32)
     base = dict(pp=4, dp=8, zero=3, global_batch=64, seq_len=4096, reshard_after_forward=False)
-    per = estimate(model, cluster, TrainingPlan(**base)).to_dict()
-    acc = estimate(model, cluster, TrainingPlan(**base, fsdp_accumulate_unsharded=True)).to_dict()
+    per = estimate(model, cluster, TrainingPlan.of(**base)).to_dict()
+    acc = estimate(model, cluster, TrainingPlan.of(**base, fsdp_accumulate_unsharded=True)).to_dict()
     s = acc["memory"]["stages"][1]
     P = s["params"]
     assert s["other_detail"]["unsharded_gradients"] == pytest.approx(P * 4 * (1 - 1 / 8), rel=1e-12)  # fp32
@@ -320,7 +320,7 @@ def test_fsdp_accumulate_unsharded_needs_zero3():
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="zero = 3"):
-        TrainingPlan(dp=8, zero=2, global_batch=8, seq_len=1024, fsdp_accumulate_unsharded=True)
+        TrainingPlan.of(dp=8, zero=2, global_batch=8, seq_len=1024, fsdp_accumulate_unsharded=True)
 
 
 def test_backward_working_set_counts_at_the_layer_moment_only():
@@ -370,10 +370,10 @@ def test_estimate_counts_fsdp2_state_on_the_torch_stacks_only():
     P = count_params(model).total
     kw = dict(dp=8, zero=3, global_batch=8, seq_len=2048)
     for kernels, per_param in (("fused", 18), ("compiled", 16), ("eager", 16)):
-        (st,) = estimate(model, cluster, TrainingPlan(kernels=kernels, **kw)).stages
+        (st,) = estimate(model, cluster, TrainingPlan.of(kernels=kernels, **kw)).stages
         assert st.weights + st.gradients + st.optimizer == per_param * P / 8
     # ZeRO-1 on the torch stack keeps the recipe's split (no FSDP2)
-    (st,) = estimate(model, cluster, TrainingPlan(kernels="compiled", **(kw | {"zero": 1}))).stages
+    (st,) = estimate(model, cluster, TrainingPlan.of(kernels="compiled", **(kw | {"zero": 1}))).stages
     assert st.weights == 2 * P and st.optimizer == 12 * P / 8
 
 
@@ -407,13 +407,13 @@ def test_root_unit_plan_is_torchs_fsdp2_without_a_pipeline():
     from pydantic import ValidationError
 
     ok = dict(dp=8, zero=3, kernels="eager", global_batch=8, seq_len=2048, fsdp_head_in_root=True)
-    TrainingPlan(**ok)
+    TrainingPlan.of(**ok)
     for bad in ({"zero": 1}, {"kernels": "fused"}, {"pp": 2, "global_batch": 16}):
         with pytest.raises(ValidationError, match="fsdp_head_in_root describes torch's FSDP2 units"):
-            TrainingPlan(**(ok | bad))
+            TrainingPlan.of(**(ok | bad))
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
     # 8,192-token sequences: the loss's fp32 buffers make the head moment the peak either way
-    own, root = (estimate(model, cluster, TrainingPlan(**(ok | {"seq_len": 8192, "fsdp_head_in_root": v}))) for v in (False, True))
+    own, root = (estimate(model, cluster, TrainingPlan.of(**(ok | {"seq_len": 8192, "fsdp_head_in_root": v}))) for v in (False, True))
     assert own.stages[0].other_items["logits_grad"] == root.stages[0].other_items["logits_grad"] > 0
     counts = count_params(model)
     emb, block = counts.embedding, counts.layer.total

@@ -47,7 +47,7 @@ def test_70b_2d_row_peaks_at_the_loss_backward():
     assert stage.other_items["working_set_not_yet_built"] == -backward < 0
     # torchtitan's 2024 FSDP2 root unit: the final norm + LM head (131,342,336 parameters per TP rank),
     # the embedding (131,334,144) and the last block (106,971,136) gathered in bf16 at the loss's backward
-    assert run.plan.fsdp_head_in_root
+    assert run.plan.stack.fsdp_head_in_root
     assert stage.other_items["gathered_weights"] == 2 * (131_342_336 + 131_334_144 + 106_971_136) == 739_295_232
     # against the head unit alone, and a bf16 weight shard beside the fp32 master (2 bytes for each of
     # the 8,820,367,360 parameters of a TP rank over 32 shards), which FSDP2 does not keep; and,
@@ -64,7 +64,7 @@ def test_70b_2d_row_peaks_at_the_loss_backward():
 def test_search_memory_equals_estimate_on_the_torch_stack_with_tp():
     # torchtitan-like space: compiled kernels, ZeRO-3 or not, TP 1-8, so the loss buffers differ by TP
     model, cluster = load_model("llama3-70b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 64)
-    base = TrainingPlan(global_batch=64, seq_len=8192, kernels="compiled")
+    base = TrainingPlan.of(global_batch=64, seq_len=8192, kernels="compiled")
     table = enumerate_plans(model, 64, cluster.gpus_per_node, 8192, (64,), SearchLimits(max_micro_batch=2, max_vpp=2))
     seen_tp = {plan.tp for plan in sampled_peaks_match(model, cluster, base, table, 40, seed=5)}
     assert 1 in seen_tp and len(seen_tp) > 2
@@ -119,10 +119,10 @@ def test_search_memory_equals_estimate_with_torchtitans_2024_root_unit():
     # the root unit holds the embedding and head (fsdp_head_in_root) where a plan runs FSDP2 without a
     # pipeline; the other plans of the space (ZeRO 1/2, pp > 1) run without it
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 16)
-    base = TrainingPlan(global_batch=64, seq_len=8192, kernels="eager", zero=3, fsdp_head_in_root=True)
+    base = TrainingPlan.of(global_batch=64, seq_len=8192, kernels="eager", zero=3, fsdp_head_in_root=True)
     table = enumerate_plans(model, 16, cluster.gpus_per_node, 8192, (64,), SearchLimits(max_micro_batch=2, max_vpp=2))
     plans = sampled_peaks_match(model, cluster, base, table, 60, seed=7)
-    assert any(p.fsdp_head_in_root for p in plans) and any(not p.fsdp_head_in_root and p.zero == 3 for p in plans)
+    assert any(p.stack.fsdp_head_in_root for p in plans) and any(not p.stack.fsdp_head_in_root and p.zero == 3 for p in plans)
     # the screen's step bound holds for them too (the root's embedding is not gathered again backward)
     screen = Engine(model, cluster, base).evaluate(table)
     for i in range(0, len(table), max(1, len(table) // 40)):

@@ -114,7 +114,7 @@ def test_flops_equal_flop_counter_on_a_tiny_model(kind):
 # ---- memory -----------------------------------------------------------------------------------
 def _mixtral_plan(**kw):
     base = dict(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, seq_len=4096, recompute="selective", zero=1)
-    return TrainingPlan(**(base | kw))
+    return TrainingPlan.of(**(base | kw))
 
 
 def test_expert_weights_are_split_by_ep_and_state_by_expert_data_parallel():
@@ -246,7 +246,7 @@ def test_search_memory_is_estimates_to_the_bit_for_moe(which, gpus):
     screen = Engine(model, cluster, base).evaluate(table)
     rng = np.random.default_rng(3)
     for i in rng.choice(len(table), 25, replace=False).tolist():
-        plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+        plan = TrainingPlan.of(**{**base.model_dump(), **table.row(i)})
         check_plan(model, cluster, plan)
         est = estimate(model, cluster, plan)
         assert screen.peak_bytes[i] == est.peak_bytes, table.row(i)
@@ -323,20 +323,20 @@ def test_expert_tp_exchange_replaces_the_moe_mlp_pair():
     top1 = mix.model_copy(update={"experts_per_token": 1})
     dense = mix.model_copy(update={"n_experts": 0, "experts_per_token": 0, "expert_ffn_hidden": 0})
     kw = dict(tp=2, dp=8, pp=1, micro_batch=1, global_batch=64, seq_len=4096, recompute="none", zero=1)
-    plan = TrainingPlan(ep=8, **kw)
+    plan = TrainingPlan.of(ep=8, **kw)
     pl = plan_placements(cluster, plan)
     n, h, e = 4096, 4096, 2
     tp_one = tp_collective_time(n * h * e, True, pl.tp, cluster, cal)
     x2 = expert_tp_time(mix, n, pl.tp, e, cluster, cal)
     assert x2 == tp_collective_time(2 * n * h * e, True, pl.tp, cluster, cal) > tp_one
     assert expert_tp_time(top1, n, pl.tp, e, cluster, cal) == tp_one
-    assert expert_tp_time(mix, n, plan_placements(cluster, TrainingPlan(ep=8, **(kw | {"tp": 1, "dp": 16}))).tp, e, cluster, cal) == 0.0
-    tp_s = {name: estimate(m, cluster, plan if m.is_moe else TrainingPlan(**kw)).time.tp_comm_s
+    assert expert_tp_time(mix, n, plan_placements(cluster, TrainingPlan.of(ep=8, **(kw | {"tp": 1, "dp": 16}))).tp, e, cluster, cal) == 0.0
+    tp_s = {name: estimate(m, cluster, plan if m.is_moe else TrainingPlan.of(**kw)).time.tp_comm_s
             for name, m in (("top2", mix), ("top1", top1), ("dense", dense))}
     assert tp_s["top1"] == pytest.approx(tp_s["dense"], rel=1e-12)
     # 8 micro-batches x 32 layers x (forward + backward) x (n·k·h exchange − n·h pair)
     assert tp_s["top2"] - tp_s["top1"] == pytest.approx(8 * 32 * 2 * (x2 - tp_one), rel=1e-9)
     # the TP overlap hides the dense MLP's pair, not the expert exchange
-    overlapped = {name: estimate(m, cluster, TrainingPlan(tp_comm_overlap=True, **(kw | ({"ep": 8} if m.is_moe else {})))).time.tp_comm_s
+    overlapped = {name: estimate(m, cluster, TrainingPlan.of(tp_comm_overlap=True, **(kw | ({"ep": 8} if m.is_moe else {})))).time.tp_comm_s
                   for name, m in (("top1", top1), ("dense", dense))}
     assert overlapped["top1"] >= 8 * 32 * 2 * tp_one > overlapped["dense"]

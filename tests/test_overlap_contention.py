@@ -154,7 +154,7 @@ def test_rows_that_overlap_nothing_are_unchanged(rows):
 def test_async_tp_moves_through_copy_engines(rows):
     r = rows["torchtitan_70b_256gpu_2d_asynctp"]
     t = estimate(r.model, r.cluster, r.plan).time
-    assert r.plan.tp_overlap_kind == "micro-pipeline"
+    assert r.plan.stack.tp_overlap_kind == "micro-pipeline"
     assert t.hidden_comm["tp"] > 1.0 and t.contention["tp"] == 0.0
     assert t.contention["fsdp"] > 0.0
 
@@ -162,7 +162,7 @@ def test_async_tp_moves_through_copy_engines(rows):
 def test_userbuffers_tp_is_charged_at_its_sm_share(rows):
     r = rows["megatron_readme_h100_32B"]
     t = estimate(r.model, r.cluster, r.plan).time
-    assert r.plan.tp_comm_overlap and r.plan.tp_overlap_kind == "userbuffers"
+    assert r.plan.stack.tp_comm_overlap and r.plan.stack.tp_overlap_kind == "userbuffers"
     assert t.contention["tp"] == pytest.approx(t.hidden_comm["tp"] * 8.5 / 132, rel=1e-12)
 
 

@@ -22,10 +22,11 @@ from meshplan.pipeline.lockstep import (
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
 from meshplan.pipeline.simulate import _rank_program, simulate
 from meshplan.search.engine import Engine
-from meshplan.search.run import search
+from meshplan.search.run import plan_of, search
 from meshplan.search.space import SearchLimits, enumerate_plans
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import Stack
 
 H100 = load_gpu("h100-sxm-80gb")
 VS = {"interleaved": (2, 3), "interleaved-zb": (2, 3), "zbh1": (1,), "zbv": (2,)}
@@ -223,22 +224,22 @@ def test_single_stage_schedules_and_one_rank_run_dependency_driven():
 
 def test_plan_setting_default_and_validation():
     p = TrainingPlan(global_batch=32, seq_len=4096)
-    assert p.pipeline_runtime == "dependency"
+    assert p.stack.pipeline_runtime == "dependency"
     with pytest.raises(ValueError, match="pipeline_runtime"):
-        TrainingPlan(global_batch=32, seq_len=4096, pipeline_runtime="slots")
+        TrainingPlan.of(global_batch=32, seq_len=4096, pipeline_runtime="slots")
 
 
 def test_estimate_lockstep_adds_time_only_to_multi_stage_schedules():
     model = load_model("llama3-8b")
     cluster = ClusterSpec.of(H100, 64)
     il = TrainingPlan(tp=2, pp=4, dp=8, vpp=2, schedule="interleaved", global_batch=128, seq_len=4096)
-    dep, lock = estimate(model, cluster, il), estimate(model, cluster, il.model_copy(update={"pipeline_runtime": "lockstep"}))
+    dep, lock = estimate(model, cluster, il), estimate(model, cluster, il.replace(**{"pipeline_runtime": "lockstep"}))
     assert lock.time.step_s > dep.time.step_s
     assert lock.time.pipeline_bubble_s > dep.time.pipeline_bubble_s
     assert lock.time.compute_s == dep.time.compute_s and lock.peak_bytes == dep.peak_bytes
-    assert lock.to_dict()["plan"]["pipeline_runtime"] == "lockstep"
-    one = il.model_copy(update={"schedule": "1f1b", "vpp": 1})
-    assert estimate(model, cluster, one.model_copy(update={"pipeline_runtime": "lockstep"})).time == estimate(model, cluster, one).time
+    assert lock.to_dict()["plan"]["stack"]["pipeline_runtime"] == "lockstep"
+    one = il.replace(**{"schedule": "1f1b", "vpp": 1})
+    assert estimate(model, cluster, one.replace(**{"pipeline_runtime": "lockstep"})).time == estimate(model, cluster, one).time
 
 
 # ---- the torchtitan rows ----------------------------------------------------------------------------
@@ -253,15 +254,15 @@ def test_torchtitan_405b_interleaved_row_runs_in_lockstep(runs):
     about 0.55 s (26.91 → 27.46 s against a published 32.0 s); the 1F1B row (Schedule1F1B, single
     stage) is dependency-driven."""
     il, one = runs["torchtitan_405b_512gpu_3d_interleaved"], runs["torchtitan_405b_512gpu_3d_1f1b"]
-    assert il.plan.pipeline_runtime == "lockstep" and one.plan.pipeline_runtime == "dependency"
+    assert il.plan.stack.pipeline_runtime == "lockstep" and one.plan.stack.pipeline_runtime == "dependency"
     assert any("lockstep" in a and "PipelineScheduleMulti" in a for a in il.assumptions)
     assert any("Schedule1F1B" in a for a in one.assumptions)
     lock = estimate(il.model, il.cluster, il.plan).time
-    dep = estimate(il.model, il.cluster, il.plan.model_copy(update={"pipeline_runtime": "dependency"})).time
+    dep = estimate(il.model, il.cluster, il.plan.replace(**{"pipeline_runtime": "dependency"})).time
     assert 0.45 < lock.step_s - dep.step_s < 0.60
     assert lock.step_s == pytest.approx(27.46, abs=0.15)
     assert lock.step_s - dep.step_s == pytest.approx(lock.makespan_s - dep.makespan_s, abs=1e-9)
-    assert estimate(one.model, one.cluster, one.plan.model_copy(update={"pipeline_runtime": "lockstep"})).time.step_s \
+    assert estimate(one.model, one.cluster, one.plan.replace(**{"pipeline_runtime": "lockstep"})).time.step_s \
         == estimate(one.model, one.cluster, one.plan).time.step_s
 
 
@@ -270,7 +271,7 @@ def test_torchtitan_405b_interleaved_row_runs_in_lockstep(runs):
 def _plan(**kw):
     kw.setdefault("global_batch", kw.get("micro_batch", 1) * kw.get("dp", 1) * 4)
     kw.setdefault("seq_len", 4096)
-    return TrainingPlan(**kw)
+    return TrainingPlan.of(**kw)
 
 
 LOCKSTEP_IL = _plan(tp=4, pp=2, dp=2, vpp=2, schedule="interleaved", zero=3, fsdp_accumulate_unsharded=True,
@@ -283,25 +284,25 @@ def test_export_warns_that_the_engine_runs_dependency_driven(engine):
     result = export(engine, model, LOCKSTEP_IL)
     assert [w for w in result.warnings if w.startswith("pipeline_runtime: ")], result.warnings
     back = to_plan({**parse_text(result.text).plan, "seq_len": 4096})
-    assert back.pipeline_runtime == "dependency"
-    dep = export(engine, model, LOCKSTEP_IL.model_copy(update={"pipeline_runtime": "dependency"}))
+    assert back.stack.pipeline_runtime == "dependency"
+    dep = export(engine, model, LOCKSTEP_IL.replace(**{"pipeline_runtime": "dependency"}))
     assert not [w for w in dep.warnings if w.startswith("pipeline_runtime")]
 
 
 def test_torchtitan_import_reads_dependency_and_says_how_to_get_lockstep():
-    text = export("torchtitan", load_model("llama3-70b"), LOCKSTEP_IL.model_copy(update={"pipeline_runtime": "dependency"})).text
+    text = export("torchtitan", load_model("llama3-70b"), LOCKSTEP_IL.replace(**{"pipeline_runtime": "dependency"})).text
     parsed = parse_text(text)
     assert parsed.plan.get("pipeline_runtime", "dependency") == "dependency"
-    assert any(n.startswith("pipeline_runtime: Interleaved1F1B") and "--pipeline-runtime lockstep" in n for n in parsed.notes)
-    one = export("torchtitan", load_model("llama3-70b"), LOCKSTEP_IL.model_copy(update={"schedule": "1f1b", "vpp": 1})).text
+    assert any(n.startswith("pipeline_runtime: Interleaved1F1B") and "--set pipeline_runtime=lockstep" in n for n in parsed.notes)
+    one = export("torchtitan", load_model("llama3-70b"), LOCKSTEP_IL.replace(**{"schedule": "1f1b", "vpp": 1})).text
     assert not any(n.startswith("pipeline_runtime") for n in parse_text(one).notes)
 
 
 def test_canonical_drops_lockstep_where_it_changes_nothing():
     one = _plan(pp=4, dp=2, pipeline_runtime="lockstep")
-    assert canonical(one).pipeline_runtime == "dependency"
-    assert canonical(_plan(dp=2, pipeline_runtime="lockstep")).pipeline_runtime == "dependency"
-    assert canonical(LOCKSTEP_IL).pipeline_runtime == "lockstep"
+    assert canonical(one).stack.pipeline_runtime == "dependency"
+    assert canonical(_plan(dp=2, pipeline_runtime="lockstep")).stack.pipeline_runtime == "dependency"
+    assert canonical(LOCKSTEP_IL).stack.pipeline_runtime == "lockstep"
 
 
 # ---- the search ---------------------------------------------------------------------------------------
@@ -312,20 +313,23 @@ def test_search_settles_in_lockstep_and_its_bound_still_holds():
     finds the exhaustive best."""
     model = load_model("llama3-8b")
     cluster = ClusterSpec.of(H100, 8)
-    base = TrainingPlan(global_batch=32, seq_len=4096, pipeline_runtime="lockstep")
+    stack = Stack(pipeline_runtime="lockstep")  # as requested: the pp 1 base itself runs dependency-driven
+    base = TrainingPlan(global_batch=32, seq_len=4096, stack=stack)
     lim = SearchLimits(max_micro_batch=2, recompute=("none",), zero=(1,), schedules=("1f1b", "interleaved", "zbh1", "zbv"), max_vpp=2)
     table = enumerate_plans(model, 8, 8, 4096, (32,), lim)
-    screen = Engine(model, cluster, base).evaluate(table)
+    screen = Engine(model, cluster, base, stack).evaluate(table)
     exact = []
     for i in range(len(table)):
-        plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+        plan = plan_of(base, table, i, stack)
         est = estimate(model, cluster, plan)
         assert screen.step_lower_bound[i] <= est.time.step_s * (1 + 1e-12), plan
         if est.peak_bytes <= cluster.gpu.hbm_bytes:
             exact.append(est.time.step_s)
     assert any(runs_lockstep(table.row(i)["schedule"], table.row(i)["pp"], "lockstep") for i in range(len(table)))
-    res = search(model, cluster, base, lim, top_k=5)
-    assert all(r.estimate.plan.pipeline_runtime == "lockstep" for r in res.top)
+    res = search(model, cluster, base, lim, top_k=5, stack=stack)
+    for r in res.top:
+        p = r.estimate.plan
+        assert p.stack.pipeline_runtime == ("lockstep" if runs_lockstep(p.schedule, p.pp, "lockstep") else "dependency")
     assert [r.estimate.time.step_s for r in res.top] == sorted(exact)[:5]
 
 
@@ -341,19 +345,22 @@ def _cli_json(capsys, *args):
 
 
 def test_cli_estimate_explain_and_bad_value(capsys):
-    lock = _cli_json(capsys, "estimate", *ARGS, "--pipeline-runtime", "lockstep", "--json")
+    lock = _cli_json(capsys, "estimate", *ARGS, "--set", "pipeline_runtime=lockstep", "--json")
     dep = _cli_json(capsys, "estimate", *ARGS, "--json")
-    assert (lock["plan"]["pipeline_runtime"], dep["plan"]["pipeline_runtime"]) == ("lockstep", "dependency")
+    assert (lock["plan"]["stack"]["pipeline_runtime"], dep["plan"]["stack"]["pipeline_runtime"]) == ("lockstep", "dependency")
     assert lock["time"]["step_s"] > dep["time"]["step_s"]
     capsys.readouterr()
-    assert main(["explain", *ARGS, "--pipeline-runtime", "lockstep"]) == 0
+    assert main(["explain", *ARGS, "--set", "pipeline_runtime=lockstep"]) == 0
     out = capsys.readouterr().out
     assert "lockstep over torch's grid" in out and "meshplan.pipeline.lockstep" in out
-    assert main(["explain", *ARGS[:8], "--seq-len", "4096", "--pipeline-runtime", "lockstep", "--schedule", "1f1b", "--vpp", "1"]) == 0
-    assert "dependency-driven: torch runs this schedule with a single-stage class" in capsys.readouterr().out
-    assert main(["estimate", *ARGS, "--pipeline-runtime", "slots"]) == 2
+    assert main(["explain", *ARGS[:8], "--seq-len", "4096", "--set", "pipeline_runtime=lockstep", "--schedule", "1f1b", "--vpp", "1"]) == 0
+    # torch runs 1F1B with a single-stage class: the stack's rule sets the runtime aside, and the header says so
+    assert "lockstep" not in capsys.readouterr().out
+    assert main(["estimate", *ARGS[:8], "--seq-len", "4096", "--set", "pipeline_runtime=lockstep", "--schedule", "1f1b", "--vpp", "1"]) == 0
+    assert "not used by this plan: pipeline_runtime" in " ".join(capsys.readouterr().out.split())
+    assert main(["estimate", *ARGS, "--set", "pipeline_runtime=slots"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--pipeline-runtime" in err and "'slots'" in err and "Traceback" not in err
+    assert "stack.pipeline_runtime" in err and "'dependency' or 'lockstep'" in err and "Traceback" not in err
 
 
 def test_web_plan_view_offers_the_runtime(client):
@@ -365,4 +372,4 @@ def test_web_plan_view_offers_the_runtime(client):
     params = dict(zip(["model", "gpus", "tp", "pp", "vpp", "seq_len", "global_batch"], ARGS[1::2]))
     lock = client.get("/api/estimate", params={**params, "pipeline_runtime": "lockstep"}).json()
     dep = client.get("/api/estimate", params=params).json()
-    assert lock["plan"]["pipeline_runtime"] == "lockstep" and lock["time"]["step_s"] > dep["time"]["step_s"]
+    assert lock["plan"]["stack"]["pipeline_runtime"] == "lockstep" and lock["time"]["step_s"] > dep["time"]["step_s"]

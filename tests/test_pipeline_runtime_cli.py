@@ -18,7 +18,7 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cli import render
-from meshplan.cli.options import PLAN_OPTIONS
+from meshplan.cli.pipeline_runtime import RUNTIME_HELP
 from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
 from meshplan.cli.pipeline_cmd import run_pipeline
 from meshplan.cli.pipeline_runtime import check_runtime, lockstep_cost, matching_schedule
@@ -178,8 +178,8 @@ def test_bad_runtime_is_one_line_naming_the_option():
 def test_help_is_the_plan_options():
     hint = typing.get_type_hints(pipeline_command, include_extras=True)["pipeline_runtime"]
     info = typing.get_args(hint)[1]
-    assert info.help == PLAN_OPTIONS["pipeline_runtime"][1].help
-    assert "PipelineScheduleMulti" in info.help
+    assert info.help == RUNTIME_HELP
+    assert "PipelineScheduleMulti" in info.help and "--stack" in info.help
 
 
 def test_lockstep_cost():
@@ -197,12 +197,12 @@ def test_plan_summary_line_names_lockstep_where_it_runs():
     def line(plan):
         return next(x for x in render.header(estimate(model, cluster, plan), None) if x.startswith("plan: "))
 
-    lock = line(il.model_copy(update={"pipeline_runtime": "lockstep"}))
+    lock = line(il.replace(**{"pipeline_runtime": "lockstep"}))
     assert "interleaved pipeline schedule, vpp 2, lockstep runtime; TP overlap off" in lock
     assert "lockstep" not in line(il)
-    one = il.model_copy(update={"schedule": "1f1b", "vpp": 1, "pipeline_runtime": "lockstep"})
+    one = il.replace(**{"schedule": "1f1b", "vpp": 1, "pipeline_runtime": "lockstep"})
     assert "lockstep" not in line(one)
-    flat = TrainingPlan(tp=2, pp=1, dp=32, vpp=2, schedule="interleaved", global_batch=128, seq_len=4096,
+    flat = TrainingPlan.of(tp=2, pp=1, dp=32, vpp=2, schedule="interleaved", global_batch=128, seq_len=4096,
                         pipeline_runtime="lockstep")
     assert "lockstep" not in line(flat)
 

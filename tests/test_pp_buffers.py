@@ -1,4 +1,4 @@
-"""Pipeline stage buffers (plan.pp_buffers): Megatron-LM's two messages in flight against torch's
+"""Pipeline stage buffers (plan.stack.pp_buffers): Megatron-LM's two messages in flight against torch's
 receive buffers per micro-batch and stage outputs kept until their backward (the torch side is
 checked on real PipelineStage objects in tests/test_verify_comm.py)."""
 
@@ -19,7 +19,7 @@ MiB = 2**20
 
 
 def _plan(kind: str, **kw) -> TrainingPlan:
-    return TrainingPlan(**({"tp": 8, "pp": 4, "dp": 2, "seq_len": 8192, "global_batch": 64, "recompute": "full", "pp_buffers": kind} | kw))
+    return TrainingPlan.of(**({"tp": 8, "pp": 4, "dp": 2, "seq_len": 8192, "global_batch": 64, "recompute": "full", "pp_buffers": kind} | kw))
 
 
 def test_message_counts():

@@ -68,11 +68,14 @@ def test_options_override_the_run():
     base = resolve(PlanArgs(preset=ROW)).plan
     over = resolve(PlanArgs(preset=ROW, schedule="interleaved", vpp=2)).plan
     assert (over.schedule, over.vpp) == ("interleaved", 2)
-    kept = ("kernels", "compile_loss", "pp_buffers", "pp_return_outputs", "tp_overlap_kind", "reshard_after_forward",
-            "fsdp_accumulate_unsharded", "overlap_grad_reduce", "precision", "global_batch", "micro_batch")
+    kept = ("precision", "global_batch", "micro_batch")
     assert {k: getattr(over, k) for k in kept} == {k: getattr(base, k) for k in kept}
+    assert base.stack.name == over.stack.name == "torchtitan-2024" and base.stack.pp_buffers == "per-micro-batch"
+    # the profile's rules apply to the new layout: torch's 2024 lockstep runtime runs the multi-stage schedule
+    assert (base.stack.pipeline_runtime, over.stack.pipeline_runtime) == ("dependency", "lockstep")
+    assert over.stack.model_copy(update={"pipeline_runtime": "dependency"}) == base.stack
     # the fields no option sets still yield to a stage they do not apply to
-    assert resolve(PlanArgs(preset=ROW, zero="1")).plan.fsdp_accumulate_unsharded is False
+    assert resolve(PlanArgs(preset=ROW, zero="1")).plan.stack.fsdp_accumulate_unsharded is False
 
 
 def test_a_new_pipeline_drops_the_presets_layer_split(monkeypatch):

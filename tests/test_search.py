@@ -51,7 +51,7 @@ SPACES = [
 def _setup(name, gpus, seq, gb, extras):
     model = load_model(name)
     cluster = ClusterSpec.of(H100, gpus)
-    base = TrainingPlan(global_batch=gb, seq_len=seq, **extras)
+    base = TrainingPlan.of(global_batch=gb, seq_len=seq, **extras)
     return model, cluster, base
 
 
@@ -80,7 +80,7 @@ def test_one_f_one_b_bound_is_the_simulation_for_equal_stages():
     table = enumerate_plans(model, 8, 8, 4096, (64,), lim)
     assert len(table) == 1
     screen = Engine(model, cluster, base).evaluate(table)
-    est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(0)}))
+    est = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **table.row(0)}))
     assert est.time.step_s * 0.99 <= screen.step_lower_bound[0] <= est.time.step_s
 
 
@@ -116,7 +116,7 @@ def test_best_first_finds_the_exhaustive_best():
     res = search(model, cluster, base, lim, top_k=5)
     exact = []
     for i in range(len(table)):
-        est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+        est = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **table.row(i)}))
         if est.peak_bytes <= cluster.gpu.hbm_bytes:
             exact.append(est.time.step_s)
     assert res.feasible == len(exact)
@@ -356,7 +356,7 @@ def test_remembered_simulation_is_the_simulation():
 def test_llama3_8b_on_8_h100_prefers_plain_data_parallelism():
     # torchtitan trains Llama 3.1 8B on 8 H100 with FSDP8 only (no TP, PP or CP at 8K sequences)
     model, cluster, base = _setup("llama3-8b", 8, 8192, 16, {})
-    torchtitan = TrainingPlan(**{**base.model_dump(), "dp": 8, "micro_batch": 2, "recompute": "op", "zero": 3})
+    torchtitan = TrainingPlan.of(**{**base.model_dump(), "dp": 8, "micro_batch": 2, "recompute": "op", "zero": 3})
     res = search(model, cluster, base, SearchLimits(), top_k=5, baseline=torchtitan)
     best = res.top[0].estimate.plan
     assert (best.tp, best.cp, best.pp, best.dp) == (1, 1, 1, 8)
@@ -369,7 +369,7 @@ def test_llama3_70b_on_256_h100_keeps_tp_in_the_node():
     # allowed TP 16 (across two nodes), the search still keeps TP within the 8-GPU NVLink domain;
     # NVIDIA NeMo's Llama 3 70B recipe (TP4 CP2 PP4 VPP5, micro-batch 1) ranks in the top 2 %
     model, cluster, base = _setup("llama3-70b", 256, 8192, 512, {})
-    nemo = TrainingPlan(**{**base.model_dump(), "tp": 4, "cp": 2, "pp": 4, "dp": 8, "vpp": 5, "schedule": "interleaved",
+    nemo = TrainingPlan.of(**{**base.model_dump(), "tp": 4, "cp": 2, "pp": 4, "dp": 8, "vpp": 5, "schedule": "interleaved",
                            "micro_batch": 1, "recompute": "none", "zero": 1})
     # TP overlap off, as the baseline (with it, TP8 without pipelining hides its TP traffic and wins)
     res = search(model, cluster, base, SearchLimits(max_tp=16, max_micro_batch=2, tp_comm_overlap=(False,)), top_k=5, baseline=nemo)
@@ -426,7 +426,7 @@ def test_cli_gpu_front():
     for p in pts:
         plan = p["best"]["plan"]
         assert plan["tp"] * plan["cp"] * plan["pp"] * plan["dp"] == p["num_gpus"]
-        again = TrainingPlan(**{**base.model_dump(), **{k: plan[k] for k in fields}})
+        again = TrainingPlan.of(**{**base.model_dump(), **{k: plan[k] for k in fields}})
         est = estimate(model, ClusterSpec.of(H100, p["num_gpus"]), again, Budget(tokens=1e12))
         assert p["days"] == est.run_cost()["days"] == p["best"]["run"]["days"]
     days = [p["days"] for p in pts]
@@ -521,7 +521,7 @@ def test_every_plan_and_rank_class_matches_estimate(name, gpus, seq, gb, limits)
     screen = Engine(model, cluster, base).evaluate(table)
     assert {"zbv", "interleaved"} <= {table.row(i)["schedule"] for i in range(len(table))}
     for i in range(len(table)):
-        est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+        est = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **table.row(i)}))
         assert screen.peak_bytes[i] == est.peak_bytes, table.row(i)
         assert screen.worst_rank[i] == max(range(len(est.stages)), key=lambda r: est.stages[r].total)
         assert screen.step_lower_bound[i] <= est.time.step_s, table.row(i)

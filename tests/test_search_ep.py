@@ -41,7 +41,7 @@ def _check_sampled(model, gpus, seq, gb, limits, per_ep=12, rank_order=("tp", "c
         idx = np.flatnonzero(table.ep == ep)
         assert len(idx) > per_ep, ep
         for i in rng.choice(idx, per_ep, replace=False).tolist():
-            plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+            plan = TrainingPlan.of(**{**base.model_dump(), **table.row(i)})
             assert plan.ep == ep
             check_plan(model, cluster, plan)  # every enumerated plan is valid for estimate
             est = estimate(model, cluster, plan)
@@ -131,8 +131,8 @@ def test_tp_overlap_screen_is_estimate_and_never_slower():
     for i in rng.choice(on, 10, replace=False).tolist():
         row = table.row(i)
         assert row["tp_comm_overlap"] is True
-        est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **row}))
-        off = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **row, "tp_comm_overlap": False}))
+        est = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **row}))
+        off = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **row, "tp_comm_overlap": False}))
         assert screen.peak_bytes[i] == est.peak_bytes == off.peak_bytes  # overlap moves no bytes
         assert screen.step_lower_bound[i] <= est.time.step_s < off.time.step_s
         assert est.time.tp_comm_s < off.time.tp_comm_s
@@ -166,13 +166,13 @@ def test_cli_ep_flags():
     assert code == 0, err
     res = json.loads(out)
     assert {p["plan"]["ep"] for p in res["top"]} <= {1, 2}
-    assert not any(p["plan"]["tp_comm_overlap"] for p in res["top"])
+    assert not any(p["plan"]["stack"]["tp_comm_overlap"] for p in res["top"])
     code, out, err = run_cli(*MIXTRAL, "--tp", "2", "--tp-comm-overlap", "--json")  # asked for: every TP plan overlaps
     assert code == 0, err
-    assert all(p["plan"]["tp_comm_overlap"] for p in json.loads(out)["top"])
+    assert all(p["plan"]["stack"]["tp_comm_overlap"] for p in json.loads(out)["top"])
     code, out, err = run_cli(*MIXTRAL, "--tp", "2", "--json")  # off unless asked for, as in estimate
     assert code == 0, err
-    assert not any(p["plan"]["tp_comm_overlap"] for p in json.loads(out)["top"])
+    assert not any(p["plan"]["stack"]["tp_comm_overlap"] for p in json.loads(out)["top"])
     code, out, err = run_cli(*MIXTRAL, "--ep", "16")
     assert code == 2 and out == "" and err.strip() == "error: ep: ep (16) must divide the number of experts (8)"
     code, out, err = run_cli(*MIXTRAL, "--max-ep", "0")

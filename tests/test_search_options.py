@@ -152,12 +152,12 @@ def test_zero3_switches_search_every_zero_stage(switch):
     from meshplan.cli.search_cmd import execute
     from meshplan.estimate import estimate
 
-    args = PlanArgs(model="llama3-8b", gpus=16, seq_len=4096, global_batch=32, precision="fp8", kernels="compiled", pp=1,
-                    **{switch: True})
+    args = PlanArgs(model="llama3-8b", gpus=16, seq_len=4096, global_batch=32, precision="fp8", pp=1,
+                    set_fields=["kernels=compiled", f"{switch}=true"])
     result, cluster, _ = execute(args, SearchArgs(top=40, max_tp=2, max_micro_batch=2))
     plans = [c.estimate.plan for c in result.top]
     assert {p.zero for p in plans} > {3}
     for p in plans:
-        assert getattr(p, switch) is (p.zero == 3)
+        assert getattr(p.stack, switch) is (p.zero == 3)
     best3 = next(c.estimate for c in result.top if c.estimate.plan.zero == 3)
     assert estimate(load_model("llama3-8b"), cluster, best3.plan).peak_bytes == best3.peak_bytes

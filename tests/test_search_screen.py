@@ -56,7 +56,7 @@ def test_every_kind_of_plan_screens_to_estimates_memory_and_below_its_step(name,
     checked = 0
     for members in kinds.values():
         for i in rng.choice(members, min(1, len(members)), replace=False).tolist():
-            plan = TrainingPlan(**{**base.model_dump(), **table.row(i)})
+            plan = TrainingPlan.of(**{**base.model_dump(), **table.row(i)})
             est = estimate(model, cluster, plan)
             assert screen.peak_bytes[i] == est.peak_bytes, table.row(i)
             assert screen.worst_rank[i] == max(range(len(est.stages)), key=lambda r: est.stages[r].total)
@@ -191,7 +191,7 @@ def test_screen_of_several_global_batches_is_each_batch_s_own(buffers):
     rank and bound equal those of the same plan screened in its own batch's table, and
     ``estimate``'s memory on a sample."""
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(H100, 16)
-    base = TrainingPlan(global_batch=64, seq_len=4096, pp_buffers=buffers)
+    base = TrainingPlan.of(global_batch=64, seq_len=4096, pp_buffers=buffers)
     limits = SearchLimits(max_micro_batch=2, max_vpp=3, hsdp=True, tp_comm_overlap=BOTH)
     table = enumerate_plans(model, 16, cluster.gpus_per_node, 4096, (32, 64, 128), limits)
     assert set(table.global_batch.tolist()) == {32, 64, 128}
@@ -203,7 +203,7 @@ def test_screen_of_several_global_batches_is_each_batch_s_own(buffers):
         assert np.array_equal(both.worst_rank[mine], alone.worst_rank)
         assert np.array_equal(both.step_lower_bound[mine], alone.step_lower_bound)
     for i in np.random.default_rng(4).choice(len(table), 12, replace=False).tolist():
-        est = estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+        est = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **table.row(i)}))
         assert both.peak_bytes[i] == est.peak_bytes and both.step_lower_bound[i] <= est.time.step_s, table.row(i)
 
 

@@ -37,7 +37,7 @@ FP32 = PrecisionRecipe(precision="fp32", grad_dtype="fp32")
 
 
 def P(**kw) -> TrainingPlan:
-    return TrainingPlan(**({"seq_len": 64, "global_batch": 2, "precision": FP32} | kw))
+    return TrainingPlan.of(**({"seq_len": 64, "global_batch": 2, "precision": FP32} | kw))
 
 
 WORLD2 = {
@@ -198,7 +198,7 @@ def test_last_stage_keeps_every_output_when_the_schedule_returns_them(runs, name
     assert o == plan.micro_batch * plan.seq_len * MODEL.vocab_size // plan.tp * 4
     for res in runs["raw"][name]:
         for k, kept in zip(res["stages"], res["pp_outputs"]):
-            assert kept == ([o] * plan.grad_accum if k == last and plan.pp_return_outputs else []), (name, res["rank"], k)
+            assert kept == ([o] * plan.grad_accum if k == last and plan.stack.pp_return_outputs else []), (name, res["rank"], k)
 
 
 def test_zero1_is_ddp_all_reduce_and_owner_broadcasts(runs):

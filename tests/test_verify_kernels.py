@@ -47,7 +47,7 @@ def test_cases_are_the_layer_gemms_in_their_three_directions():
 
 
 def test_torch_stack_cases_are_torchtitans_separate_projections():
-    """Under --kernels compiled or eager the GEMM rows are the seven projections torchtitan's block
+    """Under --set kernels=compiled or eager the GEMM rows are the seven projections torchtitan's block
     runs, in its order: q, k, v, o, gate, up, down."""
     cases = _cases((), kernels="compiled")
     assert [c.name for c in cases if c.kind == "gemm"] == [f"gemm {g} {d}" for g in TORCH_GEMMS for d in ("fwd", "dgrad", "wgrad")]
@@ -262,9 +262,9 @@ def test_cli_json_on_cpu(capsys, cfg):
     assert [r["name"] for r in out["rows"]][-2:] == ["layer fwd", "layer bwd"]
     expected = K.kernel_cases(load_model(cfg), H100, 1, 32, 1, "bf16", ("eager",))
     assert [r["predicted"] for r in out["rows"]] == [c.predicted for c in expected]
-    # --kernels picks the GEMM rows' layout: torch's separate projections
+    # --set kernels=picks the GEMM rows' layout: torch's separate projections
     assert main(["verify", "kernels", "--model", cfg, "--seq-len", "32", "--layer-stacks", "none", "--reps", "1",
-                 "--warmup", "0", "--kernels", "compiled", "--json"]) == 0
+                 "--warmup", "0", "--set", "kernels=compiled", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["name"] for r in rows if r["kind"] == "gemm"][:3] == ["gemm q fwd", "gemm q dgrad", "gemm q wgrad"]
 

@@ -87,7 +87,7 @@ def test_fsdp2_root_unit_of_2024_against_its_own_units(vocab):
                                   "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": vocab,
                                   "max_position_embeddings": 1024}, "tiny-llama-4")
     cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 2)
-    own, root = (memory.compare(model, TrainingPlan(**base, fsdp_head_in_root=v), cluster) for v in (False, True))
+    own, root = (memory.compare(model, TrainingPlan.of(**base, fsdp_head_in_root=v), cluster) for v in (False, True))
     assert own.ok and root.ok, [r.to_dict() for r in own.failures + root.failures]
     moved = root.row("peak").measured - own.row("peak").measured
     added = root.row("peak").predicted - own.row("peak").predicted
@@ -139,7 +139,7 @@ def test_fsdp2_peak_with_two_layers_is_the_larger_backward_moment():
 
 def _plan(**kw) -> TrainingPlan:
     dp = kw.get("dp", 1)
-    return TrainingPlan(**({"micro_batch": 2, "seq_len": 256, "global_batch": 2 * dp, "precision": FP32, "zero": 0} | kw))
+    return TrainingPlan.of(**({"micro_batch": 2, "seq_len": 256, "global_batch": 2 * dp, "precision": FP32, "zero": 0} | kw))
 
 
 LAYOUTS = {

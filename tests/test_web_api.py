@@ -61,10 +61,10 @@ def test_estimate_stack_and_tp_overlap_choices_are_the_cli_json(client, capsys):
               "kernels": "compiled", "tp_comm_overlap": "true", "tp_overlap_kind": "micro-pipeline"}
     got = client.get("/api/estimate", params=params).json()
     flags = ["--model", "llama3-70b", "--gpus", "256", "--tp", "8", "--seq-len", "8192", "--global-batch", "256", "--zero", "3",
-             "--kernels", "compiled", "--tp-comm-overlap", "--tp-overlap-kind", "micro-pipeline"]
+             "--set", "kernels=compiled", "--tp-comm-overlap", "--set", "tp_overlap_kind=micro-pipeline"]
     assert got == cli_json(capsys, "estimate", *flags, "--json")
-    plan = got["plan"]
-    assert (plan["kernels"], plan["tp_comm_overlap"], plan["tp_overlap_kind"]) == ("compiled", True, "micro-pipeline")
+    stack = got["plan"]["stack"]
+    assert (stack["kernels"], stack["tp_comm_overlap"], stack["tp_overlap_kind"]) == ("compiled", True, "micro-pipeline")
     off = client.get("/api/estimate", params={**params, "tp_comm_overlap": "false"}).json()
     assert off["time"]["step_s"] > got["time"]["step_s"]  # the fused forward collectives hide part of the TP traffic
 

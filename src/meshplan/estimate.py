@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from meshplan.catalog import stack_overrides
 from meshplan.cost import collectives as coll
 from meshplan.cost.activations import (
     embedding_activation_bytes,
@@ -307,20 +308,11 @@ class Estimate:
                 "grad_dtype": p.precision.grad_dtype,
                 "master_weights": p.precision.master_weights,
                 "grad_fp32_copy": p.precision.grad_fp32_copy,
-                "bytes_per_param": sum(state_bytes_per_param(p.precision, runs_fsdp2(p.zero, p.kernels))),
+                "optimizer": p.precision.optimizer,
+                "bytes_per_param": sum(state_bytes_per_param(p.precision, runs_fsdp2(p.zero, p.stack.kernels))),
                 "attention": p.attention,
                 "attention_flops": p.attention_flops,
-                "kernels": p.kernels,
-                "compile_loss": p.compile_loss,
-                "tp_comm_overlap": p.tp_comm_overlap,
-                "tp_overlap_kind": p.tp_overlap_kind,
-                "pipeline_runtime": p.pipeline_runtime,
-                "pp_buffers": p.pp_buffers,
-                "pp_return_outputs": p.pp_return_outputs,
-                "fsdp_head_in_root": p.fsdp_head_in_root,
-                "fsdp_fp8_all_gather": p.fsdp_fp8_all_gather,
-                "fp8_linears": p.fp8_linears,
-                "attention_kernel": p.attention_kernel,
+                "stack": {**p.stack.model_dump(), "overrides": stack_overrides(p.stack, p)},
                 "layer_split": list(self.split),
                 "rank_order": list(p.rank_order),
             },
@@ -400,46 +392,46 @@ def estimate(
     # ---- per-layer compute and communication (one micro-batch, one GPU) ----------------------
     shard = plan.shard_degree
     # FSDP2's FP8 all-gather: the blocks' Float8Linear weights gathered, held and used as FP8
-    fp8_gather = plan.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1
+    fp8_gather = plan.stack.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1
     layer_saving = fp8_gather_saving(model, t, rec.weight_bytes, fp8_gather)
-    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
-                         weights_in_fp8=fp8_gather, fp8_linears=plan.fp8_linears, attention_kernel=plan.attention_kernel)
+    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.stack.kernels,
+                         weights_in_fp8=fp8_gather, fp8_linears=plan.stack.fp8_linears, attention_kernel=plan.stack.attention_kernel)
     emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
-    head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e, plan.loss_kernels)
+    head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e, plan.stack.loss_kernels)
     recompute_layer = recompute_time(ops, plan.recompute)
     pl = plan_placements(cluster, plan)
     tokens = b * s / c
     act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
     tp_one = tp_collective_time(act_msg, sp, pl.tp, cluster, cal)
-    cp_comm = cp_exchange_collectives(model, tokens, t, e, plan.kernels, c, pl.cp, cluster, cal)
+    cp_comm = cp_exchange_collectives(model, tokens, t, e, plan.stack.kernels, c, pl.cp, cluster, cal)
     layer_params = layer_params_per_rank(model, t)
     # ZeRO-3 that keeps weights gathered and gradients unsharded through the step communicates like
     # ZeRO-1/2 (one reduce-scatter after the last backward, one all-gather before the first
     # forward) and holds what they hold, on top of its shards
-    once_per_step = plan.zero == 3 and plan.fsdp_accumulate_unsharded
+    once_per_step = plan.zero == 3 and plan.stack.fsdp_accumulate_unsharded
     fsdp_per_layer = plan.zero == 3 and shard > 1 and not once_per_step
     units = fsdp_unit_times(model, t, pp, rec, pl.shard, cluster, cal, fp8_gather) if fsdp_per_layer else (0.0,) * 6
     ag, rs = units[0], units[1]
-    fsdp2 = runs_fsdp2(plan.zero, plan.kernels)
+    fsdp2 = runs_fsdp2(plan.zero, plan.stack.kernels)
     copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal, fp8_gather=fp8_gather) if fsdp_per_layer and fsdp2 else (0.0,) * 6
     lt_args = dict(
         full_recompute=plan.recompute == "full",
         emb=(emb_ops.fwd, emb_ops.bwd, emb_ops.bwd_weight), head=(head_ops.fwd, head_ops.bwd, head_ops.bwd_weight),
-        tp_one=tp_one, sp=sp, tp_comm_overlap=plan.tp_comm_overlap, cp=c, cp_comm=cp_comm, kernels=plan.kernels,
+        tp_one=tp_one, sp=sp, tp_comm_overlap=plan.stack.tp_comm_overlap, cp=c, cp_comm=cp_comm, kernels=plan.stack.kernels,
         fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
-        reshard_after_forward=plan.reshard_after_forward, fsdp_units=units[2:], fsdp_copies=copies,
-        embedding_kept=(model.tied_embeddings or plan.fsdp_head_in_root) and pp == 1,
-        nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(plan.tp_overlap_kind), gpu.sm_count),
+        reshard_after_forward=plan.stack.reshard_after_forward, fsdp_units=units[2:], fsdp_copies=copies,
+        embedding_kept=(model.tied_embeddings or plan.stack.fsdp_head_in_root) and pp == 1,
+        nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(plan.stack.tp_overlap_kind), gpu.sm_count),
     )
-    if plan.tp_overlap_kind == "micro-pipeline":
-        lt_args["tp_overlapped"] = micro_pipeline_tp_times(model, tokens, t, sp, pl.tp, cluster, cal, rec.compute_dtype, e, plan.kernels)
+    if plan.stack.tp_overlap_kind == "micro-pipeline":
+        lt_args["tp_overlapped"] = micro_pipeline_tp_times(model, tokens, t, sp, pl.tp, cluster, cal, rec.compute_dtype, e, plan.stack.kernels)
     lt = layer_times(**lt_args, **_op_args(ops, recompute_layer))
     st = stage_times(split, lt)
     ep_comm = None
     if model.is_moe:  # MoE layers: their own op times, ZeRO-3 collectives and all-to-alls
         moe_ops = layer_op_times(
-            model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.kernels,
-            moe=True, ep=plan.ep, fp8_linears=plan.fp8_linears, attention_kernel=plan.attention_kernel,
+            model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.stack.kernels,
+            moe=True, ep=plan.ep, fp8_linears=plan.stack.fp8_linears, attention_kernel=plan.stack.attention_kernel,
         )
         ep_group, edp = expert_placements(cluster, plan)
         moe_units = moe_fsdp_layer_times(model, t, plan.ep, rec, pl.shard, edp, cluster, cal) if fsdp_per_layer else (0.0, 0.0)
@@ -455,22 +447,22 @@ def estimate(
     fwd, bwd = st.fwd, st.bwd
 
     # ---- activations per virtual stage, then the schedule ------------------------------------
-    gi = saved_gemm_input_bytes(rec.compute_dtype, plan.kernels, e, plan.fp8_linears)
-    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi, kernels=plan.kernels)
+    gi = saved_gemm_input_bytes(rec.compute_dtype, plan.stack.kernels, e, plan.stack.fp8_linears)
+    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi, kernels=plan.stack.kernels)
     emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
-    head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.loss_kernels, plan.kernels)
+    head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.stack.loss_kernels, plan.stack.kernels)
     p2p_bytes = act_msg / (t if sp else 1)
     # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers): the
     # message sent on, and on the last stage the logits
-    torch_pp = plan.pp_buffers == "per-micro-batch" and pp > 1
-    kept_output = p2p_bytes if plan.pp_buffers == "per-micro-batch" else 0.0
+    torch_pp = plan.stack.pp_buffers == "per-micro-batch" and pp > 1
+    kept_output = p2p_bytes if plan.stack.pp_buffers == "per-micro-batch" else 0.0
     head_output = logits_output_bytes(model, b, s, t, c, e) if torch_pp else 0.0
-    held = held_logits_bytes(model, b, s, t, c, e, plan.loss_kernels) if torch_pp else 0.0
+    held = held_logits_bytes(model, b, s, t, c, e, plan.stack.loss_kernels) if torch_pp else 0.0
     stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output, held)
     working, backward_grads, layer_stored = la.working, la.gradients, la.stored
     if model.is_moe:
         la_moe = layer_activations(
-            model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi, kernels=plan.kernels
+            model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi, kernels=plan.stack.kernels
         )
         stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
         if la_moe.working > la.working:
@@ -478,7 +470,7 @@ def estimate(
     p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
     ranks = compile_schedule(plan.schedule, pp, m, v)
     sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt,
-                   runtime=plan.pipeline_runtime)
+                   runtime=plan.stack.pipeline_runtime)
     style = stage_style(plan.schedule)
 
     # ---- memory and after-pipeline communication per rank ------------------------------------
@@ -487,14 +479,14 @@ def estimate(
     opt_times = []
     pg_times = []
     dp_hidden = []
-    logits_grad = loss_grad_bytes(model, b, s, t, c, plan.loss_kernels, e)
+    logits_grad = loss_grad_bytes(model, b, s, t, c, plan.stack.loss_kernels, e)
     # under torch's pipelining the schedule holds the logits through the loss (counted as the last
     # stage's output): no freed block
-    logits_block = 0.0 if torch_pp else freed_logits_block_bytes(model, b, s, t, c, plan.loss_kernels, e)
+    logits_block = 0.0 if torch_pp else freed_logits_block_bytes(model, b, s, t, c, plan.stack.loss_kernels, e)
     head_params = head_params_per_rank(model, t, pp)
     # torch's pipelining returning outputs: the last stage keeps each micro-batch's logits to the step's end,
     # (m − L)·O beyond the L in flight at its peak
-    returns = plan.pp_return_outputs and pp > 1
+    returns = plan.stack.pp_return_outputs and pp > 1
     kept_outputs = kept_outputs_bytes(m, int(last_stage_live_peaks(state_rows(plan.schedule, pp, m, v)[None], plan.schedule, pp, v)[0]),
                                       head_output) if returns else 0.0
     layer_params, down_params = largest_layer_params(model, t, plan.ep)  # ZeRO-3 buffers hold the largest layer
@@ -504,7 +496,7 @@ def estimate(
     # a tied embedding shares its weight with the LM head on one stage: gathered until its backward
     kept_embedding = embedding_params_per_rank(model, t) if model.tied_embeddings and pp == 1 else 0
     # torchtitan's 2024 FSDP2 units: an untied embedding in the root unit, gathered through the step
-    root_embedding = embedding_params_per_rank(model, t) if plan.fsdp_head_in_root and not model.tied_embeddings else 0
+    root_embedding = embedding_params_per_rank(model, t) if plan.stack.fsdp_head_in_root and not model.tied_embeddings else 0
     for r in range(pp):
         mine = stages_of_rank(r, pp, v, style)
         n_layers = sum(split[k] for k in mine)
@@ -520,18 +512,18 @@ def estimate(
             "backward_working_set": working - backward_grads,
             "backward_gradients": backward_grads,
         }
-        messages = pp_buffer_messages(plan.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine))
+        messages = pp_buffer_messages(plan.stack.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine))
         # FSDP2's all-gather buffers, in the pool of its copy-in stream
         pool = gather_pool_bytes(model, t, pp, tuple((split[k], k == 0, k == last) for k in mine), rec.weight_bytes,
-                                 plan.fsdp_head_in_root, plan.ep, fp8_gather) if fsdp2 and stream_pools else 0.0
+                                 plan.stack.fsdp_head_in_root, plan.ep, fp8_gather) if fsdp2 and stream_pools else 0.0
         step_outputs = m * head_output if returns and last in mine else 0.0
         other = rank_other_items(
             reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
             shard=shard, params=params, layer_params=layer_params, head_params=head_params,
             kept_embedding_params=kept_embedding, weight_bytes=rec.weight_bytes,
-            grad_bytes=rec.grad_bytes, reshard_after_forward=plan.reshard_after_forward,
+            grad_bytes=rec.grad_bytes, reshard_after_forward=plan.stack.reshard_after_forward,
             once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes, pp_messages=messages,
-            working=working, root_embedding_params=root_embedding, head_in_root=plan.fsdp_head_in_root,
+            working=working, root_embedding_params=root_embedding, head_in_root=plan.stack.fsdp_head_in_root,
             down_params=down_params, layer_stored=layer_stored, logits_block=logits_block,
             kept_outputs=kept_outputs, gather_pool=pool, layer_saving=layer_saving, stage_saving=n_layers * layer_saving,
         )
@@ -554,7 +546,7 @@ def estimate(
         dp_args = dict(
             grad_comm=grad_comm, param_gather=pg, last_bwd=sum(bwd[k] for k in mine),
             first_fwd=sum(fwd[k] for k in mine), n_layers=n_layers,
-            overlap_grad_reduce=plan.overlap_grad_reduce, overlap_param_gather=plan.overlap_param_gather,
+            overlap_grad_reduce=plan.stack.overlap_grad_reduce, overlap_param_gather=plan.stack.overlap_param_gather,
         )
         a, g = after_pipeline(**dp_args, nccl_share=lt_args["nccl_share"])
         if once_per_step and fsdp2 and shard > 1:  # FSDP2's copies of the step's one reduce-scatter and all-gather
@@ -568,7 +560,7 @@ def estimate(
         local = params / (shard if plan.zero >= 1 else 1)
         if experts and plan.zero >= 1:
             local = (params - experts) / shard + experts / expert_shard
-        opt_times.append(optimizer_step_time(local, rec, gpu, cal, plan.kernels))
+        opt_times.append(optimizer_step_time(local, rec, gpu, cal, plan.stack.kernels))
 
     # ---- step time and its breakdown on the critical rank ------------------------------------
     ends = [sim.finish[r] + after[r] for r in range(pp)]
@@ -652,9 +644,9 @@ def _op_args(ops: OpTimes, recompute: float) -> dict[str, float]:
 
 def _tp_overlap_words(p: TrainingPlan) -> str:
     """How a layer's TP collectives overlap, as the ``time.layer`` derivation names it."""
-    if not p.tp_comm_overlap or p.tp == 1:
+    if not p.stack.tp_comm_overlap or p.tp == 1:
         return "not overlapped"
-    if p.tp_overlap_kind == "micro-pipeline":
+    if p.stack.tp_overlap_kind == "micro-pipeline":
         return "micro-pipelined, torch AsyncTP: fused all-gather/reduce-scatter matmuls in t chunks"
     return "userbuffers: behind the layer's GEMMs"
 
@@ -667,7 +659,7 @@ def _cp_rows(p: TrainingPlan, cp_comm: tuple[float, float], lt) -> tuple[tuple[s
         return ()
     kv, dkv = cp_comm
     recompute = ", recompute repeats the forward" if p.recompute == "full" else ""
-    if p.kernels == "fused":
+    if p.stack.kernels == "fused":
         return (
             ("CP comm", f"{fmt_seconds(kv)} K|V send/recv, {fmt_seconds(dkv)} backward (K|V and dK|dV) per ring step"),
             ("CP exposed", f"{fmt_seconds(lt.cp_fwd)} / {fmt_seconds(lt.cp_bwd)} (Transformer Engine's ring: "
@@ -688,18 +680,18 @@ def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple | None) -> list[Derivation]:
         return []
     p = est.plan
     ag, rs, copies = fsdp_terms
-    again = " (and again backward)" if p.reshard_after_forward else ""
+    again = " (and again backward)" if p.stack.reshard_after_forward else ""
     symbols = [("P", f"{layer_params_per_rank(est.model, p.tp):,} parameters per layer and GPU (TP {p.tp})")]
     gathered = "P·w"
-    if p.fsdp_fp8_all_gather:
+    if p.stack.fsdp_fp8_all_gather:
         gathered = "P·w − S"
         saving = fp8_gather_saving(est.model, p.tp, p.precision.weight_bytes, True)
         symbols.append(("S", f"{saving:,} bytes: the Float8Linear weights gathered as FP8, P_lin·(w − 1) (FSDP2's FP8 all-gather)"))
     symbols.append(("AG, RS", f"{fmt_seconds(ag)} all-gather of {gathered}{again}, {fmt_seconds(rs)} reduce-scatter of P·γ, "
                               f"over N = {p.shard_degree}"))
-    ag_bwd = "AG + RS" if p.reshard_after_forward else "RS"
+    ag_bwd = "AG + RS" if p.stack.reshard_after_forward else "RS"
     formula = f"max(AG − forward, 0) forward, max({ag_bwd} − backward, 0) backward: a layer's collectives behind a layer's compute"
-    if runs_fsdp2(p.zero, p.kernels):
+    if runs_fsdp2(p.zero, p.stack.kernels):
         symbols.append(("copies", f"{fmt_seconds(copies[0])} copy-out (2·({gathered})) per all-gather, {fmt_seconds(copies[1])} "
                                   "copy-in (P·(w + γ)) per reduce-scatter, on the compute stream"))
         formula += " + FSDP2's copies"
@@ -708,14 +700,14 @@ def _fsdp_rows(est: Estimate, lt, fsdp_terms: tuple | None) -> list[Derivation]:
         "time.fsdp", "ZeRO-3 / FSDP time per layer and micro-batch", formula, tuple(symbols),
         f"{fmt_seconds(est.time.fsdp_comm_s)} per step on the critical rank (the embedding and head units included)",
         "Rajbhandari et al. 2020 Sec. 7.2.2" + ("; torch FSDP2's foreach_all_gather_copy_out and foreach_reduce_scatter_copy_in "
-                                                 "(meshplan.cost.fsdp_copies)" if runs_fsdp2(p.zero, p.kernels) else ""))]
+                                                 "(meshplan.cost.fsdp_copies)" if runs_fsdp2(p.zero, p.stack.kernels) else ""))]
 
 
 def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str, str], ...]:
     """The flash attention's kernel and its rates, η(L) = η∞·L/(L + L₀) forward / backward."""
     if p.attention != "flash":
         return ()
-    kernel = attention_kernel_of(p.kernels, p.attention_kernel, cal)
+    kernel = attention_kernel_of(p.stack.kernels, p.stack.attention_kernel, cal)
     fe, fl, be, bl = attention_rates(cal, kernel)
     return (("η_attn", f"{ATTENTION_KERNEL_NAMES[kernel]}: η∞ {fe:g} / {be:g}, L₀ {fl:g} / {bl:g} keys"),)
 
@@ -824,15 +816,15 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
     d.extend(_fsdp_rows(est, lt, fsdp_terms))
     t = est.time
     gpu = est.cluster.gpu
-    ctas = tp_overlap_ctas(p.tp_overlap_kind)
+    ctas = tp_overlap_ctas(p.stack.tp_overlap_kind)
     kinds = {"tp": "TP", "cp": "CP", "fsdp": "FSDP", "dp_grad": "DP grad", "param_gather": "weight AG"}
     d.append(Derivation(
         "time.contention", "Compute slowed by the communication it hides",
         "Σ over hidden collectives of T_h · n_c / n_SM",
         (("n_SM", f"{gpu.sm_count} SMs ({gpu.name})"),
          ("n_c", f"{NCCL_CTAS} NCCL CTAs (FSDP, CP, DP)" + (
-             f"; TP {ctas:g} ({'copy engines' if p.tp_overlap_kind == 'micro-pipeline' else 'userbuffers: all-gather 1, reduce-scatter 16'})"
-             if p.tp_comm_overlap and p.tp > 1 else "")),)
+             f"; TP {ctas:g} ({'copy engines' if p.stack.tp_overlap_kind == 'micro-pipeline' else 'userbuffers: all-gather 1, reduce-scatter 16'})"
+             if p.stack.tp_comm_overlap and p.tp > 1 else "")),)
         + tuple((f"T_h {kinds[k]}", f"{fmt_seconds(v)} hidden → +{fmt_seconds(t.contention[k])}")
                 for k, v in t.hidden_comm.items() if v > 0),
         f"{fmt_seconds(t.contention_s)} per step (the layers' in compute, the DP synchronization's in DP comm and weight all-gather)",
@@ -841,7 +833,7 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         "time.step_s", "Step time", "pipeline makespan (critical rank) + exposed DP comm + optimizer + exposed weight all-gather"
         + (" + FP8 weight casts (first micro-batch)" if t.fp8_weight_cast_s else ""),
         (("makespan", f"{fmt_seconds(est.sim.finish[t.critical_rank])} on rank {t.critical_rank} ({p.schedule}, p={p.pp}, m={p.grad_accum}, v={p.vpp}, "
-                      f"{runtime_words(p.schedule, p.pp, p.grad_accum, p.vpp, p.pipeline_runtime)})"),
+                      f"{runtime_words(p.schedule, p.pp, p.grad_accum, p.vpp, p.stack.pipeline_runtime)})"),
          ("p2p", f"{fmt_seconds(p2p)} per stage boundary"),
          ("bubble", f"{fmt_seconds(t.pipeline_bubble_s)} idle; fraction {t.bubble_fraction:.3f}, overhead {t.bubble_overhead:.3f}"),
          ("dp comm", fmt_seconds(t.dp_comm_s)), ("optimizer", fmt_seconds(t.optimizer_s)),
@@ -849,7 +841,7 @@ def _derivations(est: Estimate, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         + ((("FP8 casts", f"{fmt_seconds(t.fp8_weight_cast_s)}: the {est.model.n_layers} layers' weights cast and transposed "
                           "once per step (Megatron-Core's is_first_microbatch)"),) if t.fp8_weight_cast_s else ()),
         fmt_seconds(t.step_s), "event simulation of the schedule (meshplan.pipeline.simulate"
-        + ("; lockstep over torch's grid: meshplan.pipeline.lockstep)" if runs_lockstep(p.schedule, p.pp, p.pipeline_runtime) else ")")))
+        + ("; lockstep over torch's grid: meshplan.pipeline.lockstep)" if runs_lockstep(p.schedule, p.pp, p.stack.pipeline_runtime) else ")")))
     d.append(Derivation(
         "throughput.mfu", "Model FLOPs utilization", "model FLOPs per step / (GPUs × dense peak × step time)",
         (("model FLOPs", f"{f.model:.4e}"), ("GPUs", str(p.num_gpus)), ("peak", f"{est.mfu_peak / TFLOPS:.1f} TFLOP/s"),

@@ -54,7 +54,7 @@ class Preset:
     values: Mapping[str, Any]
     published: Optional[Published] = None
     notes: tuple[str, ...] = field(default_factory=tuple)
-    # plan fields no option sets (``meshplan.interop.EXTRA_FIELDS``, the optimizer), applied after
+    # plan fields no option sets (the optimizer), applied after
     # the options as a ``--plan`` file's are
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -56,7 +56,7 @@ import yaml
 
 from meshplan.accuracy.formulas import step_from_tokens_per_gpu
 from meshplan.accuracy.runs import MappedRun, gpt_model, unsupported
-from meshplan.catalog import load_gpu, load_model
+from meshplan.catalog import load_gpu, load_model, load_stack
 from meshplan.errors import InputError
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
@@ -183,8 +183,8 @@ def _foundry_plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
     recipe, precision_note = MPT_PRECISION[r["precision"]]
     plan = TrainingPlan.build(
         where="plan", dp=n, micro_batch=r["micro_batch"], global_batch=r["global_batch"], seq_len=r["seq_len"],
-        zero=3, recompute="full" if checkpointed else "none", precision=recipe, kernels="eager", attention="flash",
-        fp8_linears="transformer-engine" if recipe.precision == "fp8" else "auto",
+        zero=3, recompute="full" if checkpointed else "none", precision=recipe, attention="flash",
+        stack=load_stack("composer"),
     )
     if r["gpu"].startswith("a100"):
         network = f"1600 Gbps RoCE per 8-GPU node, 25 GB/s per GPU, as the table's title says (catalog {r['gpu']})"
@@ -225,7 +225,7 @@ def _plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:
         recompute = workload.recompute if workload else "none"
         plan = TrainingPlan.build(
             **common, schedule="interleaved" if vp > 1 else "1f1b", recompute=recompute,
-            sequence_parallel=tp > 1, tp_comm_overlap=tp > 1, attention="flash",
+            sequence_parallel=tp > 1, attention="flash", stack=load_stack("nemo"),
             attention_kernel=workload.attention_kernel if workload else "auto",
         )
         framework = (f"DGX Cloud Benchmarking {r['recipe']} recipe" if workload else

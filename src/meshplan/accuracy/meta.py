@@ -8,7 +8,7 @@ from typing import Any
 
 from meshplan.accuracy.formulas import llama3_model_flops, step_from_tflops, step_from_tokens_per_gpu
 from meshplan.accuracy.runs import MappedRun, unsupported
-from meshplan.catalog import load_gpu, load_model
+from meshplan.catalog import load_gpu, load_model, load_stack
 from meshplan.cost.calibration import power_capped
 from meshplan.cost.params import count_params
 from meshplan.presets import get_preset
@@ -220,13 +220,8 @@ def map_torchtitan(r: dict[str, Any]) -> list[MappedRun]:
     plan = TrainingPlan.build(
         where="plan", tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
         micro_batch=micro, global_batch=global_batch, seq_len=s, recompute=recompute,
-        sequence_parallel=tp > 1, zero=3, reshard_after_forward=pp == 1, fsdp_accumulate_unsharded=pp > 1,
-        overlap_grad_reduce=pp == 1,
-        precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
-        tp_comm_overlap=async_tp, tp_overlap_kind="micro-pipeline", kernels="compiled" if compiled else "eager",
-        pipeline_runtime="lockstep" if vpp > 1 else "dependency", compile_loss=False, pp_buffers="per-micro-batch",
-        pp_return_outputs=pp > 1,
-        fsdp_head_in_root=pp == 1,
+        sequence_parallel=tp > 1, zero=3, precision=PrecisionRecipe(precision="fp8" if fp8 else "bf16", grad_dtype="fp32"),
+        stack=load_stack("torchtitan-2024"), tp_comm_overlap=async_tp, kernels="compiled" if compiled else "eager",
     )
     cluster = ClusterSpec.of(h100_96gb(), n)
     if interleaved:
@@ -287,8 +282,8 @@ def map_trainy(r: dict[str, Any]) -> list[MappedRun]:
         plan = TrainingPlan.build(
             where="plan", dp=n, micro_batch=b, global_batch=b * n, seq_len=r["seq_len"],
             recompute="op", sequence_parallel=False, zero=3,
-            precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"), kernels="compiled", compile_loss=True,
-            fsdp_head_in_root=True, fsdp_fp8_all_gather=True,
+            precision=PrecisionRecipe(precision="fp8", grad_dtype="fp32"),
+            stack=load_stack("torchtitan"), fsdp_head_in_root=True, fsdp_fp8_all_gather=True,
         )
         cluster = ClusterSpec.of(load_gpu("h200-sxm-141gb"), n)
         assumptions = [

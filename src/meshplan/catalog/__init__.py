@@ -19,6 +19,7 @@ from meshplan.errors import InputError
 from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import GPUSpec, PeakFlops
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack, applied
 from meshplan.units import GBPS, GiB, TFLOPS
 
 from pydantic import ValidationError
@@ -138,3 +139,49 @@ def load_gpu(name: str) -> GPUSpec:
         )
     except ValidationError as exc:  # a broken catalog entry is a packaging bug, but say where
         raise input_error_from(exc, f"gpu {key}") from None
+
+
+# ---- stacks ---------------------------------------------------------------------------------------
+
+
+def stack_names() -> list[str]:
+    """The stack profiles of ``catalog/data/stacks.yaml``, in file order."""
+    return list(_data("stacks.yaml"))
+
+
+def stack_profile(name: str) -> dict[str, Any]:
+    """A profile's entry: ``title``, ``release``, ``summary`` and ``fields`` (each field's
+    ``value``, ``source`` and ``why``)."""
+    key = str(name).strip().lower()
+    table = _data("stacks.yaml")
+    if key not in table:
+        raise InputError("stack", f"unknown stack '{name}' (profiles: {', '.join(table)})")
+    return table[key]
+
+
+@lru_cache(maxsize=None)
+def load_stack(name: str) -> Stack:
+    """The :class:`~meshplan.specs.stack.Stack` of profile ``name`` (``torchtitan``,
+    ``megatron-core``, ...); an unknown name names the profiles."""
+    entry = stack_profile(name)
+    key = str(name).strip().lower()
+    fields = {k: v["value"] for k, v in entry["fields"].items()}
+    missing = [k for k in BEHAVIOUR_FIELDS if k not in fields]
+    if missing:  # every profile states every field: a packaging bug, but say where
+        raise InputError(f"stack {key}", f"the profile does not give {', '.join(missing)}")
+    try:
+        return Stack(name=key, **fields)
+    except ValidationError as exc:
+        raise input_error_from(exc, f"stack {key}") from None
+
+
+def stack_overrides(stack: Stack, plan: Any = None) -> dict[str, Any]:
+    """The fields where ``stack`` differs from its named profile — as the profile applies to
+    ``plan`` when one is given (:func:`meshplan.specs.stack.applied`), so that a field the plan
+    ignores is no difference. Empty for a profile as it is, and for a name that is no profile."""
+    if stack.name not in stack_names():
+        return {}
+    profile = load_stack(stack.name)
+    if plan is not None:
+        profile = applied(profile, plan)
+    return {k: v for k, v in stack.behaviour().items() if getattr(profile, k) != v}

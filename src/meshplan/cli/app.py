@@ -64,7 +64,7 @@ def estimate(
     if json_out:
         typer.echo(json.dumps(est.to_dict(), allow_nan=False))
         return
-    render.print_estimate(est, setup.preset, unit)
+    render.print_estimate(est, setup.preset, unit, setup.stack)
 
 
 @app.command()

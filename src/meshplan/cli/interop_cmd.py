@@ -19,11 +19,13 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 
 from meshplan import interop
+from meshplan.catalog import load_stack
 from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.outfile import write_text
 from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.errors import InputError
 from meshplan.interop.common import catalog_match
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK
 
 Engine = Literal["torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
 
@@ -106,10 +108,14 @@ def print_plan_notes(plan_file: Optional[str]) -> None:
 def _flag(name: str, value: Any) -> Optional[str]:
     opt = "--" + name.replace("_", "-")
     if isinstance(value, bool):
-        if name in ("sequence_parallel", "master_weights", "grad_fp32_copy", "tp_comm_overlap", "compile_loss"):
+        if name in ("sequence_parallel", "master_weights", "grad_fp32_copy"):
             return opt if value else f"--no-{opt[2:]}"
         return opt if value else None  # the switches that are off unless given
     return f"{opt} {shlex.quote(str(value))}"
+
+
+def _word(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else shlex.quote(str(value))
 
 
 def import_(
@@ -143,16 +149,15 @@ def import_(
     opts = imported.options
     for name in ("gpus", "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
                  "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
-                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "tp_comm_overlap", "tp_overlap_kind",
-                 "pipeline_runtime", "pp_buffers", "pp_return_outputs", "kernels", "compile_loss", "fsdp_head_in_root",
-                 "fsdp_fp8_all_gather", "fp8_linears", "attention_kernel"):
+                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "stack"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
+    profile = load_stack(opts.get("stack") or DEFAULT_STACK)  # the fields that differ from it are set
+    words += [f"--set {name}={_word(opts[name])}" for name in BEHAVIOUR_FIELDS
+              if name in opts and opts[name] != getattr(profile, name)]
     typer.echo(f"# {parsed.format} config {file}" + (f", model {model_name}" if model_name else ""))
     typer.echo(" \\\n    ".join(words))
-    defaults = {"overlap_grad_reduce": True, "overlap_param_gather": True, "reshard_after_forward": True,
-                "fsdp_accumulate_unsharded": False, "optimizer": "adam"}
-    rest = {k: v for k, v in imported.extra.items() if defaults.get(k) != v}
+    rest = {k: v for k, v in imported.extra.items() if not (k == "optimizer" and v == "adam")}
     if model is not None and not catalog_match(model):
         typer.echo(f"# the model is not in the catalog: its shape is in the file ({model.n_layers} layers, hidden {model.hidden})")
     if rest or (model is not None and not catalog_match(model)):

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 from pydantic import ValidationError
 
-from meshplan.catalog import load_gpu, load_model
+from meshplan.catalog import load_gpu, load_model, load_stack, stack_names
 from meshplan.errors import InputError
 from meshplan.pipeline.schedules import check_vpp
 from meshplan.pipeline.stages import split_problem
@@ -40,6 +40,7 @@ from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, Stack
 from meshplan.specs.validate import check_plan
 from meshplan.units import GBPS, parse_count
 
@@ -54,6 +55,7 @@ P_BATCH = "Batch"
 P_MEMORY = "Memory and precision"
 P_NET = "Network"
 P_RUN = "Run budget"
+P_STACK = "Software stack"
 
 
 def _opt(decl: str, help: str, panel: str, **kw: Any) -> typer.models.OptionInfo:
@@ -66,6 +68,8 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "plan_file": (Optional[str], _opt("--plan", "Start from an engine config: a torchtitan TOML or --section.key list, Megatron-LM arguments, a DeepSpeed JSON or a nanotron YAML (see `meshplan import`); other options override it.", P_MODEL)),
     "model": (Optional[str], _opt("--model", "Catalog model name (see `meshplan models`) or path to a Hugging Face config.json / meshplan model YAML. (default: llama3-8b)", P_MODEL)),
     "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`). (default: h100-sxm-80gb)", P_MODEL)),
+    "stack": (Optional[str], _opt("--stack", f"The software that runs the plan: {', '.join(stack_names())} (see `meshplan stacks`). (default: {DEFAULT_STACK}, or the preset's or --plan file's)", P_STACK)),
+    "set_fields": (Optional[list[str]], _opt("--set", "Override one field of the stack, FIELD=VALUE, e.g. --set kernels=eager --set pp_buffers=per-micro-batch (repeatable; fields: `meshplan stacks NAME`).", P_STACK)),
     "gpus": (Optional[int], _opt("--gpus", "Number of GPUs. (default: tp·cp·pp·dp when --dp is given, else 8)", P_LAYOUT)),
     "tp": (Optional[int], _opt("--tp", "Tensor-parallel size. (default: 1)", P_LAYOUT)),
     "pp": (Optional[int], _opt("--pp", "Pipeline-parallel size (pipeline ranks). (default: 1)", P_LAYOUT)),
@@ -74,8 +78,6 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "dp": (Optional[int], _opt("--dp", "Data-parallel size. (default: gpus / (tp·cp·pp))", P_LAYOUT)),
     "vpp": (Optional[int], _opt("--vpp", "Virtual stages per pipeline rank; > 1 selects the interleaved schedule. (default: 1)", P_LAYOUT)),
     "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
-    "pipeline_runtime": (Optional[Literal["dependency", "lockstep"]], _opt("--pipeline-runtime", "How pipeline ranks advance: dependency (Megatron-LM, torch's 1F1B and GPipe: an action waits only for its rank and its input) or lockstep (torch's multi-stage schedules as torchtitan's 2024 runs ran them, PipelineScheduleMulti: slot by slot over the schedule's grid, each rank waiting for its neighbours' sends and receives of the slot; changes interleaved, interleaved-zb, zbh1 and zbv only). (default: dependency)", P_LAYOUT)),
-    "pp_buffers": (Optional[Literal["in-flight", "per-micro-batch"]], _opt("--pp-buffers", "Pipeline stage-to-stage buffers: in-flight (Megatron-LM: the activation and gradient being received; stage outputs freed once sent) or per-micro-batch (torch.distributed.pipelining, torchtitan: every stage but the first keeps an input buffer per micro-batch, every stage but the last an output-gradient buffer per micro-batch, and each stage output, the last stage's logits too, is kept until its backward). (default: in-flight)", P_MEMORY)),
     "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times); a preset's or --plan file's split is dropped when --pp, --vpp or --schedule is given. (default: even, remainder to the inner stages)", P_LAYOUT)),
     "rank_order": (Optional[str], _opt("--rank-order", "Mesh axes innermost first, e.g. tp,cp,pp,dp (Llama 3). (default: tp,cp,dp,pp)", P_LAYOUT)),
     "micro_batch": (Optional[int], _opt("--micro-batch", "Sequences per forward on one DP rank. (default: 1)", P_BATCH)),
@@ -91,16 +93,8 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "master_weights": (Optional[bool], _opt("--master-weights/--no-master-weights", "fp32 master copy of low-precision weights. (default: on)", P_MEMORY)),
     "grad_fp32_copy": (Optional[bool], _opt("--grad-fp32-copy/--no-grad-fp32-copy", "Optimizer keeps an fp32 copy of low-precision gradients. (default: off)", P_MEMORY)),
     "attention": (Optional[Literal["flash", "materialized"]], _opt("--attention", "Attention kernel: flash (no s² scores stored) or materialized. (default: flash)", P_MEMORY)),
-    "attention_kernel": (Optional[Literal["auto", "flash2", "cudnn"]], _opt("--attention-kernel", "With --attention flash, whose kernel: flash2 (FlashAttention-2: torch's SDPA, the flash-attn package) or cudnn (cuDNN's fused attention, Transformer Engine's kernel on Hopper, measured 1.6-1.9x FlashAttention-2; Hopper GPUs only); auto takes cudnn on --kernels fused on Hopper, flash2 otherwise (torch's SDPA before torch 2.11; torch 2.11+ with its bundled cuDNN prefers cuDNN on Hopper: give cudnn). (default: auto)", P_MEMORY)),
     "attention_flops": (Optional[Literal["causal", "full"]], _opt("--attention-flops", "Count causal (half) or full s² attention FLOPs. (default: causal)", P_MEMORY)),
-    "kernels": (Optional[Literal["fused", "compiled", "eager"]], _opt("--kernels", "Software stack of the element-wise kernels and the loss: fused (Megatron-Core/Transformer Engine), compiled (torch.compile), eager (PyTorch eager: one kernel per op, torch's cross-entropy). (default: fused)", P_MEMORY)),
-    "compile_loss": (Optional[bool], _opt("--compile-loss/--no-compile-loss", "With --kernels compiled: torch.compile compiles the loss too (torchtitan since 2025; it keeps e-byte logits, no fp32 copy), or the cross-entropy runs eager beside the compiled blocks (torchtitan of 2024). (default: on)", P_MEMORY)),
-    "pp_return_outputs": (Optional[bool], _opt("--pp-return-outputs/--no-pp-return-outputs", "With --pp-buffers per-micro-batch (torch.distributed.pipelining): the last stage keeps every micro-batch's output, the logits, through the step and concatenates them at its end, 2·m logits tensors at that moment (torch's schedule.step(return_outputs=True), its default, and every torch before the option, pytorch/pytorch#165822, 2025-10); off: return_outputs=False, as torchtitan's trainer passes since. (default: off)", P_MEMORY)),
-    "fsdp_head_in_root": (Optional[bool], _opt("--fsdp-head-in-root/--no-fsdp-head-in-root", "With --zero 3 on --kernels compiled or eager (torch's FSDP2), pp 1: the embedding, final norm and LM head are left to FSDP2's root unit, which is never resharded after forward, and the last block stays gathered (torchtitan's units until pytorch/torchtitan#1094, 2025-07); off: each is a unit of its own (torchtitan since then). Changes the gathered weights at the peak. (default: off)", P_MEMORY)),
-    "fsdp_fp8_all_gather": (Optional[bool], _opt("--fsdp-fp8-all-gather/--no-fsdp-fp8-all-gather", "With --zero 3, --precision fp8 on --kernels compiled or eager (torch's FSDP2 with torchao's Float8 linears): the blocks' linear weights are cast to FP8 on their shards and all-gathered, held and used as FP8 (torchtitan's float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp): half the layers' all-gather bytes, gathered weights and copy-out, and no weight cast in the forward. Dense models. (default: off)", P_MEMORY)),
-    "fp8_linears": (Optional[Literal["auto", "torchao", "transformer-engine"]], _opt("--fp8-linears", "With --precision fp8, the FP8 linears' library: transformer-engine (cast and transpose fused, the FP8 input saved for the backward: Megatron-Core, Composer's amp_fp8, Accelerate's te backend) or torchao (Float8Linear's amax, cast and column-major copies, the 16-bit input saved: torchtitan, Accelerate's ao backend); auto takes Transformer Engine on --kernels fused, torchao on compiled and eager. (default: auto)", P_MEMORY)),
-    "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with GEMMs. (default: off)", P_NET)),
-    "tp_overlap_kind": (Optional[Literal["userbuffers", "micro-pipeline"]], _opt("--tp-overlap-kind", "How TP overlap works: userbuffers (Megatron/Transformer Engine: all TP collectives behind the GEMMs) or micro-pipeline (torch's AsyncTP: fused all-gather/reduce-scatter matmuls in TP chunks; backward input-gradient reduce-scatters exposed). (default: userbuffers)", P_NET)),
+    "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with the GEMMs, as the stack does it (--set tp_comm_overlap). (default: the stack's)", P_STACK)),
     "gpus_per_node": (Optional[int], _opt("--gpus-per-node", "GPUs per scale-up (NVLink) domain. (default: the GPU's, e.g. 8)", P_NET)),
     "nic_gbps": (Optional[float], _opt("--nic-gbps", "Scale-out bandwidth per GPU per direction, GB/s. (default: the GPU's, e.g. 50)", P_NET)),
     "pod_size": (Optional[int], _opt("--pod-size", "GPUs per pod with full bisection. (default: the whole cluster)", P_NET)),
@@ -117,6 +111,8 @@ class PlanArgs:
     plan_file: Optional[str] = None
     model: Optional[str] = None
     gpu: Optional[str] = None
+    stack: Optional[str] = None
+    set_fields: Optional[list[str]] = None
     gpus: Optional[int] = None
     tp: Optional[int] = None
     pp: Optional[int] = None
@@ -125,8 +121,6 @@ class PlanArgs:
     dp: Optional[int] = None
     vpp: Optional[int] = None
     schedule: Optional[str] = None
-    pipeline_runtime: Optional[str] = None
-    pp_buffers: Optional[str] = None
     layer_split: Optional[str] = None
     rank_order: Optional[str] = None
     micro_batch: Optional[int] = None
@@ -142,16 +136,8 @@ class PlanArgs:
     master_weights: Optional[bool] = None
     grad_fp32_copy: Optional[bool] = None
     attention: Optional[str] = None
-    attention_kernel: Optional[str] = None
     attention_flops: Optional[str] = None
-    kernels: Optional[str] = None
-    compile_loss: Optional[bool] = None
-    pp_return_outputs: Optional[bool] = None
-    fsdp_head_in_root: Optional[bool] = None
-    fsdp_fp8_all_gather: Optional[bool] = None
-    fp8_linears: Optional[str] = None
     tp_comm_overlap: Optional[bool] = None
-    tp_overlap_kind: Optional[str] = None
     gpus_per_node: Optional[int] = None
     nic_gbps: Optional[float] = None
     pod_size: Optional[int] = None
@@ -199,6 +185,7 @@ class Setup:
     plan: TrainingPlan
     budget: Budget
     preset: Optional[Preset]
+    stack: Stack  # as requested (profile and overrides); plan.stack is it as it applies to the plan
 
 
 def _positive_int(field: str, value: Any, cap: int | None = None) -> int:
@@ -420,11 +407,11 @@ def resolve(args: PlanArgs) -> Setup:
         tp=tp, cp=cp, pp=pp, dp=dp, ep=v["ep"], vpp=vpp, schedule=schedule, micro_batch=b,
         global_batch=global_batch, seq_len=s, precision=_spec(PrecisionRecipe, "precision", **recipe),
     )
-    for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops", "kernels", "compile_loss", "tp_comm_overlap",
-              "tp_overlap_kind", "pipeline_runtime", "pp_buffers", "pp_return_outputs", "fsdp_head_in_root",
-              "fsdp_fp8_all_gather", "fp8_linears", "attention_kernel"):
+    for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
+    stack = requested_stack(given, base)
+    plan_fields["stack"] = stack
     if v.get("zero") is not None:
         plan_fields["zero"] = int(v["zero"])
     if v.get("layer_split") is not None:
@@ -464,4 +451,48 @@ def resolve(args: PlanArgs) -> Setup:
     price = None if v.get("price") is None else _finite("price", v["price"], 0.0, 1e6)
     pue = 1.0 if v.get("pue") is None else _finite("pue", v["pue"], 1.0, 10.0)
     budget = Budget(tokens=tokens, price_per_gpu_hour=price, pue=pue)
-    return Setup(model, cluster, plan, budget, preset)
+    return Setup(model, cluster, plan, budget, preset, stack)
+
+
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+
+
+def parse_set(items: Optional[list[str]]) -> dict[str, Any]:
+    """``--set FIELD=VALUE`` items as stack fields: FIELD one of :data:`BEHAVIOUR_FIELDS`, VALUE
+    true/false (on/off, yes/no, 1/0) for a switch, the word itself otherwise."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise InputError("set", f"must be FIELD=VALUE, e.g. kernels=eager (got {item!r})")
+        if key not in BEHAVIOUR_FIELDS:
+            raise InputError("set", f"unknown stack field '{key}' (fields: {', '.join(BEHAVIOUR_FIELDS)})")
+        word = value.strip()
+        if Stack.model_fields[key].annotation is bool:
+            if word.lower() not in _TRUE + _FALSE:
+                raise InputError(f"set.{key}", f"must be true or false (got {word!r})")
+            out[key] = word.lower() in _TRUE
+        else:
+            out[key] = word
+    return out
+
+
+def requested_stack(given: dict[str, Any], base: dict[str, Any]) -> Stack:
+    """The stack the user asked for: ``--stack`` (or else the preset's or plan file's profile
+    with the fields it sets, or else :data:`DEFAULT_STACK`), then the kept flags and ``--set``."""
+    if given.get("stack") is not None:
+        profile, fields = given["stack"], {}
+    else:
+        profile = base.get("stack") or DEFAULT_STACK
+        fields = {k: base[k] for k in BEHAVIOUR_FIELDS if base.get(k) is not None}
+    stack = profile if isinstance(profile, Stack) else load_stack(profile)
+    fields.update({k: given[k] for k in BEHAVIOUR_FIELDS if given.get(k) is not None})
+    fields.update(parse_set(given.get("set_fields")))
+    if not fields:
+        return stack
+    try:
+        return Stack(**{**stack.model_dump(), **fields})
+    except ValidationError as exc:
+        err = input_error_from(exc, "stack")
+        raise (InputError("set", err.rule) if err.field == "stack" else err) from None

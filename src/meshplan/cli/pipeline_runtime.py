@@ -21,14 +21,18 @@ extra = T_lockstep − T_dependency ≥ 0, and extra / T_dependency.
 
 from __future__ import annotations
 
-from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.errors import InputError
 from meshplan.pipeline import schedules as sched
 from meshplan.pipeline.lockstep import LOCKSTEP_SCHEDULES, runs_lockstep, runtime_words
 from meshplan.pipeline.simulate import RUNTIMES
 
-#: the help of ``--pipeline-runtime``, word for word that of the plan option of estimate and explain
-RUNTIME_HELP: str = PLAN_OPTIONS["pipeline_runtime"][1].help
+#: the help of ``--pipeline-runtime`` (the stack field of the same name, :class:`meshplan.specs.stack.Stack`)
+RUNTIME_HELP: str = (
+    "How pipeline ranks advance: dependency (Megatron-LM, torch's 1F1B and GPipe: an action waits only for its "
+    "rank and its input) or lockstep (torch's multi-stage schedules as torchtitan's 2024 runs ran them, "
+    "PipelineScheduleMulti: slot by slot over the schedule's grid, each rank waiting for its neighbours' sends and "
+    "receives of the slot; changes interleaved, interleaved-zb, zbh1 and zbv only). (default: the --stack's, "
+    "dependency for megatron-core)")
 
 #: the torch class that runs each single-stage schedule (dependency-driven)
 SINGLE_STAGE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}

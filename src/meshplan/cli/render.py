@@ -15,12 +15,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from meshplan.catalog import stack_names, stack_overrides, stack_profile
 from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, attention_kernel_of
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import state_bytes_per_param
 from meshplan.estimate import Estimate
 from meshplan.pipeline.lockstep import runs_lockstep
 from meshplan.presets import Preset
+from meshplan.specs.stack import Stack, ignored
 from meshplan.units import GB, GBPS, GiB, PFLOPS, TB, TFLOPS
 
 BREAKDOWN_LABELS = {
@@ -54,7 +56,7 @@ def _pct(x: float, digits: int = 1) -> str:
     return f"{100 * x:.{digits}f}%"
 
 
-def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
+def header(est: Estimate, preset: Optional[Preset], requested: Optional[Stack] = None) -> list[str]:
     m, p, c = est.model, est.plan, est.cluster
     rec = p.precision
     per_rank = [st.layers for st in est.stages]
@@ -67,30 +69,52 @@ def header(est: Estimate, preset: Optional[Preset]) -> list[str]:
         f"network: {net}",
         f"plan: TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp} EP{p.ep}, rank order {','.join(p.rank_order)} (innermost first); "
         f"{p.schedule} pipeline schedule" + (f", vpp {p.vpp}" if p.vpp > 1 else "")
-        + (", lockstep runtime" if runs_lockstep(p.schedule, p.pp, p.pipeline_runtime) else "")
-        + (f"; TP overlap {p.tp_overlap_kind if p.tp_comm_overlap else 'off'}" if p.tp > 1 else ""),
+        + (", lockstep runtime" if runs_lockstep(p.schedule, p.pp, p.stack.pipeline_runtime) else "")
+        + (f"; TP overlap {p.stack.tp_overlap_kind if p.stack.tp_comm_overlap else 'off'}" if p.tp > 1 else ""),
         f"layers per pipeline rank: {_split(per_rank)}" + (f" (per virtual stage: {_split(est.split)})" if p.vpp > 1 else ""),
         f"batch: {p.global_batch:,} sequences x {p.seq_len:,} tokens = {p.tokens_per_step:,} tokens per step "
         f"(micro-batch {p.micro_batch} x {p.grad_accum:,} micro-batches x DP{p.dp})",
         f"memory: ZeRO-{p.zero}" + (f" (dp_shard {p.dp_shard})" if p.dp_shard else "")
-        + ("; FP8 all-gather of the blocks' linear weights" if p.fsdp_fp8_all_gather else "")
+        + ("; FP8 all-gather of the blocks' linear weights" if p.stack.fsdp_fp8_all_gather else "")
         + f"; recompute {p.recompute}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
-        f"; {p.attention} attention" + (f" ({ATTENTION_KERNEL_NAMES[attention_kernel_of(p.kernels, p.attention_kernel, est.calibration)]})"
+        f"; {p.attention} attention" + (f" ({ATTENTION_KERNEL_NAMES[attention_kernel_of(p.stack.kernels, p.stack.attention_kernel, est.calibration)]})"
                                           if p.attention == "flash" else "")
         + f"; {rec.precision} compute"
-        + (f" ({'Transformer Engine' if p.fp8_library == 'transformer-engine' else 'torchao'} linears)" if rec.precision == "fp8" else "")
+        + (f" ({'Transformer Engine' if p.stack.fp8_library == 'transformer-engine' else 'torchao'} linears)" if rec.precision == "fp8" else "")
         + f", {rec.grad_dtype} gradients, "
         + _state_words(p),
     ]
+    lines.insert(2, stack_line(p, requested))
     if preset:
         lines.insert(0, f"preset [bold]{preset.name}[/bold]: {preset.description}")
     return lines
 
 
+def stack_line(plan, requested: Optional[Stack] = None) -> str:
+    """The header's line on the software that runs ``plan``: the profile, what differs from it,
+    and the fields of ``requested`` the plan ignores, with their rules."""
+    stack = plan.stack
+    words = f"stack: [bold]{stack.name}[/bold]"
+    if stack.name in stack_names():
+        words += f" ({stack_profile(stack.name)['title']})"
+    changed = stack_overrides(stack, plan)
+    if changed:
+        words += "; set: " + ", ".join(f"{k}={_word(v)}" for k, v in changed.items())
+    if requested is not None:
+        skipped = ignored(requested, plan)
+        if skipped:
+            words += "; not used by this plan: " + ", ".join(k for k, _, _ in skipped)
+    return words
+
+
+def _word(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
 def _state_words(p) -> str:
     """The master copy and the persistent bytes per parameter (:func:`meshplan.cost.memory.state_bytes_per_param`)."""
     rec = p.precision
-    fsdp2 = runs_fsdp2(p.zero, p.kernels)
+    fsdp2 = runs_fsdp2(p.zero, p.stack.kernels)
     per_param = sum(state_bytes_per_param(rec, fsdp2))
     if not rec.master_bytes:
         return f"no master weights: {per_param} bytes per parameter"
@@ -249,9 +273,9 @@ def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
     return t
 
 
-def print_estimate(est: Estimate, preset: Optional[Preset], unit: str) -> None:
+def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested: Optional[Stack] = None) -> None:
     out = console()
-    for line in header(est, preset):
+    for line in header(est, preset, requested):
         out.print(line)
     out.print()
     out.print(memory_table(est, unit))

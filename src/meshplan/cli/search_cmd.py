@@ -75,7 +75,7 @@ def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan
         fields["dp"] = num_gpus // inner
     merged = {**base.model_dump(), "tp": 1, "cp": 1, "pp": 1, "vpp": 1, "schedule": "1f1b", **fields}
     try:
-        return TrainingPlan(**merged)
+        return TrainingPlan.of(**merged)
     except Exception as err:  # pydantic: one line naming the rule
         raise InputError("baseline", str(err).splitlines()[-1].strip()) from None
 
@@ -120,7 +120,7 @@ def _row(est: Estimate) -> dict[str, Any]:
         "pipeline": "-" if p.pp == 1 else f"{p.schedule}" + (f" v{p.vpp}" if p.vpp > 1 else ""),
         "batch": f"{p.micro_batch}x{p.grad_accum}",
         "memory": f"{p.recompute}, {'SP, ' if p.sequence_parallel and p.tp > 1 else ''}"
-                  f"{'TP overlap, ' if p.tp_comm_overlap and p.tp > 1 else ''}ZeRO-{p.zero}",
+                  f"{'TP overlap, ' if p.stack.tp_comm_overlap and p.tp > 1 else ''}ZeRO-{p.zero}",
         "peak": est.peak_bytes / GIB,
         "step": step,
         "bubble": b["pipeline_bubble"] / step,
@@ -265,30 +265,30 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     preset_setup = resolve(plan) if plan.preset is not None else None
     fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
     limits = search.limits(fixed)
-    # the base plan's own layout is neutral; switches that describe ZeRO-3 (FSDP2's units, its FP8
-    # all-gather) need a ZeRO-3 base, and the search gives them to its ZeRO-3 plans only (plan_of)
-    zero3_only = bool(plan.fsdp_head_in_root or plan.fsdp_fp8_all_gather)
+    # the base plan's own layout is neutral; the stack is searched as requested, its rules applied
+    # to each plan (meshplan.specs.stack), not to the base
     neutral = dict(tp=1, cp=1, pp=1, ep=1, vpp=None, schedule=None, micro_batch=1, dp_shard=None, layer_split=None, recompute=None,
-                   zero="3" if zero3_only else None)
+                   zero=None)
     one = resolve(replace(plan, **neutral, dp=1, gpus=None))  # base plan fields, model, budget
     gpus = preset_setup.cluster.num_gpus if preset_setup else (plan.gpus if plan.gpus is not None else (plan.dp * (plan.tp or 1) * (plan.cp or 1) * (plan.pp or 1) if plan.dp else 8))
     whole = resolve(replace(plan, **neutral, dp=None, gpus=gpus, global_batch=gpus, global_batch_tokens=None))
     # the searched plans vary ZeRO: a preset's or --plan file's unsharded accumulation (ZeRO-3 with
     # torch's pipeline schedules), which the search's screen does not model, stays with the baseline
-    cluster, budget, base = whole.cluster, one.budget, one.plan.model_copy(update={"fsdp_accumulate_unsharded": False})
+    cluster, budget, base = whole.cluster, one.budget, one.plan
+    stack = one.stack.model_copy(update={"fsdp_accumulate_unsharded": False})
     if search.objective != "throughput" and not budget.tokens:
         raise InputError("tokens", f"the {search.objective} objective needs --tokens")
     if search.objective == "cost" and budget.price_per_gpu_hour is None:
         raise InputError("price", "the cost objective needs --price")
-    base_plan = base.model_copy(update={"rank_order": preset_setup.plan.rank_order}) if preset_setup else base
+    base_plan = base.replace(**{"rank_order": preset_setup.plan.rank_order}) if preset_setup else base
     if preset_setup is not None:
-        base_plan = base_plan.model_copy(update={"global_batch": preset_setup.plan.global_batch, "seq_len": preset_setup.plan.seq_len})
+        base_plan = base_plan.replace(**{"global_batch": preset_setup.plan.global_batch, "seq_len": preset_setup.plan.seq_len})
     bl = None
     if baseline is not None:
         bl = parse_baseline(baseline, base_plan, cluster.num_gpus)
     elif preset_setup is not None:
         bl = preset_setup.plan
-    return one.model, cluster, base_plan, limits, budget, bl
+    return one.model, cluster, base_plan, limits, budget, bl, stack
 
 
 def execute(
@@ -298,11 +298,11 @@ def execute(
     """Check the search's options, resolve the plan flags as ``meshplan search`` does and run the
     search; ``progress(phase, done, total)`` as :func:`meshplan.search.run.search`. Returns the
     result with the cluster and the budget it was run for."""
-    model, cluster, base_plan, limits, budget, bl = _setup(plan, search, baseline)
+    model, cluster, base_plan, limits, budget, bl, stack = _setup(plan, search, baseline)
     result = run_search(
         model, cluster, base_plan, limits, global_batches=search.global_batches(base_plan.seq_len),
         objective=search.objective, budget=budget, top_k=search.top, headroom=search.headroom, baseline=bl, pareto=pareto,
-        progress=progress,
+        progress=progress, stack=stack,
     )
     return result, cluster, budget
 
@@ -313,11 +313,11 @@ def execute_fleet(
 ) -> tuple[list[FleetPoint], Budget]:
     """The GPUs-vs-days front over the counts of ``gpus_range`` (:mod:`meshplan.search.fleet`);
     the objective is time-to-train and ``search.top`` is not used."""
-    model, cluster, base_plan, limits, budget, _ = _setup(plan, replace(search, objective="throughput", top=1), None)
+    model, cluster, base_plan, limits, budget, _, stack = _setup(plan, replace(search, objective="throughput", top=1), None)
     counts = parse_gpu_counts(gpus_range, cluster.scale_up.size)
     points = gpu_front(
         model, cluster, base_plan, limits, counts, budget, headroom=search.headroom,
-        global_batches=search.global_batches(base_plan.seq_len), progress=progress,
+        global_batches=search.global_batches(base_plan.seq_len), progress=progress, stack=stack,
     )
     return points, budget
 

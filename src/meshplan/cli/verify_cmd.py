@@ -250,7 +250,7 @@ def kernels(
     _check_device(device, 1)
     gpu = setup.cluster.gpu
     cases = mod.kernel_cases(setup.model, gpu, p.micro_batch, p.seq_len, p.tp, p.precision.precision, stacks,
-                             kernels=p.kernels)
+                             kernels=p.stack.kernels)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

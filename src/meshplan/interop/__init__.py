@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from meshplan.catalog import load_stack, stack_names
 from meshplan.errors import InputError
 from meshplan.interop import deepspeed, megatron, nanotron, torchtitan
 from meshplan.interop.common import ExportResult, ParseResult, canonical, plan_fields, to_plan
 from meshplan.interop.detect import FORMATS, detect
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack
 
 __all__ = [
     "ENGINES", "ExportResult", "ImportedPlan", "ParseResult", "canonical", "detect", "export",
@@ -78,11 +80,7 @@ def read_config(path: str, where: str = "plan") -> str:
 
 #: plan fields with a ``meshplan estimate`` option of the same name
 OPTION_FIELDS = ("tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "micro_batch", "global_batch", "seq_len",
-                 "recompute", "sequence_parallel", "dp_shard", "attention", "tp_comm_overlap", "tp_overlap_kind",
-                 "pipeline_runtime", "pp_buffers", "pp_return_outputs", "kernels", "compile_loss", "fsdp_head_in_root",
-                 "fsdp_fp8_all_gather", "fp8_linears", "attention_kernel")
-#: plan fields that no option sets; ``--plan FILE`` carries them
-EXTRA_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "reshard_after_forward", "fsdp_accumulate_unsharded")
+                 "recompute", "sequence_parallel", "dp_shard", "attention")
 
 
 def options_of(parsed: ParseResult) -> dict[str, Any]:
@@ -94,6 +92,7 @@ def options_of_fields(f: dict[str, Any]) -> dict[str, Any]:
     """A plan's fields (``TrainingPlan`` keyword arguments, the precision as a dict) as the values
     of ``meshplan estimate``'s options (PlanArgs names and types)."""
     out: dict[str, Any] = {k: f[k] for k in OPTION_FIELDS if f.get(k) is not None}
+    out.update(stack_values(f))
     if f.get("zero") is not None:
         out["zero"] = str(f["zero"])
     if f.get("layer_split") is not None:
@@ -122,10 +121,25 @@ class ImportedPlan:
         return apply_extra_fields(fields, self.extra)
 
 
+def stack_values(f: dict[str, Any]) -> dict[str, Any]:
+    """The stack of plan fields ``f`` as option values: ``stack`` (the profile's name) and the
+    stack's fields where they differ from it. ``f`` gives the stack nested (``stack``: a Stack or
+    its fields, ``TrainingPlan.model_dump()``) or flat (an engine config's reading), or both."""
+    nested = f.get("stack")
+    out: dict[str, Any] = {}
+    if nested is not None:
+        stack = nested if isinstance(nested, Stack) else Stack(**nested)
+        out["stack"] = stack.name
+        profile = load_stack(stack.name).behaviour() if stack.name in stack_names() else {}
+        out.update({k: v for k, v in stack.behaviour().items() if profile.get(k) != v})
+    out.update({k: f[k] for k in BEHAVIOUR_FIELDS if f.get(k) is not None})
+    return out
+
+
 def extra_fields_of(f: dict[str, Any]) -> dict[str, Any]:
     """The plan fields of ``f`` (``TrainingPlan`` keyword arguments, the precision as a dict) that
-    no option sets: :data:`EXTRA_FIELDS` and the optimizer, those ``f`` gives."""
-    extra = {k: f[k] for k in EXTRA_FIELDS if k in f}
+    no option sets: the optimizer, where ``f`` gives it."""
+    extra: dict[str, Any] = {}
     opt = (f.get("precision") or {}).get("optimizer")
     if opt is not None:
         extra["optimizer"] = opt
@@ -134,12 +148,9 @@ def extra_fields_of(f: dict[str, Any]) -> dict[str, Any]:
 
 def apply_extra_fields(fields: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """``fields`` (a plan's keyword arguments, the precision a ``PrecisionRecipe``) with the plan
-    fields no option sets (:data:`EXTRA_FIELDS` and the optimizer) added where they still apply:
-    the unsharded accumulation only on ZeRO-3."""
+    fields no option sets (the optimizer) added."""
     out = dict(fields)
     for k, v in extra.items():
-        if k == "fsdp_accumulate_unsharded" and (not v or out.get("zero", 1) != 3):
-            continue
         if k == "optimizer":
             out["precision"] = out["precision"].model_copy(update={"optimizer": v})
             continue

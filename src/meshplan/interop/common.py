@@ -64,16 +64,16 @@ def dependency_pipeline(plan: TrainingPlan, led: Ledger, engine: str) -> None:
     """Warn when ``plan`` asks for the lockstep pipeline runtime (meshplan.pipeline.lockstep) and
     the engine runs its pipeline dependency-driven, each transfer waited for by the action that
     needs it."""
-    if runs_lockstep(plan.schedule, plan.pp, plan.pipeline_runtime):
+    if runs_lockstep(plan.schedule, plan.pp, plan.stack.pipeline_runtime):
         led.lose("pipeline_runtime", f"{engine} runs its pipeline dependency-driven, not slot by slot in lockstep; exported so")
 
 
 def stage_buffers(plan: TrainingPlan, led: Ledger, engine: str, kind: str) -> None:
     """Note when ``plan``'s pipeline buffers (``pp_buffers``) are not the ``kind`` the engine's
     pipeline keeps (:func:`meshplan.cost.compose.pp_buffer_messages`)."""
-    if plan.pp > 1 and plan.pp_buffers != kind:
+    if plan.pp > 1 and plan.stack.pp_buffers != kind:
         led.lose("pp_buffers", f"{engine} keeps {kind} pipeline stage buffers; exported so")
-    if plan.pp > 1 and plan.pp_return_outputs:
+    if plan.pp > 1 and plan.stack.pp_return_outputs:
         led.lose("pp_return_outputs", f"{engine} has no setting for it: whether the last stage keeps every micro-batch's "
                  "output to the step's end is its training loop's schedule.step(return_outputs=...) call (torch's "
                  "default keeps them); exported without")
@@ -86,7 +86,7 @@ def fsdp_root_unit(plan: TrainingPlan, led: Ledger, engine: str) -> None:
     """Warn when ``plan`` leaves the embedding, final norm and LM head to FSDP2's root unit
     (``fsdp_head_in_root``: torchtitan's units until pytorch/torchtitan#1094), which no engine's
     current config can ask for."""
-    if plan.fsdp_head_in_root:
+    if plan.stack.fsdp_head_in_root:
         led.lose("fsdp_head_in_root", f"{engine} gathers the embedding and the LM head as units of their own, not in "
                  "FSDP2's root unit (torchtitan's layout until pytorch/torchtitan#1094, 2025-07); exported so")
 
@@ -94,14 +94,14 @@ def fsdp_root_unit(plan: TrainingPlan, led: Ledger, engine: str) -> None:
 def fp8_library(plan: TrainingPlan, led: Ledger, engine: str, native: str) -> None:
     """Warn when ``plan``'s FP8 linears (``fp8_linears``, resolved) are not the library the
     ``engine`` runs (``native``). Engines whose configs have no FP8 warn on the precision."""
-    if plan.precision.precision == "fp8" and plan.fp8_library != native:
-        led.lose("fp8_linears", f"{engine}'s FP8 linears are {native}'s, not {plan.fp8_library}'s; exported so")
+    if plan.precision.precision == "fp8" and plan.stack.fp8_library != native:
+        led.lose("fp8_linears", f"{engine}'s FP8 linears are {native}'s, not {plan.stack.fp8_library}'s; exported so")
 
 
 def attention_kernel(plan: TrainingPlan, led: Ledger, engine: str) -> None:
     """Warn when ``plan`` asks for cuDNN's fused attention (``attention_kernel cudnn``) from an
     engine whose attention is torch's SDPA or the flash-attn package: FlashAttention-2."""
-    if plan.attention == "flash" and plan.attention_kernel == "cudnn":
+    if plan.attention == "flash" and plan.stack.attention_kernel == "cudnn":
         led.lose("attention_kernel", f"{engine} runs FlashAttention-2 (torch's SDPA or flash-attn), not cuDNN's fused "
                  "attention; exported so")
 
@@ -109,7 +109,7 @@ def attention_kernel(plan: TrainingPlan, led: Ledger, engine: str) -> None:
 def fp8_all_gather(plan: TrainingPlan, led: Ledger, engine: str) -> None:
     """Warn when ``plan`` all-gathers Float8Linear weights in FP8 (``fsdp_fp8_all_gather``:
     torchao's float8 with torch's FSDP2), which only torchtitan's config can ask for."""
-    if plan.fsdp_fp8_all_gather:
+    if plan.stack.fsdp_fp8_all_gather:
         led.lose("fsdp_fp8_all_gather", f"{engine} has no FSDP2 all-gather of torchao's Float8 weights; exported with "
                  "weights gathered in the compute dtype")
 
@@ -134,15 +134,15 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     up: dict[str, Any] = {"attention_flops": "causal"}
     if plan.tp == 1:
         up.update(sequence_parallel=True, tp_comm_overlap=False)
-    if plan.tp == 1 or not plan.tp_comm_overlap:
+    if plan.tp == 1 or not plan.stack.tp_comm_overlap:
         up.update(tp_overlap_kind="userbuffers")
-    if not runs_lockstep(plan.schedule, plan.pp, plan.pipeline_runtime):
+    if not runs_lockstep(plan.schedule, plan.pp, plan.stack.pipeline_runtime):
         up.update(pipeline_runtime="dependency")
     if plan.pp == 1:
         up.update(pp_buffers="in-flight")
-    if plan.pp == 1 or up.get("pp_buffers", plan.pp_buffers) != "per-micro-batch":
+    if plan.pp == 1 or up.get("pp_buffers", plan.stack.pp_buffers) != "per-micro-batch":
         up.update(pp_return_outputs=False)
-    if plan.kernels != "compiled":
+    if plan.stack.kernels != "compiled":
         up.update(compile_loss=True)
     if plan.zero != 3 and plan.dp * plan.cp > 1:
         up.update(reshard_after_forward=True)
@@ -151,9 +151,9 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     if plan.dp_shard is not None and (plan.dp_shard == plan.dp or plan.zero == 0):
         up.update(dp_shard=None)
     # the FP8 library as resolved (auto names one by the stack), none without FP8
-    up.update(fp8_linears=plan.fp8_library if plan.precision.precision == "fp8" else "auto")
+    up.update(fp8_linears=plan.stack.fp8_library if plan.precision.precision == "fp8" else "auto")
     # the attention kernel: none without flash attention; auto is FlashAttention-2 off the fused stack
-    if plan.attention != "flash" or (plan.kernels != "fused" and plan.attention_kernel == "flash2"):
+    if plan.attention != "flash" or (plan.stack.kernels != "fused" and plan.stack.attention_kernel == "flash2"):
         up.update(attention_kernel="auto")
     if plan.dp * plan.cp == 1:  # nothing to shard over or to reduce across
         up.update(overlap_grad_reduce=True, overlap_param_gather=True, zero=0, dp_shard=None,
@@ -161,7 +161,7 @@ def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> Training
     if plan.layer_split is not None and model is not None:
         if tuple(plan.layer_split) == default_layer_split(model.n_layers, plan.pp * plan.vpp):
             up.update(layer_split=None)
-    return plan.model_copy(update=up)
+    return plan.replace(**up)
 
 
 def plan_fields(plan: TrainingPlan) -> dict[str, Any]:

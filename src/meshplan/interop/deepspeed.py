@@ -68,29 +68,29 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
 
     zero: dict[str, Any] = {"stage": p.zero}
     if p.zero > 0:
-        zero["overlap_comm"] = p.overlap_grad_reduce
-    if p.zero == 3 and not p.overlap_param_gather:
+        zero["overlap_comm"] = p.stack.overlap_grad_reduce
+    if p.zero == 3 and not p.stack.overlap_param_gather:
         zero["stage3_prefetch_bucket_size"] = 0
-    if p.zero in (1, 2) and p.overlap_param_gather and p.dp * p.cp > 1:
+    if p.zero in (1, 2) and p.stack.overlap_param_gather and p.dp * p.cp > 1:
         led.lose("overlap_param_gather", f"DeepSpeed ZeRO-{p.zero} all-gathers the updated weights after the optimizer step, not overlapped")
-    if p.zero == 0 and not p.overlap_grad_reduce and p.dp * p.cp > 1:
+    if p.zero == 0 and not p.stack.overlap_grad_reduce and p.dp * p.cp > 1:
         led.lose("overlap_grad_reduce", "DeepSpeed's ZeRO-0 all-reduce overlap is not a config switch")
     if p.dp_shard is not None and p.dp_shard != p.dp and p.zero > 0:
         led.lose("dp_shard", "DeepSpeed has no hybrid sharding in its config (MiCS was removed in 0.19; ZeRO++ hpZ keeps a second copy instead)")
-    if p.zero == 3 and not p.reshard_after_forward:
+    if p.zero == 3 and not p.stack.reshard_after_forward:
         led.lose("reshard_after_forward", "DeepSpeed ZeRO-3 releases gathered weights after use; exported so")
     fsdp_root_unit(p, led, "DeepSpeed")
     fp8_all_gather(p, led, "DeepSpeed")
     attention_kernel(p, led, "DeepSpeed (torch's SDPA or flash-attn in the model code)")
-    if p.fsdp_accumulate_unsharded:
+    if p.stack.fsdp_accumulate_unsharded:
         led.lose("fsdp_accumulate_unsharded", "DeepSpeed ZeRO-3 reduce-scatters gradients every micro-batch")
     cfg["zero_optimization"] = zero
 
     if p.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": p.tp}
-        if p.tp_comm_overlap:
+        if p.stack.tp_comm_overlap:
             cfg["tensor_parallel"]["tp_overlap_comm"] = True
-            if p.tp_overlap_kind != "userbuffers":
+            if p.stack.tp_overlap_kind != "userbuffers":
                 led.lose("tp_overlap_kind", "DeepSpeed has no micro-pipelined TP; exported as its tp_overlap_comm")
         led.note(f"tensor parallelism: tensor_parallel.autotp_size = {p.tp} is DeepSpeed's AutoTP; with Megatron-DeepSpeed set --tensor-model-parallel-size {p.tp} and pass its mpu to deepspeed.initialize")
         if p.sequence_parallel:
@@ -118,10 +118,10 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         led.lose("rank_order", "DeepSpeed's topology (pipe, data, model outermost first) is built in code")
     if p.attention != "flash":
         led.lose("attention", "the attention kernel is model code, not DeepSpeed config")
-    if p.kernels == "compiled":
+    if p.stack.kernels == "compiled":
         led.lose("kernels", "DeepSpeed's config does not compile the module: call engine.compile() after deepspeed.initialize "
                             "(the loss compiles with it only when the module's forward computes it); exported as eager")
-    elif p.kernels == "fused":
+    elif p.stack.kernels == "fused":
         led.lose("kernels", "DeepSpeed runs the PyTorch module it is given: Megatron-Core/Transformer Engine fused kernels and "
                             "a fused vocab-parallel cross-entropy are model code (Megatron-DeepSpeed), not DeepSpeed config; exported as eager")
     led.note(f"model: DeepSpeed's config does not carry the model ({model.name}); it is the module passed to deepspeed.initialize")
@@ -194,8 +194,8 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
     if interval > 1:
         notes.append(f"recompute: a checkpoint every {interval} layers read as full recompute")
     f.update(schedule="1f1b", vpp=1, ep=1, rank_order=DEFAULT_RANK_ORDER, kernels="eager")
-    notes.append("kernels: DeepSpeed runs the module it is given, read as eager (PyTorch eager); give --kernels compiled "
-                 "after engine.compile(), --kernels fused for a Megatron-DeepSpeed model")
+    notes.append("kernels: DeepSpeed runs the module it is given, read as eager (PyTorch eager); give --set kernels=compiled "
+                 "after engine.compile(), --set kernels=fused for a Megatron-DeepSpeed model")
     notes.append("seq_len: a DeepSpeed config does not carry the sequence length (give --seq-len)")
     notes.append("model: a DeepSpeed config does not carry the model (give --model)")
     if not any(k in cfg for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization")):

@@ -224,25 +224,25 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         a += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", "1")]
     if p.sequence_parallel and p.tp > 1:
         a.append(("--sequence-parallel", None))
-    if p.tp_comm_overlap and p.tp > 1:
+    if p.stack.tp_comm_overlap and p.tp > 1:
         a.append(("--tp-comm-overlap", None))
-        if p.tp_overlap_kind != "userbuffers":
+        if p.stack.tp_overlap_kind != "userbuffers":
             led.lose("tp_overlap_kind", "Megatron's --tp-comm-overlap is Transformer Engine's userbuffers overlap; exported as it")
 
     if p.zero == 1:
         a.append(("--use-distributed-optimizer", None))
     elif p.zero in SHARDING:
         a += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", SHARDING[p.zero])]
-        if p.zero == 3 and not p.reshard_after_forward:
+        if p.zero == 3 and not p.stack.reshard_after_forward:
             led.lose("reshard_after_forward", "Megatron-FSDP reshards weights after forward; exported resharding")
-        if p.fsdp_accumulate_unsharded:
+        if p.stack.fsdp_accumulate_unsharded:
             led.lose("fsdp_accumulate_unsharded", "Megatron-FSDP reduce-scatters every micro-batch; exported so")
     if p.zero > 0 and p.dp_shard is not None and p.dp_shard != p.dp:
         a.append(("--num-distributed-optimizer-instances", str(p.dp // p.dp_shard)))
     if p.dp * p.cp > 1:
-        if p.overlap_grad_reduce:
+        if p.stack.overlap_grad_reduce:
             a.append(("--overlap-grad-reduce", None))
-        if p.overlap_param_gather and p.zero > 0:
+        if p.stack.overlap_param_gather and p.zero > 0:
             a.append(("--overlap-param-gather", None))
 
     r = p.precision
@@ -267,10 +267,10 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         a.append(("--optimizer", "sgd"))
     if p.attention == "materialized":
         a.append(("--attention-backend", "unfused"))
-    elif p.attention_kernel != "auto":
-        a.append(("--attention-backend", ATTENTION_BACKEND[p.attention_kernel]))
-    if p.kernels != "fused":
-        led.lose("kernels", f"Megatron-LM runs Megatron-Core/Transformer Engine fused kernels and its fused vocab-parallel cross-entropy, not {p.kernels} ones; exported as fused")
+    elif p.stack.attention_kernel != "auto":
+        a.append(("--attention-backend", ATTENTION_BACKEND[p.stack.attention_kernel]))
+    if p.stack.kernels != "fused":
+        led.lose("kernels", f"Megatron-LM runs Megatron-Core/Transformer Engine fused kernels and its fused vocab-parallel cross-entropy, not {p.stack.kernels} ones; exported as fused")
     if tuple(p.rank_order) == PP_DP_ORDER:
         a.append(("--use-tp-pp-dp-mapping", None))
     elif tuple(p.rank_order) != DEFAULT_RANK_ORDER:

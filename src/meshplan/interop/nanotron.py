@@ -63,8 +63,8 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
     if p.layer_split is not None:
         led.lose("layer_split", "nanotron splits layers by its own cost estimate; not exported")
     par["tp_mode"] = "REDUCE_SCATTER" if (p.sequence_parallel and p.tp > 1) else "ALL_REDUCE"
-    par["tp_linear_async_communication"] = bool(p.tp_comm_overlap and p.tp > 1)
-    if p.tp_comm_overlap and p.tp > 1 and p.tp_overlap_kind != "userbuffers":
+    par["tp_linear_async_communication"] = bool(p.stack.tp_comm_overlap and p.tp > 1)
+    if p.stack.tp_comm_overlap and p.tp > 1 and p.stack.tp_overlap_kind != "userbuffers":
         led.lose("tp_overlap_kind", "nanotron has no micro-pipelined TP; exported as tp_linear_async_communication")
     if p.recompute == "full":
         par["recompute_layer"] = True
@@ -93,17 +93,17 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
         led.lose("precision.grad_fp32_copy", "nanotron keeps no separate fp32 gradient copy")
     if not r.master_weights and r.precision != "fp32":
         led.lose("precision.master_weights", "nanotron's optimizer keeps fp32 master weights for bf16 models")
-    if p.dp * p.cp > 1 and not p.overlap_grad_reduce:
+    if p.dp * p.cp > 1 and not p.stack.overlap_grad_reduce:
         led.lose("overlap_grad_reduce", "nanotron overlaps the gradient all-reduce with the backward (DDP buckets)")
-    if p.zero == 1 and p.dp * p.cp > 1 and p.overlap_param_gather:
+    if p.zero == 1 and p.dp * p.cp > 1 and p.stack.overlap_param_gather:
         led.lose("overlap_param_gather", "nanotron's ZeRO-1 all-gathers the updated weights after the optimizer step, not overlapped")
-    if p.zero == 3 and not p.reshard_after_forward or p.fsdp_accumulate_unsharded:
+    if p.zero == 3 and not p.stack.reshard_after_forward or p.stack.fsdp_accumulate_unsharded:
         led.lose("reshard_after_forward", "nanotron has no ZeRO-3")
     if p.attention != "flash":
         led.lose("attention", "nanotron's Llama runs flash attention")
-    if p.kernels != "fused":
+    if p.stack.kernels != "fused":
         led.lose("kernels", "nanotron's Llama runs its own fused kernels (Triton RMSNorm, flash-attn rotary) and a Megatron-style "
-                            f"vocab-parallel cross-entropy (sharded_cross_entropy), not {p.kernels} ones; exported as fused")
+                            f"vocab-parallel cross-entropy (sharded_cross_entropy), not {p.stack.kernels} ones; exported as fused")
 
     mc = {
         "num_hidden_layers": model.n_layers, "hidden_size": model.hidden, "intermediate_size": model.ffn_hidden,

@@ -130,15 +130,15 @@ def _pipeline(model: ModelSpec, plan: TrainingPlan, led: Ledger, par: dict[str, 
 
 def _compile(plan: TrainingPlan, led: Ledger) -> dict[str, Any]:
     """The ``[compile]`` section for the plan's software stack (empty: compile off)."""
-    if plan.kernels == "eager":
-        if plan.tp > 1 and plan.tp_comm_overlap:
+    if plan.stack.kernels == "eager":
+        if plan.tp > 1 and plan.stack.tp_comm_overlap:
             led.lose("tp_comm_overlap", "torchtitan's async TP needs the blocks compiled (compile.enable with \"model\" in compile.components) "
-                                        "and refuses to start with eager ones; exported with it (give --kernels compiled)")
+                                        "and refuses to start with eager ones; exported with it (give --set kernels=compiled)")
         return {}
-    if plan.kernels == "fused":
+    if plan.stack.kernels == "fused":
         led.lose("kernels", "torchtitan has no Megatron-Core/Transformer Engine fused kernels nor fused vocab-parallel cross-entropy; "
                             "exported as torch.compile of the blocks and the loss (kernels compiled), its nearest stack")
-    loss = plan.kernels == "fused" or plan.compile_loss
+    loss = plan.stack.kernels == "fused" or plan.stack.compile_loss
     return {"enable": True, "components": list(COMPONENTS if loss else COMPONENTS[:1])}
 
 
@@ -154,7 +154,7 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
         led.lose("model", f"torchtitan names models by flavor (llama3 8B/70B/405B); {model.name} is none: set model.name and model.flavor yourself")
     if p.precision.precision == "fp8":
         out.setdefault("model", {})["converters"] = [FLOAT8[0]]
-        if p.fsdp_fp8_all_gather:
+        if p.stack.fsdp_fp8_all_gather:
             out[FLOAT8[0]] = dict.fromkeys(FP8_GATHER, True)
 
     par: dict[str, Any] = {}
@@ -171,16 +171,16 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
         rep = p.dp // shard
         if shard == 1 and p.cp == 1:
             led.lose("zero", "dp_shard = 1 is DDP (ZeRO-0) in torchtitan; exported so")
-        par["fsdp_reshard_after_forward"] = "always" if p.reshard_after_forward else "never"
-        if p.fsdp_accumulate_unsharded != (p.pp > 1):
+        par["fsdp_reshard_after_forward"] = "always" if p.stack.reshard_after_forward else "never"
+        if p.stack.fsdp_accumulate_unsharded != (p.pp > 1):
             led.lose("fsdp_accumulate_unsharded", "torchtitan keeps FSDP weights gathered across micro-batches exactly when pp > 1 (torch's pipeline schedules)")
     par["data_parallel_replicate_degree"] = rep
     par["data_parallel_shard_degree"] = shard
     par["tensor_parallel_degree"] = p.tp
     if p.tp > 1:
-        if p.tp_comm_overlap:
+        if p.stack.tp_comm_overlap:
             par["enable_async_tensor_parallel"] = True
-            if p.tp_overlap_kind != "micro-pipeline":
+            if p.stack.tp_overlap_kind != "micro-pipeline":
                 led.lose("tp_overlap_kind", "torchtitan's async TP is torch's micro-pipelined TP, not userbuffers; exported as it")
         if not p.sequence_parallel:
             led.lose("sequence_parallel", "torchtitan (to 0.2) always runs sequence parallelism with TP; exported with it")
@@ -229,10 +229,10 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
     if comp:
         out["compile"] = comp
 
-    if p.dp * p.cp > 1 and p.overlap_grad_reduce != (p.pp == 1):
+    if p.dp * p.cp > 1 and p.stack.overlap_grad_reduce != (p.pp == 1):
         led.lose("overlap_grad_reduce", "torchtitan overlaps the gradient reduction with the backward exactly when pp = 1 "
                                         "(under pipelining, torch's stage.py issues FSDP's reduce-scatters after the stage's last backward)")
-    if p.dp * p.cp > 1 and p.zero > 0 and not p.overlap_param_gather:
+    if p.dp * p.cp > 1 and p.zero > 0 and not p.stack.overlap_param_gather:
         led.lose("overlap_param_gather", "torchtitan's FSDP2 always prefetches (overlaps) the weight all-gathers")
     if tuple(p.rank_order) != DEFAULT_RANK_ORDER:
         led.lose("rank_order", "torchtitan's mesh is pp, dp_replicate, dp_shard, cp, tp (outermost first): tp,cp,dp,pp innermost first")
@@ -378,7 +378,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
         if not single:
             notes.append(f"pipeline_runtime: {sched} read as dependency-driven, as torch runs it under torchtitan 0.1 on "
                          "(_PipelineScheduleRuntime); on the torch builds of 2024 (PipelineScheduleMulti) it ran in "
-                         "lockstep: give --pipeline-runtime lockstep for those")
+                         "lockstep: give --set pipeline_runtime=lockstep for those")
         if lps is None:
             f["vpp"] = 1 if single else 2
         elif model is None:
@@ -492,7 +492,7 @@ def _read_kernels(s: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, A
     if blocks:
         how = "compiled with them" if loss else "eager beside them"
         notes.append(f"kernels: {said} read as compiled (torch.compile'd blocks), the loss {how}"
-                     + ("; torchtitan before pytorch/torchtitan#1033 (2025-04) ran it eager: give --no-compile-loss for those" if legacy else ""))
+                     + ("; torchtitan before pytorch/torchtitan#1033 (2025-04) ran it eager: give --set compile_loss=false for those" if legacy else ""))
         return {"kernels": "compiled", "compile_loss": loss}
     extra = "; the loss alone compiled is not modelled (read as eager)" if loss else ""
     notes.append(f"kernels: {said} read as eager (PyTorch eager blocks, torch's cross-entropy){extra}")

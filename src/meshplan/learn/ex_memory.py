@@ -225,7 +225,7 @@ def loss_compiled(v: Variant) -> Problem:
     saved = total["eager"] - total["compiled"]
     inputs = 2 * n * m.hidden * e  # final-norm and LM-head inputs, the same in both
     sym = [("n", f"{b} × {s:,} = {n:,} tokens"), ("V", f"{V:,}")]
-    opts = dict(model=name, gpus=1, micro_batch=b, seq_len=s, global_batch_tokens=n, kernels="compiled")
+    opts = dict(model=name, gpus=1, micro_batch=b, seq_len=s, global_batch_tokens=n)
     return Problem(
         prompt=f"{name} (vocabulary V = {V:,}) on one GPU, micro-batch {b} × {s:,} tokens, bf16 logits, no tensor "
                f"parallelism. torch's eager cross-entropy upcasts the logits and keeps their fp32 log-softmax for its "
@@ -244,8 +244,8 @@ def loss_compiled(v: Variant) -> Problem:
         hints=("Count bytes per logit (one per token and vocabulary entry): 4 for each fp32 buffer, 2 for each bf16 one.",
                "The final norm's and the LM head's inputs are the same in both: they cancel."),
         params={"model": name, "micro_batch": b, "seq_len": s, "tokens": n, "vocab": V},
-        command=command("estimate", **opts, no_compile_loss=True), url=url("/plan", **opts, compile_loss="false"),
+        command=command("estimate", **opts, stack="torchtitan-2024"), url=url("/plan", **opts, stack="torchtitan-2024"),
         explanation=f"Eager holds {num(total['eager'] / GiB)} GiB for the head and the loss, compiled "
                     f"{num(total['compiled'] / GiB)} GiB: with a {V:,}-entry vocabulary the loss, not the layers, can "
-                    f"decide whether a micro-batch fits. Rerun the command without --no-compile-loss to compare.",
+                    f"decide whether a micro-batch fits. Rerun the command with --stack torchtitan (its loss compiled) to compare.",
     )

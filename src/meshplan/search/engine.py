@@ -111,6 +111,7 @@ from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, PlanTable
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import Stack
 
 #: Schedules whose backward is one action (B), for which the gradient-chain bound holds.
 _UNSPLIT_MASK = np.isin(np.arange(len(SCHEDULE_NAMES)), [SCHEDULE_NAMES.index(n) for n in ("gpipe", "1f1b", "interleaved")])
@@ -385,19 +386,21 @@ class Engine:
     fields the search does not vary: sequence length, precision, attention, rank order, overlap
     switches)."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, base: TrainingPlan):
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, base: TrainingPlan, stack: Optional[Stack] = None):
         self.model, self.cluster, self.base = model, cluster, base
+        # the stack as requested, not as it applies to the base plan: its rules apply per plan
+        self.stack = base.stack if stack is None else stack
         self.cal = calibration_for(cluster.gpu)
         self.rec = base.precision
         self.e = self.rec.activation_bytes
         # the SM shares of hidden collectives (meshplan.cost.contention), as estimate takes them
         self.nccl_share = sm_share(NCCL_CTAS, cluster.gpu.sm_count)
-        self.tp_share = sm_share(tp_overlap_ctas(base.tp_overlap_kind), cluster.gpu.sm_count)
+        self.tp_share = sm_share(tp_overlap_ctas(self.stack.tp_overlap_kind), cluster.gpu.sm_count)
         self._ops = lru_cache(maxsize=None)(
             lambda t, c, b, sp, g8: layer_op_times(
                 model, b, base.seq_len, t, c, sp, base.attention, base.attention_flops, cluster.gpu, self.cal,
-                self.rec.compute_dtype, self.e, base.kernels, weights_in_fp8=bool(g8), fp8_linears=base.fp8_linears,
-                attention_kernel=base.attention_kernel,
+                self.rec.compute_dtype, self.e, self.stack.kernels, weights_in_fp8=bool(g8), fp8_linears=self.stack.fp8_linears,
+                attention_kernel=self.stack.attention_kernel,
             )
         )
         # the embedding's and LM head's op times depend on (t, c, b) only
@@ -405,7 +408,7 @@ class Engine:
             lambda t, c, b: embedding_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.e)
         )
         self._head_ops = lru_cache(maxsize=None)(
-            lambda t, c, b: head_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.rec.compute_dtype, self.e, base.loss_kernels)
+            lambda t, c, b: head_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.rec.compute_dtype, self.e, self.stack.loss_kernels)
         )
         self._kernel = lru_cache(maxsize=None)(self._kernel_terms)
         self._moe_kernel = lru_cache(maxsize=None)(self._moe_kernel_terms)
@@ -435,16 +438,16 @@ class Engine:
         ops = self._ops(t, c, b, sp, g8)
         emb, head = self._emb_ops(t, c, b), self._head_ops(t, c, b)
         mode = RECOMPUTE[rec_code]
-        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e, base.fp8_linears)
-        la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi, kernels=base.kernels)
+        gi = saved_gemm_input_bytes(self.rec.compute_dtype, self.stack.kernels, e, self.stack.fp8_linears)
+        la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi, kernels=self.stack.kernels)
         return (
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
             recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
             la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp),
-            head_activation_bytes(m, b, s, t, c, sp, e, base.loss_kernels, base.kernels),
-            self._p2p_bytes(t, c, b, sp) if base.pp_buffers == "per-micro-batch" else 0.0,
-            logits_output_bytes(m, b, s, t, c, e) if base.pp_buffers == "per-micro-batch" else 0.0,
-            held_logits_bytes(m, b, s, t, c, e, base.loss_kernels) if base.pp_buffers == "per-micro-batch" else 0.0,
+            head_activation_bytes(m, b, s, t, c, sp, e, self.stack.loss_kernels, self.stack.kernels),
+            self._p2p_bytes(t, c, b, sp) if self.stack.pp_buffers == "per-micro-batch" else 0.0,
+            logits_output_bytes(m, b, s, t, c, e) if self.stack.pp_buffers == "per-micro-batch" else 0.0,
+            held_logits_bytes(m, b, s, t, c, e, self.stack.loss_kernels) if self.stack.pp_buffers == "per-micro-batch" else 0.0,
         )
 
     def _p2p_bytes(self, t: int, c: int, b: int, sp: int) -> float:
@@ -460,12 +463,12 @@ class Engine:
         mode = RECOMPUTE[rec_code]
         ops = layer_op_times(
             m, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu, self.cal,
-            self.rec.compute_dtype, e, base.kernels, moe=True, ep=ep, fp8_linears=base.fp8_linears,
-            attention_kernel=base.attention_kernel,
+            self.rec.compute_dtype, e, self.stack.kernels, moe=True, ep=ep, fp8_linears=self.stack.fp8_linears,
+            attention_kernel=self.stack.attention_kernel,
         )
-        gi = saved_gemm_input_bytes(self.rec.compute_dtype, base.kernels, e, base.fp8_linears)
+        gi = saved_gemm_input_bytes(self.rec.compute_dtype, self.stack.kernels, e, self.stack.fp8_linears)
         la = layer_activations(
-            m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True, gemm_input_bytes=gi, kernels=base.kernels
+            m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True, gemm_input_bytes=gi, kernels=self.stack.kernels
         )
         return (ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
                 recompute_time(ops, mode), la.stored, la.working)
@@ -479,7 +482,7 @@ class Engine:
         pl = self._place(t, c, p, d, ds)
         edp = self._expert_place(t, c, p, d, ep)[1]
         copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, moe=True, ep=ep)[:2]
-                  if runs_fsdp2(zero, self.base.kernels) else (0.0, 0.0))
+                  if runs_fsdp2(zero, self.stack.kernels) else (0.0, 0.0))
         return (*moe_fsdp_layer_times(self.model, t, ep, self.rec, pl.shard, edp, self.cluster, self.cal), *copies)
 
     def _a2a_terms(self, t: int, c: int, p: int, d: int, ep: int, b: int, sp: int, full: int) -> tuple:
@@ -499,11 +502,11 @@ class Engine:
         tokens = b * self.base.seq_len / c
         act_msg = tokens * m.hidden * e
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
-        cp_kv, cp_dkv = cp_exchange_collectives(m, tokens, t, e, self.base.kernels, c, pl.cp, cluster, cal)
+        cp_kv, cp_dkv = cp_exchange_collectives(m, tokens, t, e, self.stack.kernels, c, pl.cp, cluster, cal)
         p2p_bytes = self._p2p_bytes(t, c, b, sp)
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
-        micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e, self.base.kernels)
-                 if self.base.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
+        micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e, self.stack.kernels)
+                 if self.stack.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
         expert_tp = expert_tp_time(m, tokens, pl.tp, e, cluster, cal) if m.is_moe else 0.0
         return (tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp)
 
@@ -513,10 +516,10 @@ class Engine:
         micro-batch (0 when ``fsdp`` is 0: weights not sharded per layer)."""
         if not fsdp:
             return (0.0,) * len(_UNIT_FIELDS)
-        g8 = self.base.fsdp_fp8_all_gather
+        g8 = self.stack.fsdp_fp8_all_gather
         units = fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, fsdp).shard, self.cluster, self.cal, g8)
         copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, fp8_gather=g8)
-                  if runs_fsdp2(3, self.base.kernels) else (0.0,) * 6)
+                  if runs_fsdp2(3, self.stack.kernels) else (0.0,) * 6)
         return units + copies
 
     def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int) -> tuple:
@@ -536,11 +539,11 @@ class Engine:
         layer's parameters (ZeRO-3's buffers hold it), the head's and the embedding's parameters,
         the largest layer's down projection's, the freed logits' block per token, and the bytes a
         gathered layer saves under FSDP2's FP8 all-gather (0 without it)."""
-        model, kernels = self.model, self.base.loss_kernels
+        model, kernels = self.model, self.stack.loss_kernels
         layer, down = largest_layer_params(model, x, y)
         return (loss_grad_bytes(model, 1, 1, x, 1, kernels, self.e), layer, head_params_per_rank(model, x, pp),
                 embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e),
-                fp8_gather_saving(model, x, self.rec.weight_bytes, self.base.fsdp_fp8_all_gather))
+                fp8_gather_saving(model, x, self.rec.weight_bytes, self.stack.fsdp_fp8_all_gather))
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -551,7 +554,7 @@ class Engine:
         # the shard group of per-layer ZeRO-3 (dp_shard; 0 where weights are not sharded per layer)
         fsdp = np.where((zero == 3) & (ds * c > 1), ds, 0)
         # where FSDP2 all-gathers the Float8Linear weights in FP8 (a base setting, on the per-layer ZeRO-3 plans)
-        g8 = ((fsdp > 0) & self.base.fsdp_fp8_all_gather).astype(np.int64)
+        g8 = ((fsdp > 0) & self.stack.fsdp_fp8_all_gather).astype(np.int64)
         D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=T.tpo.astype(np.int64)))
         # the mesh rows: the distinct (tp, cp, dp, shard group, ep, ZeRO stage), pp first, so that a
         # pp's rows are a slice ((t, c, p) fix d)
@@ -613,17 +616,17 @@ class Engine:
         lt_args = dict(
             full_recompute=rc == RECOMPUTE.index("full"),
             emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
-            tp_one=cm["tp_one"], sp=T.sp[at], tp_comm_overlap=T.tpo[at], cp=c, cp_comm=(cm["cp_kv"], cm["cp_dkv"]), kernels=base.kernels,
+            tp_one=cm["tp_one"], sp=T.sp[at], tp_comm_overlap=T.tpo[at], cp=c, cp_comm=(cm["cp_kv"], cm["cp_dkv"]), kernels=self.stack.kernels,
             fsdp_per_layer=per_layer, all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
-            reshard_after_forward=base.reshard_after_forward,
+            reshard_after_forward=self.stack.reshard_after_forward,
             fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
             fsdp_copies=tuple(cm[name] for name in _UNIT_FIELDS[6:]),
             # the LM head reuses a tied embedding's weight when both sit on the one stage; FSDP2's root
             # unit keeps it gathered
-            embedding_kept=(model.tied_embeddings & (T.pp[at] == 1)) | root_unit_applies(base.fsdp_head_in_root, T.zero[at], T.pp[at]),
+            embedding_kept=(model.tied_embeddings & (T.pp[at] == 1)) | root_unit_applies(self.stack.fsdp_head_in_root, T.zero[at], T.pp[at]),
             nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
-        if base.tp_overlap_kind == "micro-pipeline":
+        if self.stack.tp_overlap_kind == "micro-pipeline":
             lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
         lt = layer_times(**lt_args, **_op_fields(k))
         if not model.is_moe:
@@ -703,7 +706,7 @@ class Engine:
         pg_c, head_c = np.empty((n_cls, G)), np.zeros(n_cls, dtype=bool)
         # FSDP2's all-gather pool per class and mesh row (ZeRO-3 plans on a torch stack use it)
         pool_c = np.zeros((n_cls, len(mesh_rows)))
-        root = base.fsdp_head_in_root and pp == 1
+        root = self.stack.fsdp_head_in_root and pp == 1
         # per class: its stages other than the pipeline's first, and other than its last
         not_first, not_last = np.zeros(n_cls, dtype=np.int64), np.zeros(n_cls, dtype=np.int64)
         layers_c = np.zeros(n_cls, dtype=np.int64)  # per class, its layers
@@ -717,9 +720,9 @@ class Engine:
             p_of = {(x, y): (self._rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
                              self._expert_params(x, y, n_moe)) for x, y in te_vals}
             params_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
-            if runs_fsdp2(3, base.kernels):
+            if runs_fsdp2(3, self.stack.kernels):
                 units = tuple((split[j], j == 0, j == last) for j in mine)
-                pool_c[ci] = np.array([self._pool(x, pp, units, self.rec.weight_bytes, root, y, base.fsdp_fp8_all_gather)
+                pool_c[ci] = np.array([self._pool(x, pp, units, self.rec.weight_bytes, root, y, self.stack.fsdp_fp8_all_gather)
                                        for x, y in te_vals])[te_of_mesh]
             if model.is_moe:
                 experts_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
@@ -732,8 +735,8 @@ class Engine:
             first_fwd = sum(st.fwd[j] for j in mine).take(lt_inv)
             after, pg = after_pipeline(
                 grad_comm=sync[0].take(mesh_inv), param_gather=sync[1].take(mesh_inv), last_bwd=last_bwd, first_fwd=first_fwd,
-                n_layers=n_layers, overlap_grad_reduce=base.overlap_grad_reduce,
-                overlap_param_gather=base.overlap_param_gather, nccl_share=self.nccl_share,
+                n_layers=n_layers, overlap_grad_reduce=self.stack.overlap_grad_reduce,
+                overlap_param_gather=self.stack.overlap_param_gather, nccl_share=self.nccl_share,
             )
             busy_c[ci] = m * (last_bwd + first_fwd)
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
@@ -745,11 +748,11 @@ class Engine:
         # LM head and one for those with it
         buf_where, buf_of_state = _distinct(with_batch(state_mesh * len(kernel) + kid[state_where], state_where))
         buf_mesh, buf_plans = state_mesh[buf_where], state_where[buf_where]
-        returns = base.pp_return_outputs and pp > 1  # the step's end is a moment of its own
+        returns = self.stack.pp_return_outputs and pp > 1  # the step's end is a moment of its own
         other_buf = np.empty((n_cls, len(buf_where)))
         merged_buf = np.empty((n_cls, len(buf_where))) if returns else None
         # the stage-to-stage messages each class holds buffers for (m·(not first + not last) per micro-batch, or 2)
-        messages = pp_buffer_messages(base.pp_buffers, m[buf_plans][None, :], not_first[:, None], not_last[:, None])
+        messages = pp_buffer_messages(self.stack.pp_buffers, m[buf_plans][None, :], not_first[:, None], not_last[:, None])
         at = np.arange(idx.start, idx.stop)[buf_plans]
         k_at = {"head_act": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_act")], "working": pre.working[pre.lt_inv[at]],
                 "layer_stored": pre.layer_stored[pre.lt_inv[at]], "head_output": kernel[kid[buf_plans], _KERNEL_FIELDS.index("head_output")]}
@@ -839,7 +842,7 @@ class Engine:
         model, rec = self.model, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.cp)
-        fsdp2 = (zero == 3) & runs_fsdp2(3, self.base.kernels)  # FSDP2's fp32 shards are the master copy
+        fsdp2 = (zero == 3) & runs_fsdp2(3, self.stack.kernels)  # FSDP2's fp32 shards are the master copy
         if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
             expert_shard = row(T.dp) // row(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
             state = model_state_bytes(params - experts, rec, zero, shard, fsdp2)
@@ -851,7 +854,7 @@ class Engine:
         if model.is_moe:  # sharded state: the dense part over N, the experts over N_e
             local = pick((zero >= 1) & (experts > 0), (params - experts) / shard + experts / expert_shard, local)
         # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
-        return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal, self.base.kernels)
+        return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal, self.stack.kernels)
 
     def _rank_other(self, T: PlanTable, pre: "_Terms", at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
                     head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray, pool: np.ndarray,
@@ -878,11 +881,11 @@ class Engine:
         tokens = row(T.micro_batch) * base.seq_len / c
         logits_grad, logits_block = tokens * per_tp[:1], tokens * per_tp[5:6]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
-        if base.pp_buffers == "per-micro-batch" and pp > 1:  # torch's schedule holds the logits: no freed block
+        if self.stack.pp_buffers == "per-micro-batch" and pp > 1:  # torch's schedule holds the logits: no freed block
             logits_block = 0.0 * logits_block
-        returns = base.pp_return_outputs and pp > 1  # the last stage keeps its outputs to the step's end
+        returns = self.stack.pp_return_outputs and pp > 1  # the last stage keeps its outputs to the step's end
         step_outputs = m[None, :] * k["head_output"][None, :] if returns else 0.0
-        root = base.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
+        root = self.stack.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
         holds_head = bool(head.all())
         head_rows = head
         if head.any() and not holds_head:
@@ -896,7 +899,7 @@ class Engine:
             head_act=head_act, zero=zero, shard=shard, params=params,
             layer_params=per_tp[1:2], head_params=head_params,
             kept_embedding_params=per_tp[3:4] if model.tied_embeddings and pp == 1 else 0,
-            weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=base.reshard_after_forward,
+            weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=self.stack.reshard_after_forward,
             once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages, working=k["working"][None, :],
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,

@@ -20,6 +20,7 @@ from meshplan.search.space import SearchLimits
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import Stack
 
 MAX_COUNTS = 32
 
@@ -101,6 +102,7 @@ def gpu_front(
     headroom: float = 0.0,
     global_batches: Optional[tuple[int, ...]] = None,
     progress: Optional[Callable[[str, int, int], None]] = None,
+    stack: Optional[Stack] = None,
 ) -> list[FleetPoint]:
     """The best plan by time-to-train for each GPU count of ``counts`` (module docstring), with
     the front marked."""
@@ -110,7 +112,7 @@ def gpu_front(
     for n in counts:
         res = search(
             model, cluster_with(cluster, n), base, limits, global_batches=global_batches, objective="time-to-train",
-            budget=budget, top_k=1, headroom=headroom, progress=progress,
+            budget=budget, top_k=1, headroom=headroom, progress=progress, stack=stack,
         )
         points.append(FleetPoint(n, res))
     mark_front(points)

@@ -20,7 +20,6 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from meshplan.cost.fsdp_copies import root_unit_applies
 from meshplan.errors import InputError
 from meshplan.estimate import Budget, Estimate, estimate
 from meshplan.search.engine import Engine, Screen
@@ -28,6 +27,7 @@ from meshplan.search.space import REASONS, PlanTable, SearchLimits, enumerate_pl
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import Stack
 from meshplan.units import DAY, HOUR
 
 OBJECTIVES = ("throughput", "time-to-train", "cost")
@@ -85,14 +85,10 @@ def _score(objective: str, seconds_per_token: np.ndarray | float, num_gpus: int,
     return seconds_per_token * tokens * num_gpus / HOUR * price
 
 
-def plan_of(base: TrainingPlan, table: PlanTable, i: int) -> TrainingPlan:
-    """The plan of row ``i`` of ``table``: its axes and switches over ``base``."""
-    fields = {**base.model_dump(), **table.row(i)}
-    # torch's FSDP2 root unit (a base setting) describes the plans that run FSDP2 without a pipeline
-    fields["fsdp_head_in_root"] = bool(root_unit_applies(base.fsdp_head_in_root, fields["zero"], fields["pp"]))
-    # FSDP2's FP8 all-gather (a base setting) describes the plans that run ZeRO-3
-    fields["fsdp_fp8_all_gather"] = base.fsdp_fp8_all_gather and fields["zero"] == 3
-    return TrainingPlan(**fields)
+def plan_of(base: TrainingPlan, table: PlanTable, i: int, stack: Optional[Stack] = None) -> TrainingPlan:
+    """The plan of row ``i`` of ``table``: its axes and switches over ``base``, run by ``stack``
+    (default: the base's), whose rules apply to the row (:func:`meshplan.specs.stack.applied`)."""
+    return TrainingPlan.of(**{**base.model_dump(), "stack": base.stack if stack is None else stack, **table.row(i)})
 
 
 def search(
@@ -110,10 +106,13 @@ def search(
     pareto: bool = False,
     progress: Optional[Callable[[str, int, int], None]] = None,
     max_exact: int = 20_000,
+    stack: Optional[Stack] = None,
 ) -> SearchResult:
     """Search the plans of ``limits`` for ``model`` on ``cluster`` (module docstring). ``base``
     supplies what is not searched (sequence length, global batch, precision, attention, rank
-    order, overlap switches). ``progress(phase, done, total)`` reports long searches."""
+    order, overlap switches); ``stack`` the software that runs the plans, as requested (default: the
+    base's; its rules apply to each plan, not to the base). ``progress(phase, done, total)`` reports
+    long searches."""
     if objective not in OBJECTIVES:
         raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got {objective!r})")
     if not 0.0 <= headroom < 1.0:
@@ -123,7 +122,8 @@ def search(
     t0 = time.perf_counter()
     batches = global_batches or (base.global_batch,)
     table = enumerate_plans(model, cluster.num_gpus, cluster.gpus_per_node, base.seq_len, batches, limits)
-    engine = Engine(model, cluster, base)
+    stack = base.stack if stack is None else stack
+    engine = Engine(model, cluster, base, stack)
     n = len(table)
     done = [0]
 
@@ -149,7 +149,7 @@ def search(
 
     def run(i: int) -> Ranked:
         if i not in exact:
-            est = estimate(model, cluster, plan_of(base, table, i), budget)
+            est = estimate(model, cluster, plan_of(base, table, i, stack), budget)
             exact[i] = Ranked(est, float(_score(objective, est.time.step_s / est.plan.tokens_per_step, cluster.num_gpus, budget)))
             if progress:
                 progress("simulate", len(exact), 0)

@@ -34,7 +34,7 @@ def _check_moe(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism (as in Megatron-Core)")
     if plan.recompute == "op":
         raise InputError("recompute", "op-level selective recompute is modelled for dense layers; use selective or full with a mixture-of-experts model")
-    if plan.fsdp_fp8_all_gather:
+    if plan.stack.fsdp_fp8_all_gather:
         raise InputError("fsdp_fp8_all_gather", "FP8 all-gather is modelled for dense models (torchao's Float8Linear blocks); "
                                                 "turn it off for a mixture-of-experts model")
 
@@ -80,5 +80,5 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan) -> No
         raise InputError("global_batch", f"micro-batches per step x pp x vpp = {plan.grad_accum:,} x {plan.pp} x {plan.vpp} = {chunks:,} is more than the pipeline simulation runs ({MAX_PIPELINE_CHUNKS:,}); use a larger micro-batch or a smaller global batch")
     layer_split(model.n_layers, plan.pp, plan.vpp, plan.layer_split)  # raises on a bad user split
     cluster.gpu.peak(plan.precision.compute_dtype)  # raises if the GPU lacks the dtype
-    if plan.attention == "flash" and plan.attention_kernel == "cudnn":
+    if plan.attention == "flash" and plan.stack.attention_kernel == "cudnn":
         attention_rates(calibration_for(cluster.gpu), "cudnn")  # raises where cuDNN's rates are not measured

@@ -106,7 +106,7 @@ def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("recompute", "verify comm runs without recompute")
     if plan.precision.precision != "fp32":
         raise InputError("precision", "verify comm runs fp32 on CPU (gloo); give --precision fp32")
-    if plan.fsdp_accumulate_unsharded:
+    if plan.stack.fsdp_accumulate_unsharded:
         raise InputError("fsdp_accumulate_unsharded", "not run by verify comm")
     if model.dropout:
         raise InputError("model", "verify comm runs models without dropout")
@@ -357,7 +357,7 @@ def torch_plan(plan: TrainingPlan) -> TrainingPlan:
     update: dict = {"kernels": "eager"}
     if plan.dp > 1 and plan.zero == 2:
         update |= {"zero": 3, "reshard_after_forward": False}
-    return plan.model_copy(update=update)
+    return plan.replace(**update)
 
 
 def dp_mesh(mesh, plan: TrainingPlan):
@@ -378,8 +378,8 @@ def shard_units(mod, plan: TrainingPlan, mesh) -> None:
     torch's ZeRO-2 (:func:`torch_plan`)."""
     from torch.distributed.fsdp import fully_shard
 
-    raf = torch_plan(plan).reshard_after_forward
-    if plan.fsdp_head_in_root:  # torchtitan's units until pytorch/torchtitan#1094: blocks and the root
+    raf = torch_plan(plan).stack.reshard_after_forward
+    if plan.stack.fsdp_head_in_root:  # torchtitan's units until pytorch/torchtitan#1094: blocks and the root
         layers = list(mod.layers.values())
         for i, layer in enumerate(layers):
             fully_shard(layer, mesh=mesh, reshard_after_forward=raf and i < len(layers) - 1)
@@ -450,7 +450,7 @@ class _Trainer:
             if self.sched is not None:
                 kw = {"target": ids, "losses": []} if self.n_stages - 1 in self.mine else {}
                 if "return_outputs" in inspect.signature(self.sched.step).parameters:  # torch 2.10 on
-                    kw["return_outputs"] = plan.pp_return_outputs
+                    kw["return_outputs"] = plan.stack.pp_return_outputs
                 if 0 in self.mine:
                     self.sched.step(ids, **kw)
                 else:

@@ -108,7 +108,7 @@ def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("zero", "verify memory runs ZeRO-1 (ZeroRedundancyOptimizer), ZeRO-2 or ZeRO-3 (FSDP2) for dp > 1: give --zero 1, 2 or 3")
     if hsdp(plan) and plan.zero < 2:
         raise InputError("dp_shard", "verify memory runs HSDP as FSDP2 on a (replicate, shard) mesh: give --zero 2 or 3")
-    if plan.fsdp_accumulate_unsharded:
+    if plan.stack.fsdp_accumulate_unsharded:
         raise InputError("fsdp_accumulate_unsharded", "not run by verify memory")
     if plan.precision.precision != "fp32" or plan.precision.grad_dtype != "fp32":
         raise InputError("precision", "verify memory runs meshplan's fp32 recipe (4 + 4 + 8 bytes per parameter): give --precision fp32")
@@ -357,7 +357,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, cluster, device: str = "cpu",
     c.setup = {
         "model": model.name, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len, "tp": plan.tp,
         "sequence_parallel": plan.sequence_parallel and plan.tp > 1, "dp": plan.dp, "dp_shard": plan.dp_shard,
-        "zero": plan.zero, "meshplan_plan": {"zero": mplan.zero, "reshard_after_forward": mplan.reshard_after_forward},
+        "zero": plan.zero, "meshplan_plan": {"zero": mplan.zero, "reshard_after_forward": mplan.stack.reshard_after_forward},
         "device": device, "tensors": got["tensors"],
         "tracker": "FSDPMemTracker" if fsdp else "MemTracker", "measured_state_by_category": state,
         "measured_peak_by_category": peak, "meshplan_other_items": dict(st.other_items),

@@ -124,13 +124,13 @@ def predicted(model: ModelSpec, plan: TrainingPlan, rank: int) -> list[Collectiv
         out.append(Collective(shard_axis, "all_gather", "optimizer", params * rec.weight_bytes, 1))
     elif plan.dp > 1 and plan.zero == 3:
         # FSDP units on this rank: (parameters, how many, gathered again before backward)
-        units = [(params_layer, layers, plan.reshard_after_forward)]
+        units = [(params_layer, layers, plan.stack.reshard_after_forward)]
         if first_here:
             kept = model.tied_embeddings and plan.pp == 1  # the LM head reuses the weight at the end of forward
-            units.append((embedding_params_per_rank(model, t), 1, plan.reshard_after_forward and not kept))
+            units.append((embedding_params_per_rank(model, t), 1, plan.stack.reshard_after_forward and not kept))
         if last_here:
             units.append((head_params_per_rank(model, t, plan.pp), 1, False))
-        fsdp2 = runs_fsdp2(plan.zero, plan.kernels)
+        fsdp2 = runs_fsdp2(plan.zero, plan.stack.kernels)
         for p_unit, n, again in units:
             out.append(Collective(shard_axis, "all_gather", "forward", p_unit * rec.weight_bytes, m * n))
             if again:
@@ -281,7 +281,7 @@ def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Compar
                       notes=tuple(n.name for n in notes)), *notes)
     c.setup = {
         "model": model.name, "tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp, "zero": asked.zero, "dp_shard": plan.dp_shard,
-        "meshplan_plan": {"zero": plan.zero, "reshard_after_forward": plan.reshard_after_forward},
+        "meshplan_plan": {"zero": plan.zero, "reshard_after_forward": plan.stack.reshard_after_forward},
         "sequence_parallel": plan.sequence_parallel and plan.tp > 1, "schedule": plan.schedule if plan.pp > 1 else None,
         "micro_batches": plan.grad_accum, "micro_batch": plan.micro_batch, "seq_len": plan.seq_len,
         "device": device,

@@ -182,7 +182,7 @@ def check_ring_memory_plan(model: ModelSpec, plan: TrainingPlan) -> None:
     """What :func:`torch_ring_backward_rank` runs: cp ranks alone, torch's stack."""
     if plan.cp < 2 or plan.tp * plan.pp * plan.dp > 1:
         raise InputError("cp", "the ring attention memory check runs cp > 1 ranks alone (tp = pp = dp = 1)")
-    if plan.kernels == "fused":
+    if plan.stack.kernels == "fused":
         raise InputError("kernels", "the ring attention memory check runs torch's ring (kernels compiled or eager)")
     if plan.seq_len % (2 * plan.cp):
         raise InputError("seq_len", f"must split into 2·cp = {2 * plan.cp} chunks for torch's round-robin load balance")
@@ -228,7 +228,7 @@ def torch_ring_backward_rank(model: ModelSpec, plan: TrainingPlan) -> dict[str, 
     from meshplan.cost.cp_exchange import sdpa_kv_heads
 
     dtype = {2: torch.bfloat16, 4: torch.float32}[plan.precision.activation_bytes]
-    heads = sdpa_kv_heads(model, plan.tp, plan.kernels)
+    heads = sdpa_kv_heads(model, plan.tp, plan.stack.kernels)
     n = plan.micro_batch * plan.seq_len // plan.cp
     g = torch.Generator().manual_seed(dist.get_rank())
     q, k = (torch.randn(plan.micro_batch, heads, n, model.head_dim, generator=g, dtype=dtype) for _ in range(2))

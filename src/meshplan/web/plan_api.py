@@ -24,6 +24,7 @@ from meshplan.cli.pipeline_cmd import to_json as pipeline_json
 from meshplan.cli.render import BREAKDOWN_LABELS, gpu_row, published_table
 from meshplan.errors import InputError
 from meshplan.estimate import Estimate, estimate
+from meshplan.specs.stack import BEHAVIOUR_FIELDS
 from meshplan.presets import PRESETS, Preset
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
@@ -36,7 +37,9 @@ MAX_GANTT_ACTIONS = 20_000
 #: raw query string: :mod:`meshplan.web.estimate_cache`).
 ESTIMATE_CACHE = 1024
 
-_SKIP = {"plan_file"}  # the server reads no file a request names
+_SKIP = {"plan_file", "set_fields"}  # the server reads no file a request names; stack fields come by name
+#: the stack's fields a request may set by name (each a ``--set FIELD=VALUE``); tp_comm_overlap is a plan option
+STACK_QUERY = tuple(k for k in BEHAVIOUR_FIELDS if k not in PLAN_OPTIONS)
 
 
 def _plan_query_model():
@@ -45,6 +48,8 @@ def _plan_query_model():
         if name in _SKIP:
             continue
         fields[name] = (tp, Field(None, description=opt.help))
+    for name in STACK_QUERY:
+        fields[name] = (Optional[str], Field(None, description=f"Override the stack's {name} (as --set {name}=VALUE)."))
     return create_model("PlanQuery", __config__=ConfigDict(extra="forbid"), **fields)
 
 
@@ -55,13 +60,15 @@ PlanParams = Annotated[PlanQuery, Query()]  # type: ignore[valid-type]
 def plan_args(values: dict[str, Any]) -> PlanArgs:
     """Plan options (names of :data:`PLAN_OPTIONS`) as the CLI's :class:`PlanArgs`; models must be
     catalog names."""
-    unknown = sorted(set(values) - (set(PLAN_OPTIONS) - _SKIP))
+    unknown = sorted(set(values) - (set(PLAN_OPTIONS) - _SKIP) - set(STACK_QUERY))
     if unknown:
         raise InputError(unknown[0], "unknown field")
     model = values.get("model")
     if model is not None and model not in model_names():
         raise InputError("model", f"unknown model '{model}' (models: {', '.join(model_names())}); the web explorer takes catalog names only")
-    return PlanArgs(**{k: v for k, v in values.items() if v is not None})
+    sets = [f"{k}={values[k]}" for k in STACK_QUERY if values.get(k) not in (None, "")]
+    args = {k: v for k, v in values.items() if v is not None and k not in STACK_QUERY}
+    return PlanArgs(**args, set_fields=sets or None)
 
 
 def setup_of(query: Any) -> Setup:

@@ -15,9 +15,10 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from meshplan.accuracy.run_presets import supported_runs
-from meshplan.catalog import gpu_names, model_names
+from meshplan.catalog import gpu_names, model_names, stack_names
 from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.cli.pipeline_cmd import schedule_names
+from meshplan.cli.pipeline_runtime import RUNTIME_HELP
 from meshplan.learn import TOPICS
 from meshplan.pipeline.simulate import RUNTIMES
 from meshplan.presets import PRESETS
@@ -50,6 +51,7 @@ NUMBERS = (
 )
 #: Choice inputs: (option name, label, choices).
 CHOICES = (
+    ("stack", "software stack", tuple(stack_names())),
     ("schedule", "pipeline schedule", tuple(schedule_names())),
     ("pipeline_runtime", "pipeline runtime", RUNTIMES),
     ("recompute", "recompute", ("none", "selective", "op", "full")),
@@ -60,7 +62,7 @@ CHOICES = (
     ("master_weights", "fp32 master weights", ("true", "false")),
     ("attention", "attention kernel", ("flash", "materialized")),
     ("attention_kernel", "flash kernel (auto: cuDNN on fused + Hopper)", ("auto", "flash2", "cudnn")),
-    ("kernels", "software stack", ("fused", "compiled", "eager")),
+    ("kernels", "kernels (stack field)", ("fused", "compiled", "eager")),
     ("compile_loss", "loss compiled (with compiled kernels)", ("true", "false")),
     ("fsdp_fp8_all_gather", "FP8 all-gather (FSDP2, torchao Float8)", ("false", "true")),
     ("fp8_linears", "FP8 library (with fp8)", ("auto", "torchao", "transformer-engine")),
@@ -70,6 +72,8 @@ CHOICES = (
 
 
 def _help(name: str) -> str:
+    if name not in PLAN_OPTIONS:  # a stack field: its line of the Stack docstring
+        return f"The stack's {name} (meshplan.specs.stack.Stack); set here, it overrides the profile."
     return PLAN_OPTIONS[name][1].help or ""
 
 
@@ -110,7 +114,7 @@ def install(app: FastAPI) -> None:
 
     @app.get("/pipeline", response_class=HTMLResponse, include_in_schema=False)
     def pipeline_page(request: Request):
-        return templates.TemplateResponse(request, "pipeline.html", _context(request, "pipeline", runtime_help=_help("pipeline_runtime"), runtimes=RUNTIMES))
+        return templates.TemplateResponse(request, "pipeline.html", _context(request, "pipeline", runtime_help=RUNTIME_HELP, runtimes=RUNTIMES))
 
     @app.get("/calc", response_class=HTMLResponse, include_in_schema=False)
     def calc_page(request: Request):

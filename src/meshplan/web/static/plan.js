@@ -33,11 +33,11 @@
     return {
       preset: state.preset || "", model: e.model.name, gpu: c.gpu, gpus: c.num_gpus, tp: p.tp, cp: p.cp, pp: p.pp, vpp: p.vpp,
       micro_batch: p.micro_batch, global_batch: p.global_batch, seq_len: p.seq_len, schedule: p.schedule,
-      pipeline_runtime: p.pipeline_runtime,
+      stack: p.stack.name, pipeline_runtime: p.stack.pipeline_runtime,
       recompute: p.recompute, zero: String(p.zero), precision: p.precision, grad_dtype: p.grad_dtype,
       master_weights: String(p.master_weights), attention: p.attention, sequence_parallel: String(p.sequence_parallel),
-      kernels: p.kernels, compile_loss: String(p.compile_loss),
-      fsdp_fp8_all_gather: String(p.fsdp_fp8_all_gather), fp8_linears: p.fp8_linears, attention_kernel: p.attention_kernel, tp_comm_overlap: String(p.tp_comm_overlap), tp_overlap_kind: p.tp_overlap_kind,
+      kernels: p.stack.kernels, compile_loss: String(p.stack.compile_loss),
+      fsdp_fp8_all_gather: String(p.stack.fsdp_fp8_all_gather), fp8_linears: p.stack.fp8_linears, attention_kernel: p.stack.attention_kernel, tp_comm_overlap: String(p.stack.tp_comm_overlap), tp_overlap_kind: p.stack.tp_overlap_kind,
       gpus_per_node: c.gpus_per_node, nic_gbps: c.scale_out_bandwidth / 1e9, pod_size: c.pod_size ?? "",
       oversubscription: c.oversubscription, tokens: pick("tokens"), price: pick("price"), pue: state.pue ?? 1,
     };
