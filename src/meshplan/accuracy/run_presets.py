@@ -21,7 +21,7 @@ from meshplan.accuracy.runs import MappedRun
 from meshplan.accuracy.validate import runs_of
 from meshplan.errors import InputError
 from meshplan.interop import extra_fields_of, options_of_fields
-from meshplan.presets import Preset, Published
+from meshplan.named_presets import Preset, Published
 from meshplan.units import GBPS
 
 
