@@ -32,8 +32,6 @@ KNOWN = {
     ("function", "estimate.py:_derivations"),
     ("function", "estimate.py:to_dict"),
     ("function", "search/engine.py:_group"),
-    ("function", "search/run.py:search"),
-    ("function", "search/space.py:enumerate_plans"),
     ("function", "cost/compute.py:layer_op_times"),
     ("function", "cost/compose.py:layer_times"),
     ("function", "cost/compose.py:rank_other_items"),
