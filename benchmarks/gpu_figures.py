@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from meshplan.catalog import load_gpu, load_model  # noqa: E402
+from meshplan.cost.attention import flash_attention_efficiency  # noqa: E402
 from meshplan.cost.calibration import calibration_for  # noqa: E402
-from meshplan.cost.compute import flash_attention_efficiency, layer_op_times  # noqa: E402
+from meshplan.cost.compute import layer_op_times  # noqa: E402
 
 FONT = 'font-family="sans-serif"'
 COLOURS = {"gemm": "#4C78A8", "attention": "#F58518", "other": "#54A24B", "fwd": "#4C78A8", "bwd": "#E45756",

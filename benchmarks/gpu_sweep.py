@@ -13,7 +13,7 @@ calibration's Hopper row rests on, measured the way the catalog constants are de
   causal (and not, to 32K: context parallelism's off-diagonal blocks), 64K query tokens a call
   (batch · L), 16 heads, keys L from 1K to 128K, per backend (FlashAttention, cuDNN, and
   memory-efficient to 16K); TFLOP/s with the causal
-  FLOPs of :func:`meshplan.cost.compute.causal_attention_flops` (non-causal: 4·b·h·L²·d).
+  FLOPs of :func:`meshplan.cost.attention.causal_attention_flops` (non-causal: 4·b·h·L²·d).
 
 Prints a table and writes ``--out`` (JSON). Run on the GPU machine with ``PYTHONPATH=src``:
 ``python3 benchmarks/gpu_sweep.py --out sweep.json``. On the CPU it refuses (exit 2): the
@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from meshplan.cost.compute import causal_attention_flops  # noqa: E402
+from meshplan.cost.attention import causal_attention_flops  # noqa: E402
 from meshplan.verify.kernels import median_seconds  # noqa: E402
 
 

@@ -10,11 +10,11 @@ def on_two_ranks(worker) -> list:
     """What ``worker(rank, 2, port, out)`` puts on ``out`` on each of two spawned gloo ranks."""
     import multiprocessing as mp
 
-    from meshplan.verify.comm import _free_port
+    from meshplan.verify.launch import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=worker, args=(r, 2, port, out), daemon=True) for r in range(2)]
     for proc in procs:
         proc.start()

@@ -82,7 +82,7 @@ def base_plan(fields: dict[str, Any]):
 
     fields = dict(fields)
     stack = Stack(**fields.pop("stack", {}))
-    return TrainingPlan(**fields, stack=stack), stack
+    return TrainingPlan.of(**fields, stack=stack), stack
 
 
 def search_numbers() -> dict[str, Any]:

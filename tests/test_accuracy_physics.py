@@ -19,15 +19,14 @@ from meshplan.cost.activations import loss_grad_bytes
 from meshplan.cost.calibration import HOPPER, STATIC_POWER_FRACTION, calibration_for, power_cap_clock_ratio, power_capped
 from meshplan.cost.compute import (
     elementwise_bytes,
-    gemm_time,
     input_gradient_sum_bytes,
     layer_op_times,
-    memory_time,
     projection_gemms,
     rope_bytes,
     softmax_bytes,
 )
 from meshplan.cost.fsdp_copies import fsdp2_unit_copy_times, gather_pool_bytes
+from meshplan.cost.kernel_time import gemm_time, memory_time
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate

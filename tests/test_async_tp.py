@@ -12,7 +12,8 @@ from meshplan.cost import collectives as coll
 from meshplan.cost.async_tp import fused_exposed, micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.comm import plan_placements, tp_collective_time
-from meshplan.cost.compute import dense_gemm_shapes, gemm_time, memory_time
+from meshplan.cost.compute import dense_gemm_shapes
+from meshplan.cost.kernel_time import gemm_time, memory_time
 from meshplan.estimate import estimate
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan

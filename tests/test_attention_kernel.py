@@ -12,14 +12,14 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cli.app import main
-from meshplan.cost.calibration import AMPERE, BLACKWELL, CDNA3, HOPPER, calibration_for
-from meshplan.cost.compute import (
+from meshplan.cost.attention import (
     attention_kernel_of,
     causal_attention_flops,
     flash_attention_efficiency,
     flash_attention_times,
-    layer_op_times,
 )
+from meshplan.cost.calibration import AMPERE, BLACKWELL, CDNA3, HOPPER, calibration_for
+from meshplan.cost.compute import layer_op_times
 from meshplan.errors import InputError
 from meshplan.estimate import estimate
 from meshplan.interop import export, parse_text

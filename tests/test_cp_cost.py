@@ -6,13 +6,9 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.compute import (
-    eager_ring_attention_times,
-    layer_op_times,
-    memory_time,
-    ring_attention_merge_times,
-    torch_ring_keys,
-)
+from meshplan.cost.compute import layer_op_times
+from meshplan.cost.kernel_time import memory_time
+from meshplan.cost.ring_attention import eager_ring_attention_times, ring_attention_merge_times, torch_ring_keys
 
 H100 = load_gpu("h100-sxm-80gb")
 CAL = calibration_for(H100)

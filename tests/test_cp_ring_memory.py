@@ -97,7 +97,7 @@ def test_search_memory_equals_estimate_with_torch_context_parallelism():
 @pytest.mark.parametrize("cp", [2, 4])
 def test_ring_buffers_measured_by_torch(cp):
     pytest.importorskip("torch")
-    from meshplan.verify.comm import launch
+    from meshplan.verify.launch import launch
 
     # Llama 3.1 8B's attention shapes without TP (32 heads of 128, K/V repeated), 256 local tokens, bf16
     model = load_model("llama3-8b")

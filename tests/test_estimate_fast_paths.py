@@ -14,7 +14,7 @@ from meshplan.catalog import gpu_names, load_gpu
 from meshplan.specs import ClusterSpec
 from meshplan.cost import collectives
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.compute import gemm_efficiency, gemm_time
+from meshplan.cost.kernel_time import gemm_efficiency, gemm_time
 
 
 def test_square_gemm_efficiency_by_hand_on_h100():

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from meshplan.catalog import load_gpu, load_model
+from meshplan.cost.attention import flash_attention_efficiency
 from meshplan.cost.calibration import CALIBRATIONS, calibration_for
-from meshplan.cost.compute import flash_attention_efficiency, layer_op_times
+from meshplan.cost.compute import layer_op_times
 
 H100 = load_gpu("h100-sxm-80gb")
 CAL = calibration_for(H100)

@@ -6,8 +6,15 @@ import pytest
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.compute import (
-    MLP_GEMM_NAMES, dense_gemm_shapes, fp8_cast_bytes, layer_op_times, memory_time, moe_mlp_gemms, projection_gemms, repeat_kv_bytes,
+    MLP_GEMM_NAMES,
+    dense_gemm_shapes,
+    fp8_cast_bytes,
+    layer_op_times,
+    moe_mlp_gemms,
+    projection_gemms,
+    repeat_kv_bytes,
 )
+from meshplan.cost.kernel_time import memory_time
 from meshplan.estimate import estimate
 from meshplan.specs import ClusterSpec, TrainingPlan
 from meshplan.specs.plan import PrecisionRecipe
@@ -175,7 +182,8 @@ def test_fp8_gemms_read_one_byte_operands():
     Llama 3 70B's K projection on TP 8 (one K/V head of 128) over 131,072 tokens is memory-bound:
     it reads the 131,072 × 8,192 input to write 128 columns."""
     from meshplan.cost.calibration import gemm_calibration
-    from meshplan.cost.compute import gemm_bounds, gemm_operand_bytes, gemm_time, projection_gemms
+    from meshplan.cost.compute import projection_gemms
+    from meshplan.cost.kernel_time import gemm_bounds, gemm_operand_bytes, gemm_time
 
     assert (gemm_operand_bytes("fp8", 2), gemm_operand_bytes("bf16", 2), gemm_operand_bytes("fp32", 4)) == (1, 2, 4)
     m, n, k = 131072, 128, 8192

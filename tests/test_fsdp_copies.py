@@ -12,8 +12,8 @@ import meshplan.estimate as estimate_mod
 from meshplan.accuracy import map_runs
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.compute import memory_time
 from meshplan.cost.fsdp_copies import copy_in_bytes, copy_out_bytes, fsdp2_step_copy_times, fsdp2_unit_copy_times, runs_fsdp2
+from meshplan.cost.kernel_time import memory_time
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
 from meshplan.estimate import estimate
 from meshplan.search.engine import Engine

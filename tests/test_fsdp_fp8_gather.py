@@ -10,9 +10,9 @@ from meshplan.catalog import load_gpu, load_model
 from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, plan_placements
-from meshplan.cost.compute import memory_time
 from meshplan.cost.float8 import CAST_KERNELS, torchao_float8_passes
 from meshplan.cost.fsdp_copies import copy_out_bytes, fp8_gather_saving, fsdp2_unit_copy_times, gather_pool_bytes
+from meshplan.cost.kernel_time import memory_time
 from meshplan.cost.params import layer_params_per_rank, linear_weights_per_rank
 from meshplan.errors import InputError
 from meshplan.estimate import estimate

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from meshplan.catalog import load_gpu, load_model
+from meshplan.cost.attention import causal_attention_flops, flash_attention_efficiency
 from meshplan.cost.calibration import STATIC_POWER_FRACTION, calibration_for
-from meshplan.cost.compute import causal_attention_flops, flash_attention_efficiency, gemm_time, layer_op_times
+from meshplan.cost.compute import layer_op_times
+from meshplan.cost.kernel_time import gemm_time
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200-2026-11-28"
 
@@ -165,7 +167,7 @@ def test_torch_optimizer_step_within_10_percent(h200):
     ranks (1.004 B fp32 parameters in 291 tensors): 26.2 ms; the model's 92 bytes a parameter at
     η_hbm: 24.0 ms (−8 %)."""
     from meshplan.accuracy import map_runs
-    from meshplan.cost.compute import optimizer_step_time
+    from meshplan.cost.optimizer_step import optimizer_step_time
 
     gpu, cal = h200
     measured = _load("step_parts.json")["parts"]["optimizer 1/8"]
@@ -179,7 +181,8 @@ def test_embedding_backward_counts_the_zero_filled_table_and_stays_under_the_mea
     before it scatters the micro-batch's rows: 0.49 ms of bytes on the H200, against 1.50 ms
     measured (the index sort's small kernels are not counted); the forward's gather 0.07 against
     0.10."""
-    from meshplan.cost.compute import embedding_op_times, memory_time
+    from meshplan.cost.compute import embedding_op_times
+    from meshplan.cost.kernel_time import memory_time
 
     gpu, cal = h200
     n, h, V = 2 * 8192, 4096, 128_256

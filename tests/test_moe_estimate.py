@@ -291,7 +291,8 @@ def test_model_rules(fields, rule):
 
 def test_gemma_four_norms_in_activations_and_time():
     from meshplan.cost.activations import layer_activations
-    from meshplan.cost.compute import elementwise_bytes, layer_op_times, memory_time
+    from meshplan.cost.compute import elementwise_bytes, layer_op_times
+    from meshplan.cost.kernel_time import memory_time
 
     g4 = load_model("gemma2-9b")
     g2 = g4.model_copy(update={"norms_per_layer": 2})

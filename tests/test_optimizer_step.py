@@ -1,5 +1,5 @@
 """The optimizer step's HBM bytes per parameter on each software stack
-(meshplan.cost.compute.optimizer_step_bytes): Megatron's fused step from the precision recipe, and
+(meshplan.cost.optimizer_step.optimizer_step_bytes): Megatron's fused step from the precision recipe, and
 torch's foreach AdamW/SGD with clip_grad_norm_ counted op by op in torch's own step on CPU."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from meshplan.accuracy import map_runs
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.compute import optimizer_step_bytes, optimizer_step_time
+from meshplan.cost.optimizer_step import optimizer_step_bytes, optimizer_step_time
 from meshplan.estimate import estimate
 from meshplan.specs.plan import PrecisionRecipe
 

@@ -20,7 +20,8 @@ from meshplan.pipeline.lockstep import (
     LOCKSTEP_SCHEDULES, inputs_precede, runs_lockstep, simulate_lockstep, torch_grid, torch_rows, torch_slots,
 )
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
-from meshplan.pipeline.simulate import _rank_program, simulate
+from meshplan.pipeline.simulate import simulate
+from meshplan.pipeline.slots import rank_program
 from meshplan.search.engine import Engine
 from meshplan.search.run import plan_of, search
 from meshplan.search.space import SearchLimits, enumerate_plans
@@ -200,10 +201,10 @@ def test_torch_grids_with_fewer_microbatches_are_replayed_with_inputs_awaited():
         S, M = p * v, m
         where = {}
         for r in range(p):
-            own, _ = _rank_program(sched, r, S, M)
+            own, _ = rank_program(sched, r, S, M)
             where.update(zip(own.tolist(), slots[r].tolist()))
         for r in range(p):
-            _, dep = _rank_program(sched, r, S, M)
+            _, dep = rank_program(sched, r, S, M)
             for d, t in zip(dep.tolist(), slots[r].tolist()):
                 assert d == 3 * S * M or where[d] < t, (name, p, m, v, r)
 

@@ -10,8 +10,8 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.estimate import Budget, estimate
+from meshplan.pipeline.live import live_count_peaks
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
-from meshplan.pipeline.simulate import live_count_peaks
 from meshplan.search.engine import Engine, _memory_microbatches
 from meshplan.search.run import plan_of, search
 from meshplan.search.space import REASONS, SearchLimits, enumerate_plans
@@ -449,7 +449,7 @@ def test_cli_gpu_front_picture(tmp_path):
 
 
 def test_simulator_live_counts_from_closed_forms_equal_the_walk():
-    from meshplan.pipeline.simulate import schedule_live_counts
+    from meshplan.pipeline.inflight import schedule_live_counts
 
     for name, v in (("gpipe", 1), ("1f1b", 1), ("zbh1", 1), ("interleaved", 3), ("interleaved-zb", 2), ("zbv", 2)):
         for pp, m in ((4, 8), (3, 6), (4, 2), (5, 15)):
@@ -466,7 +466,7 @@ def test_simulator_live_counts_from_closed_forms_equal_the_walk():
 
 def test_padded_peak_bytes_is_peak_bytes_of_each_rank_to_the_bit():
     from meshplan.pipeline.inflight import live_rows, state_rows
-    from meshplan.pipeline.simulate import padded_peak_bytes, peak_bytes
+    from meshplan.pipeline.live import padded_peak_bytes, peak_bytes
     from meshplan.pipeline.stages import stages_of_rank
 
     rng = np.random.default_rng(11)

@@ -11,8 +11,8 @@ import pytest
 from meshplan.catalog import load_gpu, load_model
 from meshplan.estimate import estimate
 from meshplan.pipeline.inflight import distinct_state_rows, live_rows, state_rows, state_rows_many, undominated
+from meshplan.pipeline.live import padded_peak_bytes, peak_bytes
 from meshplan.pipeline.schedules import SCHEDULES
-from meshplan.pipeline.simulate import padded_peak_bytes, peak_bytes
 from meshplan.search.engine import Engine
 from meshplan.search.space import SCHEDULE_NAMES, SearchLimits, enumerate_plans
 from meshplan.specs.hardware import ClusterSpec

@@ -27,7 +27,7 @@ from meshplan.errors import InputError  # noqa: E402
 from meshplan.estimate import estimate  # noqa: E402
 from meshplan.specs.hardware import ClusterSpec  # noqa: E402
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan  # noqa: E402
-from meshplan.verify import comm, memory, predict  # noqa: E402
+from meshplan.verify import comm, launch, memory, predict  # noqa: E402
 from meshplan.verify.device import gpus_visible  # noqa: E402
 
 CONFIG = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
@@ -84,7 +84,7 @@ def runs(request):
         mla = [(MLA_MODEL, MLA_PLAN)] if jobs is WORLD2 else []
         extra = [(MEM_MODEL, MEM_PLAN)] if jobs is WORLD4 else []
         tasks = ["comm"] * (len(jobs) + len(mla)) + ["memory"] * len(extra)
-        results = comm.launch([(MODEL, p) for p in jobs.values()] + mla + extra, timeout=240, device=device, task=tasks)
+        results = launch.launch([(MODEL, p) for p in jobs.values()] + mla + extra, timeout=240, device=device, task=tasks)
         out.update({name: predict.compare(MODEL, p, r) for (name, p), r in zip(jobs.items(), results)})
         out.setdefault("raw", {}).update(zip(jobs, results))
         if mla:
@@ -312,7 +312,7 @@ def test_check_plan_refusals():
 
 def test_timeout_kills_the_workers():
     with pytest.raises(RuntimeError, match="did not finish within"):
-        comm.launch([(MODEL, WORLD2["ddp"])], timeout=0.5)
+        launch.launch([(MODEL, WORLD2["ddp"])], timeout=0.5)
 
 
 def test_cli_comm(tmp_path, capsys):

@@ -15,7 +15,7 @@ from meshplan.catalog.hf_config import model_from_hf_config  # noqa: E402
 from meshplan.cli.app import main  # noqa: E402
 from meshplan.errors import InputError  # noqa: E402
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan  # noqa: E402
-from meshplan.verify import comm, device, flops  # noqa: E402
+from meshplan.verify import device, flops, launch  # noqa: E402
 
 CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
           "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 512}
@@ -70,11 +70,11 @@ def test_launch_refuses_before_starting_workers(monkeypatch):
     _gpus(monkeypatch, 1)
     plan = TrainingPlan(tp=2, seq_len=64, global_batch=1, precision=FP32)
     with pytest.raises(InputError, match="^device: --device cuda runs one process per GPU: the plan has 2 ranks but 1 GPU is visible"):
-        comm.launch([(MODEL, plan)], timeout=0.01, device="cuda")
+        launch.launch([(MODEL, plan)], timeout=0.01, device="cuda")
     with pytest.raises(ValueError, match="task must be one of"):
-        comm.launch([(MODEL, plan)], task="flops")
+        launch.launch([(MODEL, plan)], task="flops")
     with pytest.raises(ValueError, match="task must be one of"):
-        comm.launch([(MODEL, plan)], task=["comm", "memory"])
+        launch.launch([(MODEL, plan)], task=["comm", "memory"])
 
 
 def test_flops_refuses_cuda_without_gpu(monkeypatch):
@@ -123,9 +123,9 @@ def test_cli_plan_errors_come_before_the_device(monkeypatch, capsys, cfg):
 def test_tracker_figures_of_the_device():
     """verify memory reads the tracker's figures for the device it runs on (on CUDA, Adam's step
     counters sit in the CPU entry)."""
-    from meshplan.verify import memory
+    from meshplan.verify import memory_trackers
 
     snap = {torch.device("cpu"): {"OptState": 84}, torch.device("cuda", 0): {"OptState": 3_412_992}}
-    assert memory._on(snap, torch.device("cuda", 0)) == {"OptState": 3_412_992}
-    assert memory._on(snap, torch.device("cpu")) == {"OptState": 84}
-    assert memory._on({torch.device("cpu"): {"Total": 1}}, torch.device("cuda", 0)) == {"Total": 1}
+    assert memory_trackers._on(snap, torch.device("cuda", 0)) == {"OptState": 3_412_992}
+    assert memory_trackers._on(snap, torch.device("cpu")) == {"OptState": 84}
+    assert memory_trackers._on({torch.device("cpu"): {"Total": 1}}, torch.device("cuda", 0)) == {"Total": 1}

@@ -11,7 +11,8 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.compute import gemm_time, layer_op_times
+from meshplan.cost.compute import layer_op_times
+from meshplan.cost.kernel_time import gemm_time
 from meshplan.errors import InputError
 from meshplan.verify import kernels as K
 

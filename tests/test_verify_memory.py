@@ -19,7 +19,7 @@ from meshplan.cli.app import main  # noqa: E402
 from meshplan.cost.params import count_params, down_projection_params_per_rank, head_params_per_rank, layer_params_per_rank, rank_params  # noqa: E402
 from meshplan.specs.hardware import ClusterSpec  # noqa: E402
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan  # noqa: E402
-from meshplan.verify import memory  # noqa: E402
+from meshplan.verify import memory, memory_trackers  # noqa: E402
 from meshplan.verify.device import gpus_visible  # noqa: E402
 
 FP32 = PrecisionRecipe(precision="fp32", grad_dtype="fp32")
@@ -296,7 +296,7 @@ def test_fsdp2_mixed_precision_keeps_fp32_shards_only():
 
     from meshplan.cost.memory import state_bytes_per_param
 
-    memory._fake_pg(2)
+    memory_trackers._fake_pg(2)
     try:
         mesh = init_device_mesh("cpu", (2,))
         net = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.Linear(128, 64, bias=False))

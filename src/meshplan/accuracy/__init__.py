@@ -6,7 +6,8 @@ FLOP formula and every unstated setting recorded as an assumption; :func:`valida
 them with the same ``estimate`` as ``meshplan estimate`` and reports errors and MAPE per source.
 """
 
-from meshplan.accuracy.runs import MappedRun, map_run, map_runs, published_run, published_runs
+from meshplan.accuracy.mapping import map_run, map_runs
+from meshplan.accuracy.runs import MappedRun, published_run, published_runs
 from meshplan.accuracy.validate import RUN_SETS, GroupSummary, RunResult, ValidationReport, predict, runs_of, validate_runs
 
 __all__ = [

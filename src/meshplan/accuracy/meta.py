@@ -11,7 +11,7 @@ from meshplan.accuracy.runs import MappedRun, unsupported
 from meshplan.catalog import load_gpu, load_model, load_stack
 from meshplan.cost.calibration import power_capped
 from meshplan.cost.params import count_params
-from meshplan.presets import get_preset
+from meshplan.named_presets import PRESETS
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 from meshplan.units import GiB
@@ -25,7 +25,7 @@ LLAMA3_BATCH_TOKENS = 16 * 2**20  # "16M tokens" = 2,048 x 8,192
 def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
     src = "Llama 3 paper (arXiv 2407.21783), Table 4"
     n, cp, dp, s = r["gpu_count"], r["cp"], r["dp"], r["seq_len"]
-    preset = get_preset("llama3-405b-8k" if n == 8192 else "llama3-405b-16k")
+    preset = PRESETS["llama3-405b-8k" if n == 8192 else "llama3-405b-16k"]
     v = dict(preset.values)
     if (r["tp"], r["pp"]) != (v["tp"], v["pp"]):
         return [unsupported(r, "llama3", src, f"layout TP{r['tp']} PP{r['pp']} differs from the preset's")]
@@ -49,7 +49,7 @@ def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
     )
     per_rank = plan.global_batch // dp
     assumptions = [
-        f"preset '{preset.name}' (src/meshplan/presets.py): TP{v['tp']} PP{v['pp']}, interleaved with "
+        f"preset '{preset.name}' (src/meshplan/named_presets.py): TP{v['tp']} PP{v['pp']}, interleaved with "
         f"vpp {v['vpp']} (not printed; one layer per chunk follows from Sec. 3.3.2's split, whose first chunk holds only "
         f"the embedding: 126 + 2 = 16 x 8), micro-batch {v['micro_batch']}, ZeRO-2-like sharding, "
         f"3,072-GPU pods with 1:7 oversubscription above, rank order {v['rank_order']}",

@@ -22,7 +22,7 @@ from meshplan.accuracy.validate import runs_of
 from meshplan.catalog import stack_overrides
 from meshplan.errors import InputError
 from meshplan.interop import extra_fields_of, options_of_fields
-from meshplan.presets import Preset, Published
+from meshplan.named_presets import Preset, Published
 from meshplan.specs.stack import BEHAVIOUR_FIELDS
 from meshplan.units import GBPS
 

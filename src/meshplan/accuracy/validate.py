@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
-from meshplan.accuracy.runs import MappedRun, map_runs
+from meshplan.accuracy.mapping import map_runs
+from meshplan.accuracy.runs import MappedRun
 from meshplan.estimate import estimate
 from meshplan.units import GiB
 

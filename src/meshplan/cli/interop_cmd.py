@@ -79,7 +79,8 @@ def export(
 def _best_of_search(plan: PlanArgs, search: SearchArgs):
     """(model, best plan, GPUs per node) of ``meshplan search`` with the same flags; exits 1 with
     the search's one-line reason when no plan fits."""
-    from meshplan.cli.search_cmd import execute, impossible_line
+    from meshplan.cli.search_cmd import execute
+    from meshplan.cli.search_report import impossible_line
 
     result, cluster, _ = execute(plan, replace(search, top=1))
     if not result.top:

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from meshplan.catalog import stack_names, stack_overrides, stack_profile
-from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, attention_kernel_of
+from meshplan.cost.attention import ATTENTION_KERNEL_NAMES, attention_kernel_of
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import state_bytes_per_param
 from meshplan.estimate import Estimate

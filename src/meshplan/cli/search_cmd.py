@@ -20,9 +20,11 @@ from rich.table import Table
 from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
+from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 from meshplan.cli.search_options import SearchArgs, search_options
+from meshplan.cli.search_report import impossible_line, plan_row, save_plot
 from meshplan.errors import InputError
-from meshplan.pyplot import pyplot, save_figure
+from meshplan.pyplot import pyplot
 from meshplan.estimate import Budget, Estimate
 from meshplan.search.fleet import FleetPoint, gpu_front, parse_gpu_counts
 from meshplan.search.run import SearchResult, describe_rejections, search as run_search
@@ -109,27 +111,6 @@ class _Progress:
             self.bar.stop()
 
 
-def _row(est: Estimate) -> dict[str, Any]:
-    p = est.plan
-    b = est.time.breakdown()
-    step = est.time.step_s
-    comm = b["tp_comm"] + b["cp_comm"] + b["fsdp_comm"] + b["dp_comm"] + b["param_gather"] + b.get("ep_comm", 0.0)
-    return {
-        "layout": f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}" + (f" EP{p.ep}" if p.ep > 1 else "")
-        + (f" shard{p.dp_shard}" if p.dp_shard else ""),
-        "pipeline": "-" if p.pp == 1 else f"{p.schedule}" + (f" v{p.vpp}" if p.vpp > 1 else ""),
-        "batch": f"{p.micro_batch}x{p.grad_accum}",
-        "memory": f"{p.recompute}, {'SP, ' if p.sequence_parallel and p.tp > 1 else ''}"
-                  f"{'TP overlap, ' if p.stack.tp_comm_overlap and p.tp > 1 else ''}ZeRO-{p.zero}",
-        "peak": est.peak_bytes / GIB,
-        "step": step,
-        "bubble": b["pipeline_bubble"] / step,
-        "comm": comm / step,
-        "mfu": est.mfu,
-        "tok": est.tokens_per_s / p.num_gpus,
-    }
-
-
 def _top_table(result: SearchResult, budget_tokens: bool, priced: bool) -> Table:
     t = Table(title=f"Top {len(result.top)} plans by {result.objective}", title_justify="left")
     for col in ("#", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "bubble", "exposed comm", "MFU", "tok/s/GPU"):
@@ -139,7 +120,7 @@ def _top_table(result: SearchResult, budget_tokens: bool, priced: bool) -> Table
     if priced:
         t.add_column("$M", justify="right")
     for i, r in enumerate(result.top, 1):
-        row = _row(r.estimate)
+        row = plan_row(r.estimate)
         cells = [str(i), row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}",
                  f"{row['step']:.3f}", f"{row['bubble']:.1%}", f"{row['comm']:.1%}", f"{row['mfu']:.1%}", f"{row['tok']:,.0f}"]
         run = r.estimate.run_cost()
@@ -190,7 +171,7 @@ def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: in
         con.print(t)
     if result.baseline is not None:
         bp = result.baseline
-        row = _row(bp.estimate)
+        row = plan_row(bp.estimate)
         faster = bp.faster_exact if bp.faster_exact is not None else bp.faster_at_most
         exactness = "" if bp.faster_exact is not None else "at most "
         con.print(
@@ -230,13 +211,6 @@ def _json(result: SearchResult, num_gpus: int) -> dict[str, Any]:
     return out
 
 
-def _save(plt, fig, ax, out: str) -> None:
-    """Finish the axes (grid, layout) and write the figure to ``out``; one-line error if it cannot."""
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(plt, fig, _out_path(out))
-
-
 def _write_front(result: SearchResult, out: str) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -255,7 +229,7 @@ def _write_front(result: SearchResult, out: str) -> None:
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("tokens/s per GPU")
     ax.legend(loc="lower right", fontsize=8)
-    _save(plt, fig, ax, out)
+    save_plot(plt, fig, ax, out)
 
 
 def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple:
@@ -339,8 +313,6 @@ def search(
     _out_path(out)  # checked before any work: a new .svg or .png file
     progress = _Progress(not json_out)
     if gpus_range is not None:
-        from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
-
         try:
             points, budget = execute_fleet(plan, gpus_range, search, progress=progress)
         finally:
@@ -368,20 +340,12 @@ def search(
         raise typer.Exit(1)
 
 
-def impossible_line(result: SearchResult, num_gpus: int) -> str:
-    """One line saying why no plan was found."""
-    if result.evaluated == 0:
-        reasons = "; ".join(f"{c:,} plans: {rule}" for _, c, rule in describe_rejections(result.rejected))
-        return f"no valid layout of {num_gpus:,} GPUs within the limits" + (f" ({reasons})" if reasons else "")
-    return f"no plan fits in {result.usable_bytes / GIB:.1f} GiB per GPU: all {result.evaluated:,} evaluated plans need more memory"
-
-
 def _closest_table(result: SearchResult) -> Table:
     t = Table(title="Closest plans (least memory over the limit)", title_justify="left")
     for col in ("layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "over by", "worst rank"):
         t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
     for est, over in result.closest:
-        row = _row(est)
+        row = plan_row(est)
         worst = max(range(len(est.stages)), key=lambda i: est.stages[i].total)
         t.add_row(row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}", f"{over / GIB:.1f} GiB", str(worst))
     return t

@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from meshplan.cli import render
-from meshplan.cli.search_cmd import _row, _save, impossible_line
+from meshplan.cli.search_report import impossible_line, plan_row, save_plot
 from meshplan.estimate import Budget
 from meshplan.pyplot import pyplot
 from meshplan.search.fleet import FleetPoint
@@ -30,7 +30,7 @@ def print_fleet(points: list[FleetPoint], budget: Budget) -> None:
             t.add_row(f"{pt.num_gpus:,}", "", impossible_line(pt.result, pt.num_gpus), *[""] * (len(cols) - 3))
             continue
         est = pt.best.estimate
-        row, run = _row(est), est.run_cost()
+        row, run = plan_row(est), est.run_cost()
         cells = [f"{pt.num_gpus:,}", "*" if pt.on_front else "", row["layout"], row["pipeline"], row["batch"], row["memory"],
                  f"{row['peak']:.1f}", f"{row['step']:.3f}", f"{row['mfu']:.1%}", f"{run['days']:.1f}", f"{run['gpu_hours']:,.0f}"]
         if priced:
@@ -79,4 +79,4 @@ def write_fleet(points: list[FleetPoint], out: str) -> None:
     ax.set_xlabel("GPUs")
     ax.set_ylabel("days for the token budget")
     ax.legend(loc="upper right", fontsize=8)
-    _save(plt, fig, ax, out)
+    save_plot(plt, fig, ax, out)

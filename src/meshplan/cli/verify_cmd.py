@@ -182,7 +182,7 @@ def comm(
     _check_device(device, p.tp * p.pp * p.dp * p.cp)
     if timeout <= 0:
         raise InputError("timeout", f"must be a positive number of seconds (got {timeout})")
-    results = mod.launch([(setup.model, setup.plan)], timeout=timeout, device=device)[0]
+    results = _verify_module("launch").launch([(setup.model, setup.plan)], timeout=timeout, device=device)[0]
     _finish(predict.compare(setup.model, setup.plan, results), json_out)
 
 

@@ -47,14 +47,8 @@ from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration, gemm_calibration
 from meshplan.cost.collectives import GroupPlacement
 from meshplan.cost.comm import tp_collective_time
-from meshplan.cost.compute import (
-    INPUT_PROJECTIONS,
-    MLP_GEMM_NAMES,
-    gemm_operand_bytes,
-    gemm_time,
-    memory_time,
-    projection_gemms,
-)
+from meshplan.cost.compute import INPUT_PROJECTIONS, MLP_GEMM_NAMES, projection_gemms
+from meshplan.cost.kernel_time import gemm_operand_bytes, gemm_time, memory_time
 from meshplan.cost.step import exposed
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.model import ModelSpec
@@ -64,7 +58,7 @@ def fused_exposed(comm: float, gemms: list[tuple[float, float, float]], tp: int,
                   peak: float, e: int, operand_bytes: int | None = None) -> float:
     """Seconds a fused collective + GEMMs adds to the step beyond the unsplit GEMMs (module
     docstring): max(C − (t − 1)/t · G_t, 0) + (G_t − G_1), with G_t = Σ t · gemm(m/t, n, k) and
-    G_1 = Σ gemm(m, n, k) (:func:`meshplan.cost.compute.gemm_time`) over the GEMMs (m, n, k) that
+    G_1 = Σ gemm(m, n, k) (:func:`meshplan.cost.kernel_time.gemm_time`) over the GEMMs (m, n, k) that
     consume the gathered tensor, or the one that produces the scattered one; every chunk of an
     all-gather feeds all its consumers (``_fused_all_gather_matmul`` takes a list of B operands).
     ``e`` is the output's bytes per element, ``operand_bytes`` the operands' (``e`` unless given)."""

@@ -13,7 +13,7 @@ gemm_k_half              reduction depth at which a GEMM reaches half its large-
 attention_fwd_efficiency fraction of peak FlashAttention's forward reaches on long sequences
 attention_bwd_efficiency the same for its backward (which does 2.5x the forward's matmul work)
 attention_fwd_l0         keys per kernel call at which the forward reaches half its long-sequence
-                         efficiency: η(L) = η∞·L/(L + L₀) (compute.flash_attention_efficiency)
+                         efficiency: η(L) = η∞·L/(L + L₀) (attention.flash_attention_efficiency)
 attention_bwd_l0         the same for the backward
 attention_cudnn          the four attention constants for cuDNN's fused attention, the kernel
                          Transformer Engine runs on Hopper (``attention_kernel``): (η_fwd∞, L₀_fwd,

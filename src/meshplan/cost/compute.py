@@ -1,39 +1,28 @@
 """Compute time of one micro-batch through a layer, the embedding and the LM head, per GPU.
 
-Each layer is a list of operations. GEMMs take
-
-    t = max(2·m·n·k / (F·η(m, n, k)),  (m·k + k·n + m·n)·e / (W·η_hbm)) + t_kernel
-
-with F the dense peak for the compute dtype, W the HBM bandwidth and the shape-dependent
-efficiency η = η_max · q(m, n) · k/(k + k½):
-
-* η_max — what a large GEMM reaches (calibration, per GPU generation);
-* q(m, n) — tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide",
-  Sec. 2.2–2.3): the output is cut into tiles of T_m × T_n run in waves over the SMs, so
-  q = m·n / (⌈tiles / SMs⌉ · SMs · T_m · T_n); the library picks the best of the tile shapes below,
-  smaller tiles paying a reuse penalty;
-* k/(k + k½) — short reductions do not fill the pipeline of a tile (k½ from the calibration).
-
-Attention (QKᵀ, softmax, A·V) runs as FlashAttention at an efficiency that grows with the keys
-each kernel call sees (:func:`flash_attention_efficiency`); its backward does 2.5× the forward's
-matmul FLOPs (it recomputes QKᵀ; Dao 2023).
+Each layer is a list of operations. GEMMs take the larger of their compute and memory bounds at a
+shape-dependent efficiency, plus the launch (:mod:`meshplan.cost.kernel_time`). Attention (QKᵀ,
+softmax, A·V) runs as FlashAttention at an efficiency that grows with the keys each kernel call
+sees (:mod:`meshplan.cost.attention`); its backward does 2.5× the forward's matmul FLOPs (it
+recomputes QKᵀ; Dao 2023); context parallelism adds the ring's merges
+(:mod:`meshplan.cost.ring_attention`).
 With materialized attention, the two batched GEMMs follow the GEMM model and the softmax is
 memory-bound. Norms, RoPE, the MLP activation, residual adds and dropout are memory-bound: bytes
 read and written over ``W·η_hbm``. The backward of a GEMM is two GEMMs (input and weight
-gradients); of a memory-bound op, twice its forward traffic.
+gradients); of a memory-bound op, twice its forward traffic. The optimizer step:
+:mod:`meshplan.cost.optimizer_step`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from meshplan.cost.activations import compiled_loss
+from meshplan.cost.attention import attention_kernel_of, flash_attention_times
 from meshplan.cost.calibration import Calibration, gemm_calibration
 from meshplan.cost.cp_exchange import sdpa_kv_heads
 from meshplan.cost.float8 import torchao_float8_passes
+from meshplan.cost.kernel_time import gemm_operand_bytes, gemm_time, memory_time
 from meshplan.cost.params import (
     MLA_NAMES,
     kv_heads_per_rank,
@@ -42,142 +31,14 @@ from meshplan.cost.params import (
     op_sac_recomputed,
     padded_vocab,
 )
-from meshplan.errors import InputError
+from meshplan.cost.ring_attention import eager_ring_attention_times, ring_attention_merge_times, torch_ring_keys
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import fp8_library_of
 
-#: (T_m, T_n, relative efficiency): CUTLASS/cuBLAS tile shapes; smaller tiles reuse less data.
-GEMM_TILES: tuple[tuple[int, int, float], ...] = (
-    (128, 256, 1.00),
-    (256, 128, 1.00),
-    (128, 128, 0.95),
-    (64, 128, 0.85),
-)
-
-
-def _ceil_max(*xs):
-    """``ceil`` and ``maximum`` for the inputs: math's on Python numbers (no numpy call per scalar,
-    the same IEEE results), numpy's otherwise."""
-    if all(type(x) in (int, float) for x in xs):
-        return (lambda x: float(math.ceil(x))), max
-    return np.ceil, np.maximum
-
-
-def gemm_efficiency(m, n, k, gpu: GPUSpec, cal: Calibration):
-    """η(m, n, k) of the module docstring; works on scalars and numpy arrays alike."""
-    ceil, maximum = _ceil_max(m, n, k)
-    sms = gpu.sm_count
-    best = 0.0
-    for tm, tn, rel in GEMM_TILES:
-        tiles = ceil(m / tm) * ceil(n / tn)
-        waves = ceil(tiles / sms)
-        q = m * n / (waves * sms * tm * tn)
-        best = maximum(best, rel * q)
-    return cal.gemm_efficiency * best * (k / (k + cal.gemm_k_half))
-
-
-def gemm_bounds(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
-    """The two bounds of an (m × k)·(k × n) GEMM, seconds: compute 2·m·n·k / (F·η(m, n, k)) and
-    memory ((m·k + k·n)·e + m·n·e_out) / (W·η_hbm) (module docstring), e the operands' bytes per
-    element and e_out the output's (e unless given: an FP8 GEMM reads 1-byte operands and writes
-    a 16-bit output); scalars or numpy arrays."""
-    e_out = elem_bytes if out_bytes is None else out_bytes
-    t_flop = 2.0 * (m * n * k) / (peak * gemm_efficiency(m, n, k, gpu, cal))
-    t_mem = ((m * k + k * n) * elem_bytes + m * n * e_out) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
-    return t_flop, t_mem
-
-
-def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
-    """Seconds for an (m × k)·(k × n) GEMM: the larger of :func:`gemm_bounds` plus t_kernel;
-    scalars or numpy arrays."""
-    _, maximum = _ceil_max(m, n, k)
-    return maximum(*gemm_bounds(m, n, k, gpu, cal, peak, elem_bytes, out_bytes)) + cal.kernel_overhead
-
-
-def gemm_operand_bytes(compute_dtype: str, act_bytes: int) -> int:
-    """Bytes per operand element a layer GEMM reads: 1 under FP8 (Transformer Engine's and
-    torchao's GEMMs take FP8 operands, cast beforehand by passes counted apart), else the
-    activations' ``act_bytes``; the output stays ``act_bytes``."""
-    return 1 if compute_dtype == "fp8" else act_bytes
-
-
-def flash_attention_efficiency(keys, eta_inf: float, l0: float):
-    """Fraction of peak a FlashAttention call reaches when each query block visits ``keys`` keys:
-
-        η(L) = η∞ · L / (L + L₀)
-
-    A thread block owns B_r queries and streams the L keys through in tiles; its matmul work is
-    ∝ B_r·L·d, while loading Q, the epilogue (rescaling by the softmax sum) and writing O and the
-    log-sum-exp are a fixed cost per block, worth L₀ keys of streaming. The block takes
-    t ∝ (L + L₀) for work ∝ L, so η = η∞·L/(L + L₀), with η∞ the long-sequence efficiency and L₀
-    the length at which half of it is reached (Dao 2023, "FlashAttention-2", Algorithm 1 and
-    Sec. 3.1; L₀ fitted to the FA2 kernel benchmarks of Shah et al. 2024, ``cost/calibration.py``).
-    L is the sequence length s for a plain call and s/c for each ring step of context parallelism
-    over c ranks (torch's round-robin ring: :func:`torch_ring_keys`). Scalars or numpy arrays."""
-    return eta_inf * keys / (keys + l0)
-
-
-def causal_attention_flops(heads: float, d: float, q_len: float, kv_len: float) -> float:
-    """Matmul FLOPs of one causal FlashAttention forward over ``heads`` = b·a heads of dimension d:
-
-        F = 4 · heads · d · q · L · ½
-
-    (QKᵀ and A·V, 2·q·L·d each, over the q queries and L keys; the masked half skipped, as the
-    kernel skips fully masked blocks). The backward does 2.5·F (it recomputes QKᵀ; Dao 2023)."""
-    return 4.0 * heads * d * q_len * kv_len * 0.5
-
-
-#: the attention kernels by name, as reports print them
-ATTENTION_KERNEL_NAMES = {"flash2": "FlashAttention-2", "cudnn": "cuDNN fused attention"}
-
-
-def attention_kernel_of(kernels: str, attention_kernel: str, cal: Calibration) -> str:
-    """The attention kernel a plan runs: ``attention_kernel`` when given, else (``auto``) ``cudnn``
-    on the fused stack where ``cal`` has cuDNN's rates — Transformer Engine's choice on Hopper
-    ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance
-    reasons", ``get_attention_backend``) — and ``flash2`` otherwise: torch's SDPA as the published
-    torch runs had it (FlashAttention-2 first; cuDNN opt-in since pytorch/pytorch#138522, 2024-10),
-    the flash-attn package, and the calibration's flash rates on GPUs without a cuDNN measurement.
-    torch 2.11 and later, whose bundled cuDNN passes ``check_prefer_cudnn_attention`` (cuDNN > 9.15
-    on sm90/sm100), prefer cuDNN again on Hopper: plans for such a stack give ``cudnn``."""
-    if attention_kernel != "auto":
-        return attention_kernel
-    return "cudnn" if kernels == "fused" and cal.attention_cudnn is not None else "flash2"
-
-
-def attention_rates(cal: Calibration, kernel: str) -> tuple[float, float, float, float]:
-    """(η∞ forward, L₀ forward, η∞ backward, L₀ backward) of the attention ``kernel`` under ``cal``:
-    cuDNN's fused attention's (``cal.attention_cudnn``) or FlashAttention-2's."""
-    if kernel == "cudnn":
-        if cal.attention_cudnn is None:
-            raise InputError("attention_kernel", f"cudnn has no measured rates on {cal.generation} GPUs (Hopper only): "
-                                                 "give flash2 or auto")
-        return cal.attention_cudnn
-    return cal.attention_fwd_efficiency, cal.attention_fwd_l0, cal.attention_bwd_efficiency, cal.attention_bwd_l0
-
-
-def flash_attention_times(heads: float, d: float, q_len: float, kv_len: float, keys: float, peak: float,
-                          cal: Calibration, kernel: str = "flash2") -> tuple[float, float]:
-    """Seconds of one causal FlashAttention call, forward and backward:
-
-        t_fwd = F / (P · η_fwd(L)) + t_kernel,   t_bwd = 2.5·F / (P · η_bwd(L)) + t_kernel
-
-    with F = :func:`causal_attention_flops`, P the 16-bit dense peak, η(L) of
-    :func:`flash_attention_efficiency` at ``keys`` keys per kernel call (the sequence, or one ring
-    step's block) and t_kernel the calibration's launch cost. ``kernel`` (:func:`attention_kernel_of`)
-    picks the rates: FlashAttention-2's (η∞ and L₀ of ``cal``) or cuDNN's fused attention's
-    (``cal.attention_cudnn``)."""
-    core = causal_attention_flops(heads, d, q_len, kv_len)
-    fwd_eta, fwd_l0, bwd_eta, bwd_l0 = attention_rates(cal, kernel)
-    eta_f = flash_attention_efficiency(keys, fwd_eta, fwd_l0)
-    eta_b = flash_attention_efficiency(keys, bwd_eta, bwd_l0)
-    return core / (peak * eta_f) + cal.kernel_overhead, 2.5 * core / (peak * eta_b) + cal.kernel_overhead
-
-
-def memory_time(nbytes: float, gpu: GPUSpec, cal: Calibration) -> float:
-    """Seconds for a memory-bound kernel moving ``nbytes``."""
-    return nbytes / (gpu.hbm_bandwidth * cal.hbm_efficiency) + cal.kernel_overhead
+# estimate and search.engine import these from here
+from meshplan.cost.attention import ATTENTION_KERNEL_NAMES, attention_rates  # noqa: F401
+from meshplan.cost.optimizer_step import optimizer_step_time  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -410,7 +271,7 @@ def layer_op_times(
     (:func:`moe_mlp_gemms`); ``weights_in_fp8``: torchao's Float8Linear weights arrive cast by
     FSDP2's FP8 all-gather (:func:`meshplan.cost.float8.torchao_float8_passes`); ``fp8_linears``:
     the plan's choice of FP8 library (:func:`meshplan.specs.plan.fp8_library_of`);
-    ``attention_kernel``: the plan's attention kernel (:func:`attention_kernel_of`).
+    ``attention_kernel``: the plan's attention kernel (:func:`meshplan.cost.attention.attention_kernel_of`).
 
     ``attention_flops_convention`` is the FLOP-counting convention and does not change the time:
     FlashAttention skips fully masked blocks (the causal half), materialized attention computes
@@ -609,107 +470,6 @@ def fp8_weight_cast_per_step(kernels: str) -> bool:
     return kernels == "fused"
 
 
-def ring_attention_merge_times(
-    tokens: float, heads: int, kv_heads: int, d: float, d_v: float, cp: int, e: int, gpu: GPUSpec, cal: Calibration
-) -> tuple[float, float]:
-    """What ring attention over ``cp`` ranks adds to one attention kernel, forward and backward.
-
-    Each of the c − 1 later ring steps is a FlashAttention call of its own (one more kernel
-    launch each way), and its result has to be folded into the running one: forward, the block's
-    output O_j (n·a·d_v elements, e bytes) and log-sum-exp are merged into the fp32 running output
-    by online-softmax rescaling, reading and writing it (Liu et al. 2023, "Ring Attention with
-    Blockwise Transformers", Sec. 3; torch's ``_SDPAMerger.step`` in
-    ``torch.distributed.tensor.experimental._attention``); backward, the block's dQ is added into
-    the fp32 dQ and its dK, dV (n·g·(d + d_v) elements) into the fp32 buffers that travel the ring:
-
-        t_fwd = (c − 1)·(t_kernel + (8 + e)·n·a·d_v / (W·η_hbm) + t_kernel)
-        t_bwd = (c − 1)·(t_kernel + (8 + e)·n·(a·d + g·(d + d_v)) / (W·η_hbm) + t_kernel)
-
-    (n local query tokens, a and g query and K/V heads on this TP rank; 8 + e bytes per element:
-    fp32 read and write of the running value, e-byte read of the block's). This is one fused pass
-    per step: Transformer Engine's CP kernels (``fused``), and torch's ring under torch.compile
-    (``compiled``: torchtitan compiles each block whole, ring included, and Inductor fuses each
-    step's element-wise merge), where g is the heads SDPA sees, a after ``repeat_kv``."""
-    steps = cp - 1
-    k = cal.kernel_overhead
-    fwd = steps * (k + memory_time((8 + e) * tokens * heads * d_v, gpu, cal))
-    bwd = steps * (k + memory_time((8 + e) * tokens * (heads * d + kv_heads * (d + d_v)), gpu, cal))
-    return fwd, bwd
-
-
-def torch_ring_keys(seq_len: float, cp: int) -> float:
-    """The key length L at which one FlashAttention call over torch's whole ring costs what its c
-    calls cost, for η(L) = η∞·L/(L + L₀) (:func:`flash_attention_efficiency`).
-
-    torch's ring (``_templated_ring_attention`` in ``torch.distributed.tensor.experimental.
-    _attention``) balances the causal mask round-robin: rank r holds chunks r and 2c − 1 − r of
-    the 2c chunks of s/(2c) tokens. Step 0 is one causal call over the n = s/c local queries and
-    keys (1/c of the rank's causal work, L = s/c); each of the c − 1 later steps is a non-causal
-    call of half a block, ``key.chunk(2)[0]`` with all n queries for i ≤ r (L = s/(2c)) or
-    ``query.chunk(2)[1]`` against all n keys for i > r. Rank c − 1 takes the first branch at every
-    step, and every layer waits for it (its all-gather of K/V, FSDP's collectives). With a call's
-    time ∝ work·(1 + L₀/L):
-
-        Σ_i w_i·(1 + L₀/L_i) = w·(1 + L₀·(1·c + (c − 1)·2c)/(c·s)) = w·(1 + L₀·(2c − 1)/s)
-
-    so L = s/(2c − 1): s for c = 1, against s/c if every call saw a whole block."""
-    return seq_len / (2 * cp - 1)
-
-
-#: Element-wise kernels torch's eager ring launches per later step, forward (casts of O and the
-#: LSE, the sigmoid merge of O in five ops, its LSE difference included, and of the LSE in three,
-#: the K/V concatenation: 2 + 5 + 3 + 1) and backward (dK and dV: chunk add and concatenation
-#: each; dQ add; dK|dV and K|V concatenations), and once per call (forward: K, V
-#: ``.contiguous()``, the first step's two casts, the two casts back; backward: K, V
-#: ``.contiguous()``, three zero buffers, step 0's three adds and concatenation, two casts back).
-EAGER_RING_KERNELS = {"fwd_step": 11, "bwd_step": 7, "fwd_call": 6, "bwd_call": 11}
-
-
-def eager_ring_attention_times(
-    tokens: float, heads: int, kv_heads: int, d: float, d_v: float, cp: int, e: int, gpu: GPUSpec, cal: Calibration
-) -> tuple[float, float]:
-    """What torch's ring attention over ``cp`` ranks adds to one attention kernel in eager mode,
-    forward and backward: the element-wise ops of ``_templated_ring_attention``, ``_SDPAMerger``
-    and ``_templated_ring_attention_backward`` (``torch.distributed.tensor.experimental.
-    _attention``, ``convert_to_f32 = True``) one kernel each, each reading its inputs and writing
-    its output once. On rank c − 1 (the ``i <= rank`` branch at every step, :func:`torch_ring_keys`),
-    with X_o = n·a·d_v, X_q = n·a·d and X_kv = n·g·(d + d_v) elements (n local tokens; a query
-    heads, g the K/V heads SDPA sees; e-byte activations, fp32 accumulators):
-
-    * forward, each of the c − 1 later steps: ``out.to(float32)`` (e + 4), ``out - block_out``
-      (4 + 4 + 4), ``sigmoid(Δlse) * (…)`` (4 + 4), ``out - …`` (4 + 4 + 4): (36 + e)·X_o; the K/V
-      concatenation for the rotation, ``torch.cat([key.flatten(), value.flatten()])``: 2e·X_kv;
-    * forward, once: ``key.contiguous()``/``value.contiguous()`` (2e·X_kv), the first step's cast
-      (e + 4)·X_o and the cast back in ``results()`` (4 + e)·X_o;
-    * backward, each later step: dK and dV added into the first half of their fp32 buffers
-      (``_partial_update``: (8 + e)/2) and concatenated back (4 + 4), the dK|dV concatenation
-      that travels the ring (4 + 4), the K/V concatenation (2e): (20 + 2.5e)·X_kv; dQ added into
-      the fp32 dQ: (8 + e)·X_q;
-    * backward, once: ``.contiguous()`` (2e·X_kv), the three fp32 zero buffers 4·(X_q + X_kv),
-      step 0's adds (8 + e)·(X_q + X_kv) and dK|dV concatenation 8·X_kv, the casts back
-      (4 + e)·(X_q + X_kv).
-
-    The LSE's n·a elements (1/d of O's) are left out. Each pass is ``memory_time`` with one launch
-    per kernel (:data:`EAGER_RING_KERNELS`) plus the SDPA call of each later step:
-
-        t_fwd = (c − 1)·(t_k + mem((36 + e)·X_o + 2e·X_kv) + 10·t_k) + mem((8 + 2e)·X_o + 2e·X_kv) + 5·t_k
-        t_bwd = (c − 1)·(t_k + mem((20 + 2.5e)·X_kv + (8 + e)·X_q) + 6·t_k)
-                + mem((16 + 2e)·X_q + (24 + 4e)·X_kv) + 10·t_k
-
-    (mem(B) = B/(W·η_hbm) + t_k)."""
-    if cp <= 1:
-        return 0.0, 0.0
-    steps = cp - 1
-    k = cal.kernel_overhead
-    x_o, x_q, x_kv = tokens * heads * d_v, tokens * heads * d, tokens * kv_heads * (d + d_v)
-    n_k = EAGER_RING_KERNELS
-    fwd = steps * (k + memory_time((36 + e) * x_o + 2 * e * x_kv, gpu, cal) + (n_k["fwd_step"] - 1) * k)
-    fwd += memory_time((8 + 2 * e) * x_o + 2 * e * x_kv, gpu, cal) + (n_k["fwd_call"] - 1) * k
-    bwd = steps * (k + memory_time((20 + 2.5 * e) * x_kv + (8 + e) * x_q, gpu, cal) + (n_k["bwd_step"] - 1) * k)
-    bwd += memory_time((16 + 2 * e) * x_q + (24 + 4 * e) * x_kv, gpu, cal) + (n_k["bwd_call"] - 1) * k
-    return fwd, bwd
-
-
 def embedding_op_times(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, gpu: GPUSpec, cal: Calibration, act_bytes: int) -> OpTimes:
     """Embedding lookup (gather, then an all-reduce across TP counted as communication) and its
     backward into the V/t × h table gradient, all of it weight gradient. The backward as aten's
@@ -761,41 +521,6 @@ def head_op_times(
     fm = memory_time(2 * nh + logits * fwd_per, gpu, cal)
     bm = memory_time(4 * nh + logits * bwd_per, gpu, cal)
     return OpTimes(fg, 0.0, fm, bi + bw, 0.0, bm, bw)
-
-
-def optimizer_step_bytes(recipe, kernels: str = "fused") -> int:
-    """Bytes one optimizer step moves per parameter it owns, on the plan's software stack.
-
-    * ``fused`` (Megatron, Transformer Engine): one fused kernel,
-      ``recipe.optimizer_step_bytes`` (30 for bf16 weights, fp32 gradients, master and Adam).
-    * ``compiled``/``eager`` (torch; torchtitan builds AdamW with ``foreach = not fused`` and
-      ``fused`` off by default): torch's multi-tensor step, one pass per ``_foreach`` op over the
-      fp32 parameter p (the master copy, or the weights when there is none), each moment s and
-      the gradient γ (``torch/optim/adam.py``, ``_multi_tensor_adam``, decoupled weight decay):
-      ``mul_`` of p by 1 − lr·λ (2p), ``lerp_`` of m to g (2s + γ), ``mul_`` of v by β₂ (2s),
-      ``addcmul_`` of g·g into v (2s + γ), ``sqrt`` of v into a new d (2s), ``div_`` and ``add_``
-      of d (2s each), ``addcdiv_`` of m/d into p (2p + 2s): 4p + 14s + 2γ; SGD with momentum
-      (``_multi_tensor_sgd``: ``mul_`` and ``add_`` of the buffer, ``add_`` into p) 2p + 5s + γ.
-      Before it ``clip_grad_norm_`` (torchtitan's ``max_norm``, foreach): the gradients' norms
-      read and the gradients scaled in place, 3γ. torchtitan's recipe (fp32 parameters, moments
-      and gradients): 16 + 56 + 8 + 12 = 92 bytes.
-    """
-    if kernels == "fused":
-        return recipe.optimizer_step_bytes
-    p = recipe.master_bytes or recipe.weight_bytes
-    g = recipe.grad_bytes + recipe.grad_copy_bytes
-    if recipe.optimizer == "adam":
-        s = recipe.state_bytes // 2
-        step = 4 * p + 14 * s + 2 * g
-    else:
-        step = 2 * p + 5 * recipe.state_bytes + g
-    return step + 3 * g
-
-
-def optimizer_step_time(local_params: float, recipe, gpu: GPUSpec, cal: Calibration, kernels: str = "fused") -> float:
-    """The optimizer step over the parameters this GPU owns: memory-bound,
-    ``params × optimizer_step_bytes(recipe, kernels) / (W·η_hbm)``."""
-    return local_params * optimizer_step_bytes(recipe, kernels) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
 
 
 def recompute_time(ops: OpTimes, mode: str) -> float:

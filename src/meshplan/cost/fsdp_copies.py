@@ -28,7 +28,7 @@ copy-in, once a step   2·P·γ              gradients accumulated unsharded in 
                                           dtype (``fsdp_accumulate_unsharded``)
 =====================  =================  ==============================================
 
-each a memory-bound kernel (:func:`meshplan.cost.compute.memory_time`). ``meshplan verify comm``
+each a memory-bound kernel (:func:`meshplan.cost.kernel_time.memory_time`). ``meshplan verify comm``
 counts both ops of a real FSDP2 step on gloo and matches these bytes exactly
 (``tests/test_verify_comm.py``).
 
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from meshplan.cost.allocator import all_gather_pool_bytes
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.compute import memory_time
+from meshplan.cost.kernel_time import memory_time
 from meshplan.cost.params import (
     embedding_params_per_rank, head_params_per_rank, largest_layer_params, layer_params_per_rank, linear_weights_per_rank,
 )

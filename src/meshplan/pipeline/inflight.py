@@ -1,7 +1,7 @@
 """Micro-batches held per chunk by each pipeline rank, in closed form for the looped schedules.
 
 The memory peak of a rank is max over its states of Σ_j live_j·a_j (live_j micro-batches held by
-chunk j, a_j that chunk's activation bytes; :func:`meshplan.pipeline.simulate.peak_bytes`). The
+chunk j, a_j that chunk's activation bytes; :func:`meshplan.pipeline.live.peak_bytes`). The
 simulator finds the states by walking the rank's action list; for the schedules built by
 :func:`meshplan.pipeline.schedules._looped` — 1F1B, interleaved 1F1B, ZB-H1 and interleaved
 zero bubble — the states that can hold the peak follow from the schedule's arithmetic.
@@ -62,8 +62,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.pipeline.schedules import check_vpp, compile_schedule, rounds_of, stage_style
-from meshplan.pipeline.simulate import live_count_peaks
+from meshplan.pipeline.live import live_count_peaks
+from meshplan.pipeline.schedules import Schedule, check_vpp, compile_schedule, rounds_of, stage_style
 from meshplan.pipeline.stages import stages_of_rank
 
 #: schedule → (warm-up factor f, backward split) for the schedules built by ``_looped``
@@ -182,7 +182,7 @@ def state_rows(name: str, pp: int, m: int, vpp: int) -> np.ndarray:
     for all ranks at once. The peak max_rows Σ_j row_j·a_j over them equals the peak over
     :func:`live_rows` to the bit: with a_j ≥ 0, a row that another equals or exceeds in every chunk
     sums to no more (rounded products and sums are monotone in their operands), and an all-zero
-    row sums to 0, the floor of :func:`meshplan.pipeline.simulate.peak_bytes`. Dropping the
+    row sums to 0, the floor of :func:`meshplan.pipeline.live.peak_bytes`. Dropping the
     dominated rows costs O(n²) per rank, more than the rows it saves (half of one period are
     repeats, none dominated), so they stay."""
     return state_rows_many(name, pp, [m], vpp)[0]
@@ -264,3 +264,19 @@ def live_rows(name: str, pp: int, m: int, vpp: int) -> tuple[np.ndarray, ...]:
         return zbv_live_rows(pp, m)
     sched = compile_schedule(name, pp, m, vpp)
     return tuple(rows for _, rows, _ in live_count_peaks(sched, pp * vpp))
+
+
+def schedule_live_counts(sched: Schedule, n_stages: int) -> tuple[tuple[np.ndarray, np.ndarray, int], ...]:
+    """:func:`meshplan.pipeline.live.live_count_peaks`, from the closed forms of this module when
+    ``sched`` is a compiled GPipe, looped or ZBV schedule (the peak count is the largest row sum: the
+    row with it is never dominated), else by walking the action lists."""
+    if sched.name not in CLOSED_FORM or n_stages != sched.n_stages:
+        return live_count_peaks(sched, n_stages)
+    v = sched.n_stages // sched.pp
+    rows = live_rows(sched.name, sched.pp, sched.microbatches, v)
+    style = stage_style(sched.name)
+    return tuple(
+        (np.array(sorted(stages_of_rank(r, sched.pp, v, style)), dtype=np.int64), rows[r],
+         int(max(rows[r].sum(axis=1).max(initial=0), 0)))
+        for r in range(sched.pp)
+    )

@@ -63,8 +63,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.pipeline.inflight import schedule_live_counts
+from meshplan.pipeline.live import peak_bytes
+from meshplan.pipeline.result import SimResult
 from meshplan.pipeline.schedules import Action, Schedule, _zbv, compile_schedule, rounds_of, stage_style
-from meshplan.pipeline.simulate import SimResult, _rank_program, peak_bytes, schedule_live_counts
+from meshplan.pipeline.slots import rank_program
 from meshplan.pipeline.stages import rank_of
 
 #: meshplan schedules that torch runs with a multi-stage class (lockstep in its 2024 runtime);
@@ -122,7 +125,7 @@ def _add_bubbles(sched: Schedule, rows: list[list[bool]], forwards_only: bool) -
     idle slots already in the row pass as they are. torch checks forwards only
     (``forwards_only``); checking every action makes any grid one whose inputs precede."""
     p, S, M = sched.pp, sched.n_stages, max(sched.microbatches, 1)
-    programs = [_rank_program(sched, r, S, M) for r in range(p)]
+    programs = [rank_program(sched, r, S, M) for r in range(p)]
     free = 3 * S * M
     seen = np.zeros(free + 1, dtype=bool)
     seen[free] = True
@@ -194,7 +197,7 @@ def _producers(sched: Schedule) -> tuple[np.ndarray, np.ndarray]:
     n_slots = max((int(s[-1]) + 1 for s in slots if s.size), default=0)
     code_rank = np.full(3 * S * M + 1, -1, dtype=np.int64)
     code_slot = np.full(3 * S * M + 1, -1, dtype=np.int64)
-    programs = [_rank_program(sched, r, S, M) for r in range(p)]
+    programs = [rank_program(sched, r, S, M) for r in range(p)]
     for r, (own, _) in enumerate(programs):
         code_rank[own], code_slot[own] = r, slots[r]
     code_rank[-1] = code_slot[-1] = -1  # "no input" (first stage, or produced on this rank)

@@ -109,16 +109,10 @@ def search(
     stack: Optional[Stack] = None,
 ) -> SearchResult:
     """Search the plans of ``limits`` for ``model`` on ``cluster`` (module docstring). ``base``
-    supplies what is not searched (sequence length, global batch, precision, attention, rank
-    order, overlap switches); ``stack`` the software that runs the plans, as requested (default: the
-    base's; its rules apply to each plan, not to the base). ``progress(phase, done, total)`` reports
-    long searches."""
-    if objective not in OBJECTIVES:
-        raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got {objective!r})")
-    if not 0.0 <= headroom < 1.0:
-        raise InputError("headroom", f"must be a fraction in [0, 1) (got {headroom})")
-    if top_k < 1:
-        raise InputError("top", f"must be at least 1 (got {top_k})")
+    supplies what is not searched (sequence length, global batch, precision, attention, rank order);
+    ``stack`` runs the plans, as requested (default: the base's), its rules applied to each plan.
+    ``progress(phase, done, total)`` reports long searches."""
+    _check_options(objective, headroom, top_k)
     t0 = time.perf_counter()
     batches = global_batches or (base.global_batch,)
     table = enumerate_plans(model, cluster.num_gpus, cluster.gpus_per_node, base.seq_len, batches, limits)
@@ -168,9 +162,7 @@ def search(
     result.top = best[:top_k]
 
     if not len(feasible_idx) and n:
-        over = screen.peak_bytes - usable
-        for i in np.argsort(over, kind="stable")[:top_k].tolist():
-            result.closest.append((run(i).estimate, float(over[i])))
+        result.closest = _closest(screen.peak_bytes - usable, top_k, run)
 
     if baseline is not None:
         result.baseline = _place(model, cluster, baseline, budget, objective, bound, order, run, usable, len(feasible_idx))
@@ -179,6 +171,22 @@ def search(
     result.simulated = len(exact)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _check_options(objective: str, headroom: float, top_k: int) -> None:
+    """The search's own options; each refusal names the option."""
+    if objective not in OBJECTIVES:
+        raise InputError("objective", f"must be one of {', '.join(OBJECTIVES)} (got {objective!r})")
+    if not 0.0 <= headroom < 1.0:
+        raise InputError("headroom", f"must be a fraction in [0, 1) (got {headroom})")
+    if top_k < 1:
+        raise InputError("top", f"must be at least 1 (got {top_k})")
+
+
+def _closest(over: np.ndarray, top_k: int, run) -> list[tuple[Estimate, float]]:
+    """When no plan fits: the ``top_k`` plans least over the memory limit (``over``, bytes per
+    plan), estimated exactly, each with its bytes over."""
+    return [(run(i).estimate, float(over[i])) for i in np.argsort(over, kind="stable")[:top_k].tolist()]
 
 
 def _place(model, cluster, plan, budget, objective, bound, order, run, usable, n_feasible) -> BaselinePlace:

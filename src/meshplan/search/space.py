@@ -248,20 +248,10 @@ def enumerate_plans(
     bs = np.array(mbs, dtype=np.int64)
     gbs = np.array(global_batches, dtype=np.int64)
     reject: dict[str, int] = {}
-    # the meshes' inner combinations (_INNER) stacked, and per plan the row of its combination
-    inner_parts: list[dict[str, np.ndarray]] = []
-    inner_rows: list[np.ndarray] = []
-    n_inner = 0
-    # per mesh: (tp, cp, pp, dp) and its plan count; per (mesh, schedule, batch, micro-batch) kept:
-    # vpp, schedule, batch and micro-batch, each repeated over the mesh's inner combinations
-    meshes: list[tuple[int, int, int, int]] = []
-    mesh_plans: list[int] = []
-    outer: dict[str, list[np.ndarray]] = {"vpp": [], "schedule": [], "global_batch": [], "micro_batch": []}
-    outer_repeats: list[int] = []
+    kept = _Kept()
     # op-level selective recompute is modelled for dense attention + MLP layers only
     modes = [r for r in lim.recompute if not (r == "op" and (model.is_moe or model.is_mla))]
     rec_codes = [RECOMPUTE.index(r) for r in modes]
-    interleaved = {SCHEDULE_NAMES.index("interleaved"), SCHEDULE_NAMES.index("interleaved-zb")}
 
     def add(reason: str, count: int) -> None:
         if count:
@@ -296,44 +286,82 @@ def enumerate_plans(
                 sv = [(x, v) for x, v in sv if p * v <= model.n_layers + EMPTY_END_STAGES]
                 if not sv:
                     continue
-                # every (schedule and vpp, batch, micro-batch) of the mesh at once, in the order
-                # of nested loops over them; each rule counts the combinations the earlier passed
-                code = np.array([x for x, _ in sv], dtype=np.int64)
-                v = np.array([y for _, y in sv], dtype=np.int64)
-                looped = np.array([x in interleaved for x, _ in sv])[:, None, None]
-                ok = np.broadcast_to(gbs[:, None] % (bs * d) == 0, (len(sv), len(gbs), len(bs)))
-                m = gbs[:, None] // (bs * d)
-                rounds = ~looped | (m % np.maximum(1, m // p) == 0)  # equal rounds (schedules.rounds_of)
-                fits = m * p * v[:, None, None] <= MAX_PIPELINE_CHUNKS
-                add("batch_divisible", inner * int(np.count_nonzero(~ok)))
-                add("interleaved_rounds", inner * int(np.count_nonzero(ok & ~rounds)))
-                ok = ok & rounds
-                add("pipeline_size", inner * int(np.count_nonzero(ok & ~fits)))
-                si, gi, bi = np.nonzero(ok & fits)
+                code, v, si, gi, bi = _batch_combos(sv, gbs, bs, d, p, inner, add)
                 for reason, count in inner_bad.items():
                     add(reason, count * len(si))
-                k = len(inner_cols["ep"])
-                if not k or not len(si):
+                if not len(inner_cols["ep"]) or not len(si):
                     continue
-                meshes.append((t, c, p, d))
-                mesh_plans.append(k * len(si))
-                for name, x in (("vpp", v[si]), ("schedule", code[si]), ("global_batch", gbs[gi]), ("micro_batch", bs[bi])):
-                    outer[name].append(x)
-                outer_repeats.append(k)
-                inner_parts.append(inner_cols)
-                inner_rows.append(np.tile(np.arange(n_inner, n_inner + k), len(si)))
-                n_inner += k
-    empty = np.zeros(0, dtype=np.int64)
-    arrays: dict[str, np.ndarray] = {}
-    counts = np.array(mesh_plans, dtype=np.int64)
-    for j, name in enumerate(("tp", "cp", "pp", "dp")):
-        arrays[name] = np.repeat(np.array([mesh[j] for mesh in meshes], dtype=np.int64), counts)
-    reps = np.repeat(np.array(outer_repeats, dtype=np.int64), [len(x) for x in outer["vpp"]])
-    for name, parts in outer.items():
-        arrays[name] = np.repeat(np.concatenate(parts), reps) if parts else empty
-    rows = np.concatenate(inner_rows) if inner_rows else empty
-    for name in _INNER:  # the inner columns keep their dtypes (SP and TP overlap are booleans)
-        arrays[name] = np.concatenate([part[name] for part in inner_parts]).take(rows) if inner_parts else (
-            np.zeros(0, dtype=bool) if name in _BOOL_COLUMNS else empty)
-    arrays = {name: arrays[name] for name in COLUMNS}
-    return PlanTable(**arrays, rejected=reject)
+                outer = {"vpp": v[si], "schedule": code[si], "global_batch": gbs[gi], "micro_batch": bs[bi]}
+                kept.add((t, c, p, d), outer, inner_cols)
+    return PlanTable(**kept.columns(), rejected=reject)
+
+
+#: the schedule codes of the interleaved schedules, which need the micro-batches in equal rounds
+_INTERLEAVED = {SCHEDULE_NAMES.index("interleaved"), SCHEDULE_NAMES.index("interleaved-zb")}
+
+
+def _batch_combos(sv: list[tuple[int, int]], gbs: np.ndarray, bs: np.ndarray, d: int, p: int, inner: int, add):
+    """Every (schedule and vpp of ``sv``, global batch, micro-batch) of a mesh with dp ``d`` and pp
+    ``p`` at once, in the order of nested loops over them. Each rule counts (``add``, times the
+    mesh's ``inner`` combinations) the combinations the earlier ones passed. Returns the schedule
+    codes and vpps of ``sv`` and the indices (schedule, batch, micro-batch) of the kept ones."""
+    code = np.array([x for x, _ in sv], dtype=np.int64)
+    v = np.array([y for _, y in sv], dtype=np.int64)
+    looped = np.array([x in _INTERLEAVED for x, _ in sv])[:, None, None]
+    ok = np.broadcast_to(gbs[:, None] % (bs * d) == 0, (len(sv), len(gbs), len(bs)))
+    m = gbs[:, None] // (bs * d)
+    rounds = ~looped | (m % np.maximum(1, m // p) == 0)  # equal rounds (schedules.rounds_of)
+    fits = m * p * v[:, None, None] <= MAX_PIPELINE_CHUNKS
+    add("batch_divisible", inner * int(np.count_nonzero(~ok)))
+    add("interleaved_rounds", inner * int(np.count_nonzero(ok & ~rounds)))
+    ok = ok & rounds
+    add("pipeline_size", inner * int(np.count_nonzero(ok & ~fits)))
+    si, gi, bi = np.nonzero(ok & fits)
+    return code, v, si, gi, bi
+
+
+@dataclass
+class _Kept:
+    """The plans :func:`enumerate_plans` keeps, mesh by mesh, until they become columns: per mesh
+    (tp, cp, pp, dp) and its plan count; per kept (schedule, batch, micro-batch) of a mesh its vpp,
+    schedule, batch and micro-batch, each repeated over the mesh's inner combinations (_INNER);
+    the meshes' inner combinations stacked, and per plan the row of its combination."""
+
+    meshes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    mesh_plans: list[int] = field(default_factory=list)
+    outer: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {"vpp": [], "schedule": [], "global_batch": [], "micro_batch": []})
+    outer_repeats: list[int] = field(default_factory=list)
+    inner_parts: list[dict[str, np.ndarray]] = field(default_factory=list)
+    inner_rows: list[np.ndarray] = field(default_factory=list)
+    n_inner: int = 0
+
+    def add(self, mesh: tuple[int, int, int, int], outer: dict[str, np.ndarray],
+            inner_cols: dict[str, np.ndarray]) -> None:
+        """The plans of ``mesh``: every combination of ``outer`` (columns of equal length) with every
+        row of ``inner_cols``."""
+        k, n_outer = len(inner_cols["ep"]), len(outer["vpp"])
+        self.meshes.append(mesh)
+        self.mesh_plans.append(k * n_outer)
+        for name, x in outer.items():
+            self.outer[name].append(x)
+        self.outer_repeats.append(k)
+        self.inner_parts.append(inner_cols)
+        self.inner_rows.append(np.tile(np.arange(self.n_inner, self.n_inner + k), n_outer))
+        self.n_inner += k
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """One array per column of :data:`COLUMNS`, a plan per entry."""
+        empty = np.zeros(0, dtype=np.int64)
+        arrays: dict[str, np.ndarray] = {}
+        counts = np.array(self.mesh_plans, dtype=np.int64)
+        for j, name in enumerate(("tp", "cp", "pp", "dp")):
+            arrays[name] = np.repeat(np.array([mesh[j] for mesh in self.meshes], dtype=np.int64), counts)
+        reps = np.repeat(np.array(self.outer_repeats, dtype=np.int64), [len(x) for x in self.outer["vpp"]])
+        for name, parts in self.outer.items():
+            arrays[name] = np.repeat(np.concatenate(parts), reps) if parts else empty
+        rows = np.concatenate(self.inner_rows) if self.inner_rows else empty
+        for name in _INNER:  # the inner columns keep their dtypes (SP and TP overlap are booleans)
+            arrays[name] = np.concatenate([part[name] for part in self.inner_parts]).take(rows) if self.inner_parts else (
+                np.zeros(0, dtype=bool) if name in _BOOL_COLUMNS else empty)
+        return {name: arrays[name] for name in COLUMNS}

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from meshplan.cost.attention import attention_rates
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.compute import attention_rates
 from meshplan.errors import InputError
 from meshplan.pipeline.schedules import rounds_of
 from meshplan.pipeline.stages import EMPTY_END_STAGES, layer_split, too_many_stages

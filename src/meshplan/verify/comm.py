@@ -1,7 +1,7 @@
 """``meshplan verify comm``: one real training step per rank on a gloo CPU process group, every
 collective counted.
 
-How it runs: :func:`launch` starts ``tp·pp·dp`` processes (``cp`` processes for context
+How it runs: :func:`meshplan.verify.launch.launch` starts ``tp·pp·dp`` processes (``cp`` processes for context
 parallelism, which runs alone: :mod:`meshplan.verify.ring`), ``multiprocessing`` with *spawn*, a
 free port on 127.0.0.1, a wall-clock timeout after which every worker it started is killed. The
 processes run on CPU with gloo (the default), or with ``device="cuda"`` one per GPU with NCCL, rank
@@ -39,16 +39,22 @@ with an all-reduce underneath, which is not what NCCL would put on the wire.
 from __future__ import annotations
 
 import inspect
-import os
-import queue as queue_mod
-import socket
-import time
-import traceback
 from typing import Any
 
 from meshplan.errors import InputError
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.verify.layout import (
+    check_tp_divisible,
+    dp_mesh,
+    hsdp,
+    lm_loss,
+    make_optimizer,
+    plan_mesh,
+    shard_units,
+    stage_module_class,
+    tp_plan,
+)
 
 #: aten op name (namespace.op) -> meshplan collective kind
 OP_KIND = {
@@ -86,7 +92,6 @@ SCHEDULES = {
     "interleaved-zb": "ScheduleInterleavedZeroBubble",
     "zbv": "ScheduleZBVZeroBubble",
 }
-DEFAULT_TIMEOUT = 240.0
 #: steps run before the counted one: lazy initialisation, the pipeline's shape exchange (step 1) and
 #: DDP's bucket rebuild with its index broadcast (step 2)
 WARMUP_STEPS = 2
@@ -118,16 +123,6 @@ def check_plan(model: ModelSpec, plan: TrainingPlan) -> None:
     world = plan.tp * plan.pp * plan.dp * plan.cp
     if world > 16:
         raise InputError("gpus", f"verify comm starts one CPU process per rank: {world} is more than 16")
-
-
-def check_tp_divisible(model: ModelSpec, plan: TrainingPlan) -> None:
-    """torch's TP plan splits heads, K/V heads, the MLP, the vocabulary and (with SP) the sequence
-    evenly over tp ranks."""
-    if plan.tp > 1:
-        for name, value in (("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads), ("ffn_hidden", model.ffn_hidden),
-                            ("vocab_size", model.vocab_size), ("seq_len", plan.seq_len)):
-            if value % plan.tp:
-                raise InputError(name, f"must be a multiple of tp ({plan.tp}) for torch's tensor parallel plan (got {value})")
 
 
 # ---- the counting mode ------------------------------------------------------------------------
@@ -232,73 +227,6 @@ def make_counter(axis_of: dict[tuple[int, ...], str]):
 # ---- building the layout (inside a worker) -----------------------------------------------------
 
 
-def _stage_module_class():
-    import torch
-    from torch import nn
-
-    class Stage(nn.Module):
-        """One pipeline stage (or the whole model): the Hugging Face model's own embedding, decoder
-        layers, final norm and LM head, glued as ``LlamaModel.forward`` does (no KV cache, causal
-        SDPA without a mask, explicit positions so that sequence-sharded inputs keep the full RoPE)."""
-
-        def __init__(self, parts: dict, layer_ids: list[int], first: bool, last: bool, seq_len: int):
-            super().__init__()
-            self.embed = parts["embed"] if first else None
-            self.layers = nn.ModuleDict({str(i): parts["layers"][i] for i in layer_ids})
-            self.norm = parts["norm"] if last else None
-            self.head = parts["head"] if last else None
-            self.rotary = parts["rotary"]
-            self.seq_len = seq_len
-
-        def forward(self, x):
-            if self.embed is not None:
-                x = self.embed(x)
-            pos = torch.arange(self.seq_len, device=x.device).unsqueeze(0)
-            cos_sin = self.rotary(x, pos)
-            for layer in self.layers.values():
-                x = layer(x, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
-            if self.head is not None:
-                x = self.head(self.norm(x))
-            return x
-
-    return Stage
-
-
-def _tp_plan(sp: bool):
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
-    layer = {
-        "self_attn.q_proj": ColwiseParallel(),
-        "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(),
-        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
-        "mlp.gate_proj": ColwiseParallel(),
-        "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
-    }
-    if sp:
-        layer |= {
-            "input_layernorm": SequenceParallel(),
-            "post_attention_layernorm": SequenceParallel(),
-            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        }
-    top = {
-        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()),
-        "head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1), use_local_output=False),
-    }
-    if sp:
-        top["norm"] = SequenceParallel()
-    return layer, top
-
-
 def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int, device: str = "cpu"):
     """This rank's stage modules (one per virtual stage it holds), laid out on ``device``; and their
     indices."""
@@ -319,7 +247,7 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int, device: str
     n_stages = len(split)
     starts = [sum(split[:k]) for k in range(n_stages)]
     mine = stages_of_rank(rank_pp, plan.pp, plan.vpp, stage_style(plan.schedule)) if plan.pp > 1 else [0]
-    Stage = _stage_module_class()
+    Stage = stage_module_class()
     mods = []
     for k in mine:
         ids = list(range(starts[k], starts[k] + split[k]))
@@ -327,7 +255,7 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int, device: str
     sp = plan.sequence_parallel and plan.tp > 1
     for mod in mods:
         if plan.tp > 1:
-            layer_plan, top_plan = _tp_plan(sp)
+            layer_plan, top_plan = tp_plan(sp)
             for layer in mod.layers.values():
                 parallelize_module(layer, mesh["tp"], layer_plan)
             top = {k: v for k, v in top_plan.items() if getattr(mod, k) is not None}
@@ -345,70 +273,6 @@ def _build(model: ModelSpec, plan: TrainingPlan, mesh, rank_pp: int, device: str
         else:
             wrapped.append(mod)
     return wrapped, mine, n_stages
-
-
-def torch_plan(plan: TrainingPlan) -> TrainingPlan:
-    """The meshplan plan a torch run of ``plan`` is compared with: on torch's eager stack
-    (``kernels = "eager"``: its cross-entropy, FSDP2 for ZeRO-3). torch's ZeRO-2 — FSDP2 with
-    ``reshard_after_forward=False``, FSDP1's ``SHARD_GRAD_OP`` — shards weights at rest and keeps
-    them gathered from each unit's forward to its backward: meshplan's ZeRO-3 with weights kept
-    gathered. (meshplan's ZeRO-2, whole weights at rest as in DeepSpeed and Megatron, has no
-    torch-native form.)"""
-    update: dict = {"kernels": "eager"}
-    if plan.dp > 1 and plan.zero == 2:
-        update |= {"zero": 3, "reshard_after_forward": False}
-    return plan.replace(**update)
-
-
-def dp_mesh(mesh, plan: TrainingPlan):
-    """The device mesh FSDP2 shards over: the dp axis, or (replicate, shard) for HSDP."""
-    return mesh["dp_rep", "dp_shard"] if hsdp(plan) else mesh["dp"]
-
-
-def hsdp(plan: TrainingPlan) -> bool:
-    return plan.dp_shard is not None and plan.dp_shard < plan.dp
-
-
-def shard_units(mod, plan: TrainingPlan, mesh) -> None:
-    """FSDP2 units as torchtitan lays them out: the embedding, every decoder layer, the final norm
-    with the LM head (kept gathered after forward: it is the first to run backward), and the root;
-    with ``fsdp_head_in_root`` as it did until pytorch/torchtitan#1094: every decoder layer (the
-    last kept gathered after forward) and the root, holding the embedding, final norm and LM head.
-    Weights are resharded after forward for ZeRO-3 unless the plan keeps them gathered, never for
-    torch's ZeRO-2 (:func:`torch_plan`)."""
-    from torch.distributed.fsdp import fully_shard
-
-    raf = torch_plan(plan).stack.reshard_after_forward
-    if plan.stack.fsdp_head_in_root:  # torchtitan's units until pytorch/torchtitan#1094: blocks and the root
-        layers = list(mod.layers.values())
-        for i, layer in enumerate(layers):
-            fully_shard(layer, mesh=mesh, reshard_after_forward=raf and i < len(layers) - 1)
-        # the root left to FSDP2's own choice: kept gathered after forward (torch's FSDP2 of 2024 did
-        # so whatever it was given; later builds when reshard_after_forward is not given)
-        fully_shard(mod, mesh=mesh)
-        return
-    if mod.embed is not None:
-        fully_shard(mod.embed, mesh=mesh, reshard_after_forward=raf)
-    for layer in mod.layers.values():
-        fully_shard(layer, mesh=mesh, reshard_after_forward=raf)
-    if mod.head is not None:
-        fully_shard([mod.norm, mod.head], mesh=mesh, reshard_after_forward=False)
-    fully_shard(mod, mesh=mesh, reshard_after_forward=raf)
-
-
-def make_optimizer(params: list, plan: TrainingPlan, mesh):
-    """AdamW (fp32, single-tensor), or for ZeRO-1 torch's ``ZeroRedundancyOptimizer`` over the dp
-    group: each rank keeps the AdamW state of whole parameter tensors assigned to it (largest first,
-    to the rank with the fewest elements so far) and broadcasts them after its step, one bucket per
-    rank."""
-    import torch
-
-    if plan.dp > 1 and plan.zero == 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=mesh["dp"].get_group(),
-                                       parameters_as_bucket_view=True, lr=1e-4, foreach=False)
-    return torch.optim.AdamW(params, lr=1e-4, foreach=False)
 
 
 class _Trainer:
@@ -438,7 +302,7 @@ class _Trainer:
                                     for mod, k in zip(self.mods, self.mine)]
             cls = getattr(S, SCHEDULES[plan.schedule])
             multi = plan.schedule not in ("gpipe", "1f1b")
-            self.sched = cls(stages if multi else stages[0], n_microbatches=plan.grad_accum, loss_fn=_loss)
+            self.sched = cls(stages if multi else stages[0], n_microbatches=plan.grad_accum, loss_fn=lm_loss)
 
     def step(self, counter=None) -> None:
         import contextlib
@@ -463,7 +327,7 @@ class _Trainer:
                     if hasattr(mod, "set_requires_all_reduce"):  # HSDP: replicas all-reduce once per step
                         mod.set_requires_all_reduce(i == m - 1)
                     with sync:
-                        _loss(mod(x), x).backward()
+                        lm_loss(mod(x), x).backward()
             if counter is not None:
                 counter.phase_override = "optimizer"
             self.opt.step()
@@ -472,32 +336,12 @@ class _Trainer:
                 counter.phase_override = None
 
 
-def _loss(logits, target):
-    import torch.nn.functional as F
-
-    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
-
-
-def _mesh(plan: TrainingPlan, device: str = "cpu"):
-    """The device mesh of the plan's tp, pp and dp axes (dp split into (dp_rep, dp_shard) for HSDP),
-    outermost first in meshplan's rank order, over ``device``'s ranks."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    sizes = {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
-    names = [a for a in reversed(plan.rank_order) if a in sizes]  # outermost first
-    if hsdp(plan):  # shard groups are contiguous inside dp, replicas every dp_shard-th rank
-        i = names.index("dp")
-        names[i:i + 1] = ["dp_rep", "dp_shard"]
-        sizes |= {"dp_rep": plan.dp // plan.dp_shard, "dp_shard": plan.dp_shard}
-    return init_device_mesh(device, tuple(sizes[a] for a in names), mesh_dim_names=tuple(names))
-
-
 def run_rank(model: ModelSpec, plan: TrainingPlan, device: str = "cpu") -> dict[str, Any]:
     """Inside an initialised process group (gloo on CPU, NCCL on CUDA): warm-up steps, counted
     step; this rank's records."""
     import torch.distributed as dist
 
-    mesh = _mesh(plan, device)
+    mesh = plan_mesh(plan, device)
     axis_of = {}
     for name in mesh.mesh_dim_names:
         axis_of[tuple(sorted(dist.get_process_group_ranks(mesh[name].get_group())))] = name
@@ -534,124 +378,3 @@ def _stage_outputs(trainer: "_Trainer") -> list[list[int]]:
         return t.numel() * t.element_size()
 
     return [[local_bytes(t) for t in stage.output_chunks] for stage in getattr(trainer, "stages", [])]
-
-
-# ---- the launcher -----------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_job(model: ModelSpec, plan: TrainingPlan, device: str, task: str) -> dict[str, Any]:
-    """One job on this rank: ``comm`` (the counted step, or the ring attention for cp),
-    ``memory`` (:func:`meshplan.verify.memory.run_rank`) or ``ring-memory`` (torch's ring
-    attention backward, its buffers measured: :func:`meshplan.verify.ring.torch_ring_backward_rank`)."""
-    if task == "memory":
-        from meshplan.verify import memory
-
-        return memory.run_rank(model, plan, device)
-    if task == "ring-memory":
-        from meshplan.verify import ring
-
-        return ring.torch_ring_backward_rank(model, plan)
-    if plan.cp > 1:
-        from meshplan.verify import ring
-
-        return {**ring.run_rank(model, plan, make_counter, device), "device": device}
-    return {**run_rank(model, plan, device), "device": device}
-
-
-def _worker(rank: int, world: int, port: int, jobs: list[tuple[dict, dict, str]], out, device: str = "cpu") -> None:
-    import torch
-    import torch.distributed as dist
-
-    from meshplan.verify.device import backend, bind
-
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    torch.set_num_threads(1)
-    try:
-        bind(device, rank)
-        dist.init_process_group(backend(device), rank=rank, world_size=world)
-        for i, (model_d, plan_d, task) in enumerate(jobs):
-            model, plan = ModelSpec.model_validate(model_d), TrainingPlan.model_validate(plan_d)
-            res = _run_job(model, plan, device, task)
-            out.put((i, rank, res, None))
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out.put((-1, rank, None, traceback.format_exc()))
-
-
-TASKS = ("comm", "memory", "ring-memory")
-
-
-def launch(jobs: list[tuple[ModelSpec, TrainingPlan]], timeout: float = DEFAULT_TIMEOUT, *, device: str = "cpu",
-           task: str | list[str] = "comm") -> list[list[dict[str, Any]]]:
-    """Run every (model, plan) job on one set of spawned workers, one per rank (all jobs need the
-    same world size): CPU processes on gloo, or with ``device="cuda"`` one process per GPU on NCCL
-    (:mod:`meshplan.verify.device`). ``task``, for all jobs or one per job, is ``comm`` (collectives
-    counted), ``memory`` (the memory trackers on real tensors) or ``ring-memory`` (torch's ring
-    attention backward measured, CPU only). Per job, the result of every rank
-    in rank order. Raises RuntimeError on a worker error or after ``timeout`` seconds, killing the
-    workers it started."""
-    import multiprocessing as mp
-
-    from meshplan.verify import device as device_mod
-
-    tasks = [task] * len(jobs) if isinstance(task, str) else list(task)
-    if len(tasks) != len(jobs) or any(t not in TASKS for t in tasks):
-        raise ValueError(f"task must be one of {TASKS}, or one of them per job (got {task!r})")
-    worlds = {p.tp * p.pp * p.dp * p.cp for _, p in jobs}
-    if len(worlds) != 1:
-        raise ValueError("all jobs of one launch need the same world size")
-    world = worlds.pop()
-    for (m, p), task_i in zip(jobs, tasks):
-        if task_i == "memory":
-            from meshplan.verify.memory import check_plan as check_memory_plan
-
-            check_memory_plan(m, p)
-        elif task_i == "ring-memory":
-            from meshplan.verify.ring import check_ring_memory_plan
-
-            check_ring_memory_plan(m, p)
-        else:
-            check_plan(m, p)
-    device_mod.check(device, world)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    payload = [(m.model_dump(), p.model_dump(), t) for (m, p), t in zip(jobs, tasks)]
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, payload, out, device), daemon=True)
-             for r in range(world)]
-    what = "verify " + "/".join(sorted(set(tasks)))
-    for proc in procs:
-        proc.start()
-    results: list[list[Any]] = [[None] * world for _ in jobs]
-    pending = len(jobs) * world
-    deadline = time.monotonic() + timeout
-    try:
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"{what}: workers did not finish within {timeout:.0f} s")
-            try:
-                i, rank, res, err = out.get(timeout=min(left, 1.0))
-            except queue_mod.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"{what}: worker exited with code {dead[0].exitcode}") from None
-                continue
-            if err is not None:
-                raise RuntimeError(f"{what}: rank {rank} failed:\n{err}")
-            results[i][rank] = res
-            pending -= 1
-        for proc in procs:
-            proc.join(timeout=30)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-    return results

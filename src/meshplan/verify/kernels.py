@@ -40,7 +40,7 @@ constant), t_kernel and the other factors held:
     memory     η_hbm' = bytes / (W · (t − t_kernel))
 
 (P the dense 16-bit peak, W the HBM bandwidth, F the causal attention FLOPs of
-:func:`~meshplan.cost.compute.causal_attention_flops`). The summary pools each kind as
+:func:`~meshplan.cost.attention.causal_attention_flops`). The summary pools each kind as
 Σ work / Σ (t − t_kernel), the constant that reproduces the kind's total time. These are the
 figures a calibration of :mod:`meshplan.cost.calibration` would be set from; they are printed, never
 written back. Timed as bursts (``settle`` 0), GEMM rows read faster than the same GEMM sustains
@@ -56,19 +56,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from meshplan.cost.attention import causal_attention_flops, flash_attention_efficiency, flash_attention_times
 from meshplan.cost.calibration import Calibration, calibration_for, gemm_calibration
-from meshplan.cost.compute import (
-    causal_attention_flops,
-    flash_attention_efficiency,
-    flash_attention_times,
-    gemm_bounds,
-    gemm_efficiency,
-    gemm_operand_bytes,
-    gemm_time,
-    layer_op_times,
-    memory_time,
-    projection_gemms,
-)
+from meshplan.cost.compute import layer_op_times, projection_gemms
+from meshplan.cost.kernel_time import gemm_bounds, gemm_efficiency, gemm_operand_bytes, gemm_time, memory_time
 from meshplan.cost.params import kv_heads_per_rank
 from meshplan.errors import InputError
 from meshplan.specs.hardware import GPUSpec

@@ -53,8 +53,8 @@ from meshplan.pipeline.schedules import stage_style
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
-from meshplan.verify.comm import hsdp, torch_plan
 from meshplan.verify.compare import COLLECTIVE_BYTES, EXACT, Comparison, KnownDifference, Row
+from meshplan.verify.layout import hsdp, torch_plan
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ def measured_aggregate(records: list[dict]) -> dict[tuple[str, str, str], list[f
 
 def compare(model: ModelSpec, plan: TrainingPlan, results: list[dict]) -> Comparison:
     """Rows per pipeline rank and (axis, collective, phase): count (exact) and bytes (1 %).
-    ``results`` are :func:`meshplan.verify.comm.launch`'s per-rank dicts for this plan. Ranks of
+    ``results`` are :func:`meshplan.verify.launch.launch`'s per-rank dicts for this plan. Ranks of
     one pipeline rank are shown once when their measurements agree, else each on its own."""
     asked, plan = plan, torch_plan(plan)
     device = results[0].get("device", "cpu") if results else "cpu"

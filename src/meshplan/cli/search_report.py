@@ -1,0 +1,50 @@
+"""What the outputs of ``meshplan search`` share: a plan's row of figures, the line saying why no
+plan was found, and writing a figure (the top plans' front and the GPUs-vs-days front alike)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.cli.pipeline_cmd import _out_path
+from meshplan.estimate import Estimate
+from meshplan.pyplot import save_figure
+from meshplan.search.run import SearchResult, describe_rejections
+from meshplan.units import GiB as GIB
+
+
+def plan_row(est: Estimate) -> dict[str, Any]:
+    """One plan's figures as the tables print them: layout, pipeline, batch shape, memory settings,
+    peak GiB, step seconds, bubble and exposed-communication shares, MFU, tokens/s per GPU."""
+    p = est.plan
+    b = est.time.breakdown()
+    step = est.time.step_s
+    comm = b["tp_comm"] + b["cp_comm"] + b["fsdp_comm"] + b["dp_comm"] + b["param_gather"] + b.get("ep_comm", 0.0)
+    return {
+        "layout": f"TP{p.tp} CP{p.cp} PP{p.pp} DP{p.dp}" + (f" EP{p.ep}" if p.ep > 1 else "")
+        + (f" shard{p.dp_shard}" if p.dp_shard else ""),
+        "pipeline": "-" if p.pp == 1 else f"{p.schedule}" + (f" v{p.vpp}" if p.vpp > 1 else ""),
+        "batch": f"{p.micro_batch}x{p.grad_accum}",
+        "memory": f"{p.recompute}, {'SP, ' if p.sequence_parallel and p.tp > 1 else ''}"
+                  f"{'TP overlap, ' if p.stack.tp_comm_overlap and p.tp > 1 else ''}ZeRO-{p.zero}",
+        "peak": est.peak_bytes / GIB,
+        "step": step,
+        "bubble": b["pipeline_bubble"] / step,
+        "comm": comm / step,
+        "mfu": est.mfu,
+        "tok": est.tokens_per_s / p.num_gpus,
+    }
+
+
+def impossible_line(result: SearchResult, num_gpus: int) -> str:
+    """One line saying why no plan was found."""
+    if result.evaluated == 0:
+        reasons = "; ".join(f"{c:,} plans: {rule}" for _, c, rule in describe_rejections(result.rejected))
+        return f"no valid layout of {num_gpus:,} GPUs within the limits" + (f" ({reasons})" if reasons else "")
+    return f"no plan fits in {result.usable_bytes / GIB:.1f} GiB per GPU: all {result.evaluated:,} evaluated plans need more memory"
+
+
+def save_plot(plt, fig, ax, out: str) -> None:
+    """Finish the axes (grid, layout) and write the figure to ``out``; one-line error if it cannot."""
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(plt, fig, _out_path(out))
