@@ -6,7 +6,7 @@ from typing import Any
 
 from meshplan.accuracy.formulas import narayanan21_eq3, step_from_tflops
 from meshplan.accuracy.runs import MappedRun, gpt_model, unsupported
-from meshplan.catalog import load_gpu
+from meshplan.catalog import load_gpu, load_stack
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
@@ -30,8 +30,7 @@ def map_bloom(r: dict[str, Any]) -> list[MappedRun]:
         where="plan", tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch=r["micro_batch"],
         global_batch=r["global_batch_seqs"], seq_len=r["seq_len"], recompute="full",
         sequence_parallel=False, zero=1, precision=PrecisionRecipe(precision="bf16", grad_dtype="fp32"),
-        attention="materialized", attention_flops="full", overlap_grad_reduce=False,
-        overlap_param_gather=False,
+        attention="materialized", attention_flops="full", stack=load_stack("megatron-deepspeed"),
     )
     nic = 4 * 100 * GBIT_PER_S / 8  # 4 Omni-Path 100 Gb/s links per 8-GPU node
     cluster = ClusterSpec.of(load_gpu("a100-sxm-80gb"), r["gpu_count"], nic_bandwidth=nic)
@@ -94,8 +93,7 @@ def map_neox(r: dict[str, Any]) -> list[MappedRun]:
         where="plan", tp=r["tp"], pp=r["pp"], dp=r["dp"], micro_batch=r["micro_batch"],
         global_batch=r["global_batch_seqs"], seq_len=s, recompute="full", sequence_parallel=False,
         zero=1, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16", grad_fp32_copy=True),
-        attention="materialized", attention_flops="full", overlap_grad_reduce=False,
-        overlap_param_gather=False,
+        attention="materialized", attention_flops="full", stack=load_stack("megatron-deepspeed"),
     )
     nic = 4 * 200 * GBIT_PER_S / 8  # 4 HDR 200 Gb/s HCAs per 8-GPU node
     cluster = ClusterSpec.of(load_gpu("a100-sxm-40gb"), r["gpu_count"], nic_bandwidth=nic)

@@ -159,6 +159,11 @@ def stack_profile(name: str) -> dict[str, Any]:
     return table[key]
 
 
+def stack_schedules(name: str) -> tuple[str, ...]:
+    """The pipeline schedules profile ``name`` can run (empty: no pipeline parallelism)."""
+    return tuple(stack_profile(name)["schedules"]["runs"])
+
+
 @lru_cache(maxsize=None)
 def load_stack(name: str) -> Stack:
     """The :class:`~meshplan.specs.stack.Stack` of profile ``name`` (``torchtitan``,

@@ -22,6 +22,7 @@ from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
+from meshplan.cli.stacks_cmd import stacks as stacks_command
 from meshplan.cli.search_cmd import search as search_command
 from meshplan.cli.validate_cmd import validate as validate_command
 from meshplan.cli.verify_cmd import verify_app
@@ -92,6 +93,7 @@ app.add_typer(calc_app, name="calc")
 app.command("export")(export_command)
 app.command("import")(import_command)
 app.command("learn")(learn_command)
+app.command("stacks")(stacks_command)
 app.command("serve")(serve_command)
 
 
