@@ -18,6 +18,7 @@ from meshplan.errors import InputError
 from meshplan.estimate import estimate
 from meshplan.interop import load_plan_file
 from meshplan.specs import ClusterSpec, PrecisionRecipe, TrainingPlan
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack, ignored
 from meshplan.specs.validate import check_plan
 
 FP8 = PrecisionRecipe(precision="fp8")
@@ -111,9 +112,12 @@ def test_without_sharding_nothing_is_gathered():
 @pytest.mark.parametrize("kw", [dict(zero=1), dict(precision=PrecisionRecipe(precision="bf16")), dict(kernels="fused"),
                                 dict(fp8_linears="transformer-engine")])
 def test_the_switch_needs_fsdp2_and_float8(kw):
-    fields = dict(dp=8, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True) | kw
-    with pytest.raises(ValueError, match="fsdp_fp8_all_gather"):
-        TrainingPlan.of(**fields)
+    """Without FSDP2 and torchao's Float8 the switch means nothing: the stack's rule sets it aside."""
+    fields = dict(dp=8, zero=3, global_batch=8, seq_len=4096, precision=FP8, kernels="compiled", fsdp_fp8_all_gather=True)
+    assert TrainingPlan.of(**fields).stack.fsdp_fp8_all_gather is True
+    plan = TrainingPlan.of(**(fields | kw))
+    assert plan.stack.fsdp_fp8_all_gather is False
+    assert "fsdp_fp8_all_gather" in [f for f, _, _ in ignored(Stack(**{k: v for k, v in (fields | kw).items() if k in BEHAVIOUR_FIELDS}), plan)]
 
 
 def test_mixture_of_experts_is_refused():

@@ -180,6 +180,16 @@ def load_stack(name: str) -> Stack:
         raise input_error_from(exc, f"stack {key}") from None
 
 
+def requested_stack(plan: Any) -> Stack:
+    """The stack ``plan`` was asked to run, as far as the plan tells: its profile with the fields
+    that differ from the profile as it applies to the plan (:func:`stack_overrides`). A field the
+    plan set aside comes back at the profile's value, so that a plan of another layout (the
+    search's) applies the profile afresh. A stack named after no profile is returned as it is."""
+    if plan.stack.name not in stack_names():
+        return plan.stack
+    return load_stack(plan.stack.name).model_copy(update=stack_overrides(plan.stack, plan))
+
+
 def stack_overrides(stack: Stack, plan: Any = None) -> dict[str, Any]:
     """The fields where ``stack`` differs from its named profile — as the profile applies to
     ``plan`` when one is given (:func:`meshplan.specs.stack.applied`), so that a field the plan

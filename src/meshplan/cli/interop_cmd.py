@@ -25,9 +25,25 @@ from meshplan.cli.outfile import write_text
 from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.errors import InputError
 from meshplan.interop.common import catalog_match
-from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, applied
 
 Engine = Literal["torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
+#: the stack profile each export target runs (catalog/data/stacks.yaml)
+ENGINE_STACK = {"torchtitan": "torchtitan", "torchtitan-toml": "torchtitan", "megatron": "megatron-core",
+                "deepspeed": "deepspeed", "nanotron": "nanotron"}
+
+
+def stack_difference(plan, engine: str) -> Optional[str]:
+    """One line when the plan's stack is not the engine's profile: the fields, as they apply to
+    the plan, where the two differ (the plan's value first); None when they agree."""
+    name = ENGINE_STACK[engine]
+    theirs = applied(load_stack(name), plan)
+    diff = [f"{k} {_word(getattr(plan.stack, k))} (there {_word(getattr(theirs, k))})"
+            for k in BEHAVIOUR_FIELDS if getattr(plan.stack, k) != getattr(theirs, k)]
+    if not diff:
+        return None
+    return (f"stack: the plan was estimated on the {plan.stack.name} stack; {engine} runs the {name} profile, "
+            f"which differs in {', '.join(diff)}: `meshplan estimate --stack {name}` estimates it as the engine runs it")
 
 
 def _out_file(out: str, force: bool) -> Path:
@@ -70,6 +86,9 @@ def export(
         print(f"warning: {line}", file=sys.stderr)
     for line in result.notes:
         print(f"note: {line}", file=sys.stderr)
+    differs = stack_difference(best, to)
+    if differs:
+        print(f"note: {differs}", file=sys.stderr)
     if path is None:
         typer.echo(result.text, nl=False)
     else:

@@ -42,6 +42,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from meshplan.catalog import load_stack
 from meshplan.cli import render
 from meshplan.cli.outfile import write_text
 from meshplan.cli.pipeline_runtime import RUNTIME_HELP, check_runtime, lockstep_cost, resolve_runtime
@@ -356,6 +357,7 @@ def pipeline(
     transfer: Annotated[float, typer.Option("--transfer", "--p2p", help="Point-to-point time between consecutive stages.")] = 0.0,
     actions_file: Annotated[Optional[str], typer.Option("--actions-file", help="Simulate the schedule in this file instead: one rank per line in torch's action notation (0F0,0F1,0B0,...; comm actions skipped).", show_default=False)] = None,
     pipeline_runtime: Annotated[Optional[Literal["dependency", "lockstep"]], typer.Option("--pipeline-runtime", help=RUNTIME_HELP, show_default=False)] = None,
+    stack: Annotated[Optional[str], typer.Option("--stack", help="A stack profile (meshplan stacks) whose pipeline runtime runs the schedule unless --pipeline-runtime is given, e.g. torchtitan-2024 (lockstep).", show_default=False)] = None,
     stage_times: Annotated[Optional[str], typer.Option("--stage-times", help="Per virtual stage 'f0:b0,f1:b1,...' in pipeline order (p·v pairs), instead of --fwd/--bwd.", show_default=False)] = None,
     unit: Annotated[str, typer.Option("--unit", help="Label of the time unit the numbers are in.")] = "ms",
     out: Annotated[Optional[str], typer.Option("--out", help="Write the Gantt picture to this path: .svg, or .png (needs matplotlib, the 'plot' extra).", show_default=False)] = None,
@@ -372,6 +374,8 @@ def pipeline(
     if width is not None:
         _count("width", width, 1000)
     path = _out_path(out)
+    if pipeline_runtime is None and stack is not None:
+        pipeline_runtime = load_stack(stack).pipeline_runtime
     run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, actions_file, pipeline_runtime)
     if path is not None:
         title = f"{run['schedule']} pipeline: p = {run['pp']}, m = {run['m']}, v = {run['v']}"

@@ -17,19 +17,22 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 from rich.table import Table
 
+from meshplan.catalog import stack_names, stack_schedules
 from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 from meshplan.cli.search_options import SearchArgs, search_options
-from meshplan.cli.search_report import impossible_line, plan_row, save_plot
+from meshplan.cli.search_report import impossible_line, plan_row, save_plot, stack_words
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot
 from meshplan.estimate import Budget, Estimate
 from meshplan.search.fleet import FleetPoint, gpu_front, parse_gpu_counts
 from meshplan.search.run import SearchResult, describe_rejections, search as run_search
+from meshplan.search.space import SCHEDULE_NAMES, SearchLimits
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import Stack
 from meshplan.units import GiB as GIB
 
 _LAYOUT_KEYS = {"tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel",
@@ -150,6 +153,8 @@ def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: in
         if result.closest:
             con.print(_closest_table(result))
     rej = sum(result.rejected.values())
+    if result.stack is not None:
+        con.print(stack_words(result.stack))
     con.print(
         f"Searched {result.evaluated + sum(v for k, v in result.rejected.items() if k != 'memory'):,} plans: "
         f"{result.evaluated:,} evaluated, {result.feasible:,} fit in {result.usable_bytes / GIB:.1f} GiB, "
@@ -196,6 +201,7 @@ def _json(result: SearchResult, num_gpus: int) -> dict[str, Any]:
         "seconds": result.seconds,
         "simulated": result.simulated,
         "objective": result.objective,
+        "stack": None if result.stack is None else result.stack.model_dump(),
         "top": [{"rank": i, "score": r.score, **r.estimate.to_dict()} for i, r in enumerate(result.top, 1)],
     }
     if not result.top:
@@ -250,6 +256,7 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     # torch's pipeline schedules), which the search's screen does not model, stays with the baseline
     cluster, budget, base = whole.cluster, one.budget, one.plan
     stack = one.stack.model_copy(update={"fsdp_accumulate_unsharded": False})
+    limits = stack_limits(limits, stack, search.schedules is not None or plan.schedule is not None)
     if search.objective != "throughput" and not budget.tokens:
         raise InputError("tokens", f"the {search.objective} objective needs --tokens")
     if search.objective == "cost" and budget.price_per_gpu_hour is None:
@@ -263,6 +270,16 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     elif preset_setup is not None:
         bl = preset_setup.plan
     return one.model, cluster, base_plan, limits, budget, bl, stack
+
+
+def stack_limits(limits: SearchLimits, stack: Stack, asked: bool) -> SearchLimits:
+    """The search space narrowed to what ``stack`` runs: the pipeline schedules of its profile
+    (none: no pipeline parallelism) unless schedules were ``asked`` for (``--schedules``,
+    ``--schedule``: a what-if the output's stack line marks), and TP overlap as the stack does it
+    (``--tp-comm-overlap`` or ``--set tp_comm_overlap`` change it)."""
+    runs = stack_schedules(stack.name) if stack.name in stack_names() else SCHEDULE_NAMES
+    kept = limits.schedules if asked else tuple(s for s in limits.schedules if s in runs)
+    return replace(limits, schedules=kept, tp_comm_overlap=(stack.tp_comm_overlap,))
 
 
 def execute(
@@ -305,6 +322,7 @@ def search(
     pareto: Annotated[bool, typer.Option("--pareto", help="Also find the memory vs throughput front.")] = False,
     gpus_range: Annotated[Optional[str], typer.Option("--gpus-range", help="GPUs vs days front: the best plan by time-to-train (needs --tokens) for each GPU count, MIN:MAX (doubling) or a list such as 4096,8192,16384; --out draws it.", show_default=False)] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Write the front (or the top plans) as a picture: .svg or .png.", show_default=False)] = None,
+    stacks: Annotated[Optional[str], typer.Option("--stacks", help="Compare stacks: search for each of these profiles (comma-separated, e.g. megatron-core,torchtitan) and print the best plan of each.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
 ) -> None:
     """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs (and ep for mixture-of-experts models) with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism, TP communication overlap and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
@@ -312,6 +330,9 @@ def search(
     Layout flags (--tp, --pp, --schedule, --zero, ...) fix that axis. With --preset the preset's model, GPUs, batch and network are used and its plan is the baseline."""
     _out_path(out)  # checked before any work: a new .svg or .png file
     progress = _Progress(not json_out)
+    if stacks is not None:
+        _compare_stacks(plan, search, stacks, json_out, progress)
+        return
     if gpus_range is not None:
         try:
             points, budget = execute_fleet(plan, gpus_range, search, progress=progress)
@@ -337,6 +358,38 @@ def search(
     else:
         _print(result, bool(budget.tokens), budget.price_per_gpu_hour is not None, cluster.num_gpus)
     if not result.top:
+        raise typer.Exit(1)
+
+
+def _compare_stacks(plan: PlanArgs, search: SearchArgs, names: str, json_out: bool, progress) -> None:
+    """``--stacks a,b``: the same search for each stack, and the best plan of each side by side."""
+    wanted = [n.strip().lower() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise InputError("stacks", "give one or more stack profiles, comma-separated")
+    for n in wanted:
+        if n not in stack_names():
+            raise InputError("stacks", f"unknown stack '{n}' (profiles: {', '.join(stack_names())})")
+    results = []
+    try:
+        for n in wanted:
+            results.append((n, *execute(replace(plan, stack=n), search, progress=progress)))
+    finally:
+        progress.close()
+    if json_out:
+        typer.echo(json.dumps({"stacks": [_json(r, c.num_gpus) for _, r, c, _ in results]}, allow_nan=False))
+    else:
+        t = Table(title="Best plan for each stack", title_justify="left")
+        for col in ("stack", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "MFU", "tok/s/GPU", "fit"):
+            t.add_column(col, justify="left" if col in ("stack", "layout", "pipeline", "recompute, SP, ZeRO") else "right")
+        for n, r, _, _ in results:
+            if not r.top:
+                t.add_row(n, "nothing fits", *[""] * 7, "0")
+                continue
+            row = plan_row(r.top[0].estimate)
+            t.add_row(n, row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}", f"{row['step']:.3f}",
+                      f"{100 * row['mfu']:.1f}%", f"{row['tok']:,.0f}", f"{r.feasible:,}")
+        render.console().print(t)
+    if not any(r.top for _, r, _, _ in results):
         raise typer.Exit(1)
 
 

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from meshplan.catalog import requested_stack
 from meshplan.errors import InputError
 from meshplan.estimate import Budget, Estimate, estimate
 from meshplan.search.engine import Engine, Screen
@@ -72,6 +73,7 @@ class SearchResult:
     baseline: Optional[BaselinePlace] = None
     pareto: list[Ranked] = field(default_factory=list)
     usable_bytes: float = 0.0
+    stack: Optional[Stack] = None  # the stack the plans were searched for, as requested
 
 
 def _score(objective: str, seconds_per_token: np.ndarray | float, num_gpus: int, budget: Budget):
@@ -110,13 +112,13 @@ def search(
 ) -> SearchResult:
     """Search the plans of ``limits`` for ``model`` on ``cluster`` (module docstring). ``base``
     supplies what is not searched (sequence length, global batch, precision, attention, rank order);
-    ``stack`` runs the plans, as requested (default: the base's), its rules applied to each plan.
-    ``progress(phase, done, total)`` reports long searches."""
+    ``stack`` runs the plans, its rules applied to each (default: the base's profile and what the
+    base sets over it, :func:`~meshplan.catalog.requested_stack`). ``progress`` reports long runs."""
     _check_options(objective, headroom, top_k)
     t0 = time.perf_counter()
     batches = global_batches or (base.global_batch,)
     table = enumerate_plans(model, cluster.num_gpus, cluster.gpus_per_node, base.seq_len, batches, limits)
-    stack = base.stack if stack is None else stack
+    stack = requested_stack(base) if stack is None else stack
     engine = Engine(model, cluster, base, stack)
     n = len(table)
     done = [0]
@@ -137,7 +139,7 @@ def search(
     bound = _score(objective, screen.step_lower_bound / tokens, cluster.num_gpus, budget)
     result = SearchResult(
         evaluated=n, feasible=int(fits.sum()), rejected=rejected, seconds=0.0, simulated=0,
-        objective=objective, top=[], usable_bytes=usable,
+        objective=objective, top=[], usable_bytes=usable, stack=stack,
     )
     exact: dict[int, Ranked] = {}
 
