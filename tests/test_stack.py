@@ -152,3 +152,43 @@ def test_search_proposes_only_what_the_stack_runs():
     both = json.loads(out)["stacks"]
     assert [s["stack"]["name"] for s in both] == ["megatron-core", "torchtitan"]
     assert both[1]["top"][0]["plan"]["stack"]["name"] == "torchtitan"
+
+
+ROUND_TRIPS = [
+    ("--model", "llama3-8b", "--gpus", "16", "--pp", "2", "--zero", "3", "--stack", "torchtitan", "--set", "kernels=eager",
+     "--gpus-per-node", "4", "--nic-gbps", "25", "--dp-shard", "4"),
+    ("--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "2", "--stack", "nemo", "--precision", "fp8",
+     "--recompute", "selective", "--rank-order", "tp,cp,pp,dp", "--pod-size", "32", "--oversubscription", "2"),
+    ("--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "8", "--zero", "3", "--stack", "fsdp2-eager",
+     "--set", "fsdp_head_in_root=false", "--grad-dtype", "bf16", "--no-master-weights"),
+    ("--preset", "llama3-405b-8k",),
+    ("--preset", "trainy_h200_llama3_8b@32gpu", "--tokens", "2T", "--price", "3.1", "--pue", "1.2"),
+]
+
+
+@pytest.mark.parametrize("args", ROUND_TRIPS, ids=lambda a: " ".join(a)[:40])
+def test_estimate_json_is_a_plan_file_that_gives_the_same_estimate(args, tmp_path):
+    """Every plan and stack field, and the cluster, round-trip: estimate --json, read back by
+    --plan, estimates the same to the last digit; `meshplan import` prints flags that do too."""
+    code, out, err = run_cli("estimate", *args, "--json")
+    assert code == 0, err
+    path = tmp_path / "estimate.json"
+    path.write_text(out)
+    code, again, err = run_cli("estimate", "--plan", str(path), "--json")
+    assert code == 0 and json.loads(again) == json.loads(out), err
+    code, printed, err = run_cli("import", str(path))
+    words = [w for line in printed.splitlines()[1:] if not line.startswith("#") for w in line.rstrip(" \\").split()]
+    assert words[:2] == ["meshplan", "estimate"]
+    code, flags, err = run_cli(*words[1:], "--json")
+    assert code == 0 and json.loads(flags) == json.loads(out), err
+
+
+def test_pipeline_takes_the_stacks_runtime():
+    code, out, _ = run_cli("pipeline", "--pp", "2", "-m", "2", "--vpp", "2", "--stack", "torchtitan-2024", "--json")
+    lock = json.loads(out)
+    code, out, _ = run_cli("pipeline", "--pp", "2", "-m", "2", "--vpp", "2", "--stack", "megatron-core", "--json")
+    dep = json.loads(out)
+    assert (lock["pipeline_runtime"], dep["pipeline_runtime"]) == ("lockstep", "dependency")
+    assert lock["makespan"] > dep["makespan"]
+    code, out, _ = run_cli("pipeline", "--pp", "2", "-m", "2", "--vpp", "2", "--stack", "torchtitan-2024", "--pipeline-runtime", "dependency", "--json")
+    assert json.loads(out)["makespan"] == dep["makespan"]

@@ -237,8 +237,10 @@ class Estimate:
             "days": seconds / DAY,
             "gpu_hours": gpu_hours,
             "energy_mwh": energy_kwh / 1000.0,
+            "pue": self.budget.pue,
         }
         if self.budget.price_per_gpu_hour is not None:
+            out["price_per_gpu_hour"] = self.budget.price_per_gpu_hour
             out["dollars"] = gpu_hours * self.budget.price_per_gpu_hour
         return out
 

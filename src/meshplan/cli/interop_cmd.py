@@ -167,9 +167,10 @@ def import_(
     if model is not None and catalog_match(model):
         words.append(f"--model {catalog_match(model)}")
     opts = imported.options
-    for name in ("gpus", "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
+    for name in ("gpu", "gpus", "gpus_per_node", "nic_gbps", "pod_size", "oversubscription",
+                 "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
                  "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
-                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "stack"):
+                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "stack", "tokens", "price", "pue"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
     profile = load_stack(opts.get("stack") or DEFAULT_STACK)  # the fields that differ from it are set

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from meshplan.catalog import load_stack, stack_names
+from meshplan.catalog import stack_names, stack_overrides
 from meshplan.errors import InputError
-from meshplan.interop import deepspeed, megatron, nanotron, torchtitan
+from meshplan.interop import deepspeed, megatron, meshplan_json, nanotron, torchtitan
 from meshplan.interop.common import ExportResult, ParseResult, canonical, plan_fields, to_plan
 from meshplan.interop.detect import FORMATS, detect
 from meshplan.specs.model import ModelSpec
@@ -41,8 +41,9 @@ PARSERS: dict[str, Callable[[str], ParseResult]] = {
     "megatron": megatron.parse,
     "deepspeed": deepspeed.parse,
     "nanotron": nanotron.parse,
+    "meshplan": meshplan_json.parse,
 }
-assert set(ENGINES) == set(PARSERS) == set(FORMATS)
+assert set(ENGINES) | {"meshplan"} == set(PARSERS) == set(FORMATS)
 
 
 def export(engine: str, model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> ExportResult:
@@ -130,8 +131,14 @@ def stack_values(f: dict[str, Any]) -> dict[str, Any]:
     if nested is not None:
         stack = nested if isinstance(nested, Stack) else Stack(**nested)
         out["stack"] = stack.name
-        profile = load_stack(stack.name).behaviour() if stack.name in stack_names() else {}
-        out.update({k: v for k, v in stack.behaviour().items() if profile.get(k) != v})
+        if stack.name in stack_names():  # against the profile as it applies to the plan, where f makes one
+            try:
+                plan = TrainingPlan(**{k: v for k, v in f.items() if k in TrainingPlan.model_fields})
+                out.update(stack_overrides(stack, plan))
+            except (InputError, ValueError):
+                out.update(stack_overrides(stack))
+        else:
+            out.update(stack.behaviour())
     out.update({k: f[k] for k in BEHAVIOUR_FIELDS if f.get(k) is not None})
     return out
 
@@ -164,7 +171,7 @@ def load_plan_file(path: str, where: str = "plan") -> ImportedPlan:
         parsed = parse_text(text, detect(text, where))
     except InputError as err:  # name the file's format in errors about the whole file
         raise (InputError(where, err.rule) if err.field == "plan" else err) from None
-    options = options_of(parsed)
+    options = {**options_of(parsed), **parsed.options}
     if parsed.model is not None:
         options["model"] = parsed.model
     return ImportedPlan(parsed, options, extra_fields_of(parsed.plan))

@@ -41,6 +41,7 @@ class ParseResult:
     plan: dict[str, Any]
     model: Optional[ModelSpec] = None
     notes: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)  # option values beyond the plan (a meshplan JSON's cluster)
 
 
 @dataclass

@@ -12,15 +12,17 @@ from typing import Any
 import yaml
 
 from meshplan.errors import InputError
+from meshplan.interop.meshplan_json import is_meshplan_json
 
-FORMATS = ("torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron")
+FORMATS = ("torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron", "meshplan")
 TORCHTITAN_SECTIONS = ("parallelism", "training", "activation_checkpoint", "job", "model", "float8", "compile")
 MEGATRON_HINTS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
                   "--global-batch-size", "--num-layers", "--hidden-size", "--seq-length",
                   "--context-parallel-size", "--use-distributed-optimizer")
 DEEPSPEED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "zero_optimization", "bf16", "fp16")
-EXPECTED = "a DeepSpeed JSON, a torchtitan TOML or --section.key list, Megatron-LM arguments or a nanotron YAML"
+EXPECTED = ("a DeepSpeed JSON, a torchtitan TOML or --section.key list, Megatron-LM arguments, a nanotron YAML "
+            "or meshplan's estimate --json")
 
 
 def detect(text: str, where: str = "plan") -> str:
@@ -35,6 +37,8 @@ def detect(text: str, where: str = "plan") -> str:
             raise InputError(where, f"looks like JSON but does not parse (line {exc.lineno})") from None
         if isinstance(data, dict) and any(k in data for k in DEEPSPEED_KEYS):
             return "deepspeed"
+        if is_meshplan_json(data):
+            return "meshplan"
         if isinstance(data, dict) and "model_type" in data:
             raise InputError(where, "this is a Hugging Face model config: give it to --model")
         raise InputError(where, f"a JSON object without DeepSpeed keys; expected {EXPECTED}")
