@@ -5,6 +5,8 @@ and off), and the all-ranks-at-once live counts it uses against the per-rank one
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -167,7 +169,7 @@ def test_screen_does_not_depend_on_the_order_of_the_plans():
 def test_screen_does_not_depend_on_how_plans_are_batched(name, gpus, monkeypatch):
     """The rank classes' state is computed in one call or split by LM head, by size: both ways
     give the same bits (a tied embedding is kept at pp = 1; MoE layers add their own terms)."""
-    import meshplan.search.engine as engine_module
+    engine_module = importlib.import_module("meshplan.search.engine")  # meshplan.search is the function
 
     model, cluster = load_model(name), ClusterSpec.of(H100, gpus)
     base = TrainingPlan(global_batch=32, seq_len=4096)

@@ -192,3 +192,18 @@ def test_pipeline_takes_the_stacks_runtime():
     assert lock["makespan"] > dep["makespan"]
     code, out, _ = run_cli("pipeline", "--pp", "2", "-m", "2", "--vpp", "2", "--stack", "torchtitan-2024", "--pipeline-runtime", "dependency", "--json")
     assert json.loads(out)["makespan"] == dep["makespan"]
+
+
+def test_readme_library_example_runs_and_prints_what_it_says(capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"## Library\n\n```python\n(.*?)```", readme, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 10
+    exec(compile(code, "README.md", "exec"), {})
+    first, second = capsys.readouterr().out.splitlines()
+    step, gib, mfu = (float(x) for x in first.split())
+    assert (round(step, 2), round(gib, 1), round(100 * mfu, 1)) == (9.21, 74.5, 38.9)  # the comment's figures
+    tp, pp, schedule, best = second.split()
+    assert float(best) < step and schedule in ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbh1", "zbv")

@@ -16,7 +16,10 @@ The library in ten lines::
     best = search(model, cluster, plan).top[0].estimate
     print(best.plan.tp, best.plan.pp, best.time.step_s)
 
-The names are imported on first use, so ``import meshplan`` stays light.
+``estimate`` and ``search`` are imported with the package: they share their names with the
+modules that define them (``meshplan.estimate``, ``meshplan.search``), and the package's attribute
+is the function (reach the modules with ``importlib.import_module``). The other names are imported
+on first use.
 """
 
 from __future__ import annotations
@@ -25,15 +28,15 @@ from importlib import import_module
 from typing import Any
 
 from meshplan.errors import InputError
+from meshplan.estimate import estimate  # noqa: E402  (after the module above: the name is the function)
+from meshplan.search.run import search
 
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _PUBLIC = {
-    "estimate": "meshplan.estimate",
     "Estimate": "meshplan.estimate",
     "Budget": "meshplan.estimate",
-    "search": "meshplan.search.run",
     "SearchLimits": "meshplan.search.space",
     "TrainingPlan": "meshplan.specs.plan",
     "PrecisionRecipe": "meshplan.specs.plan",
@@ -48,7 +51,7 @@ _PUBLIC = {
     "validate_runs": "meshplan.accuracy.validate",
 }
 
-__all__ = ["InputError", "__version__", *_PUBLIC]
+__all__ = ["InputError", "__version__", "estimate", "search", *_PUBLIC]
 
 
 def __getattr__(name: str) -> Any:
