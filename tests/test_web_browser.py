@@ -26,6 +26,20 @@ def api(path: str, **params) -> dict:
     return TestClient(create_app()).get(path, params=params).json()
 
 
+def test_plan_view_runs_and_names_the_stack(server, page):
+    """The stack chosen in the Plan view is the estimate's stack, named in the summary; a field set
+    over it is named too, and the figures are the CLI's for the same stack."""
+    page.goto(f"{server}/plan?model=llama3-70b&gpus=512&tp=8&stack=torchtitan&kernels=eager")
+    loaded(page)
+    est = api("/api/estimate", model="llama3-70b", gpus=512, tp=8, stack="torchtitan", kernels="eager")
+    assert est["plan"]["stack"]["name"] == "torchtitan" and est["plan"]["stack"]["overrides"] == {"kernels": "eager"}
+    summary = page.text_content("#summary")
+    assert "stack torchtitan (set: kernels=eager)" in summary
+    assert page.input_value("#in-stack") == "torchtitan"
+    assert page.text_content("#kpi-step").startswith(f"{est['time']['step_s']:.3f}")
+    shot(page, "plan-stack")
+
+
 def test_405b_preset_shows_its_mfu(server, page):
     page.goto(f"{server}/plan?preset=llama3-405b-16k")
     loaded(page)

@@ -122,7 +122,12 @@
       `<b>${MP.esc(e.model.name)}</b> (${MP.fmt.int(e.model.params_total)} parameters) on <b>${MP.fmt.int(c.num_gpus)} × ${MP.esc(c.gpu)}</b>: ` +
       `TP${p.tp} CP${p.cp} PP${p.pp} DP${p.dp}${pipe}; batch ${MP.fmt.int(p.global_batch)} × ${MP.fmt.int(p.seq_len)} = ${MP.fmt.int(p.global_batch_tokens)} tokens ` +
       `(micro-batch ${p.micro_batch} × ${MP.fmt.int(p.grad_accum)} micro-batches × DP${p.dp}); ZeRO-${p.zero}, recompute ${p.recompute}, ` +
-      `${p.precision} with ${p.bytes_per_param} bytes per parameter; layers per virtual stage ${MP.esc(compress(p.layer_split))}`;
+      `${p.precision} with ${p.bytes_per_param} bytes per parameter; layers per virtual stage ${MP.esc(compress(p.layer_split))}; ` +
+      `stack <b>${MP.esc(p.stack.name)}</b>` + stackSet(p.stack.overrides);
+  }
+  function stackSet(overrides) {
+    const keys = Object.keys(overrides || {});
+    return keys.length ? ` (set: ${keys.map(k => MP.esc(`${k}=${overrides[k]}`)).join(", ")})` : "";
   }
   function compress(xs) {
     const out = []; let i = 0;
