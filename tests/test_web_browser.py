@@ -122,10 +122,11 @@ def test_bad_input_shows_inline(server, page):
 
 
 def test_search_result_loads_into_plan(server, page):
-    page.goto(f"{server}/search?model=llama3-8b&gpus=8&global_batch_tokens=256K&max_micro_batch=2&top=5")
+    page.goto(f"{server}/search?model=llama3-8b&gpus=8&global_batch_tokens=256K&max_micro_batch=2&top=5&stack=torchtitan")
     page.click("#run-search")
     page.wait_for_selector("#results tr.click", timeout=60_000)
     assert page.locator("#results tr.click").count() == 5
+    assert "on the torchtitan stack" in page.text_content("#search-summary")
     first = page.locator("#results tr.click").first
     layout = first.locator("td").nth(1).text_content()
     step = first.locator("td").nth(6).text_content()
@@ -134,7 +135,7 @@ def test_search_result_loads_into_plan(server, page):
     first.click()
     page.wait_for_url("**/plan?**")
     loaded(page)
-    assert layout in page.text_content("#summary")
+    assert layout in page.text_content("#summary") and "stack torchtitan" in page.text_content("#summary")
     assert page.text_content("#kpi-step") == f"{step} s"
     assert page.text_content("#verdict-text") == "fits"
 

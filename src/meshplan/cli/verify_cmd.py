@@ -233,7 +233,7 @@ def kernels(
                                                     "sustains (0: a burst, which reads GEMMs 13-17 % fast). "
                                                     "(default: 1 on cuda, 0 on cpu)")] = None,
 ) -> None:
-    """Kernel times of one layer on one GPU (--device cuda) against meshplan's compute model: each GEMM forward and backward (as the plan's --kernels stack launches them: fused QKV and gate|up, or torch's separate projections), FlashAttention forward and backward, an HBM copy and torchtitan's Llama block eager and compiled, with the calibration constant each measurement implies."""
+    """Kernel times of one layer on one GPU (--device cuda) against meshplan's compute model: each GEMM forward and backward (as the stack's kernels launch them, --set kernels=...: fused QKV and gate|up, or torch's separate projections), FlashAttention forward and backward, an HBM copy and torchtitan's Llama block eager and compiled, with the calibration constant each measurement implies."""
     setup = _setup(plan, "kernels")
     mod = _verify_module("kernels")
     p = setup.plan

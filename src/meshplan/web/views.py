@@ -83,7 +83,7 @@ def _context(request: Request, view: str, **extra: Any) -> dict[str, Any]:
         "presets": [(p.name, p.description) for p in PRESETS.values()],
         "run_presets": supported_runs(),
         "models": model_names(), "gpus": gpu_names(), "schedules": schedule_names(),
-        "objectives": OBJECTIVES, **extra,
+        "objectives": OBJECTIVES, "stacks": stack_names(), **extra,
     }
 
 

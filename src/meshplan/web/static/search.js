@@ -80,6 +80,9 @@
       micro_batch: p.micro_batch, global_batch: p.global_batch, seq_len: p.seq_len, recompute: p.recompute, zero: p.zero,
       sequence_parallel: p.sequence_parallel, precision: p.precision, rank_order: p.rank_order.join(",") });
     if (p.dp_shard !== p.dp) q.dp_shard = p.dp_shard;
+    if (p.ep > 1) q.ep = p.ep;
+    q.stack = p.stack.name;  // the stack the plan was searched on, with what was set over it
+    for (const [k, v] of Object.entries(p.stack.overrides || {})) q[k] = String(v);
     for (const k of ["tokens", "price"]) if (state[k]) q[k] = state[k];
     return "/plan?" + MP.query(q);
   }
@@ -88,7 +91,8 @@
     const sum = document.getElementById("search-summary");
     const rejected = Object.values(r.rejected).reduce((a, b) => a + b, 0);
     sum.textContent = `${MP.fmt.int(r.evaluated)} plans evaluated, ${MP.fmt.int(r.feasible)} fit, ${MP.fmt.int(rejected)} rejected; ` +
-      `${MP.fmt.int(r.simulated)} simulated exactly in ${MP.fmt.num(r.seconds, 2)} s.` + (r.message ? ` ${r.message}` : "");
+      `${MP.fmt.int(r.simulated)} simulated exactly in ${MP.fmt.num(r.seconds, 2)} s` +
+      (r.stack ? `, on the ${r.stack.name} stack.` : ".") + (r.message ? ` ${r.message}` : "");
     const panel = document.getElementById("results-panel");
     panel.hidden = !r.top.length;
     const head = ["#", "layout", "pipeline", "b × m", "recompute, ZeRO", "peak GiB", "step (s)", "bubble", "MFU", "tok/s/GPU", r.objective];
