@@ -7,6 +7,7 @@ the composition computed for it, so the formula shown is the one that produced t
 
 from __future__ import annotations
 
+from meshplan.catalog import stack_overrides
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, OpTimes, attention_kernel_of, attention_rates
 from meshplan.cost.contention import NCCL_CTAS, tp_overlap_ctas
@@ -88,6 +89,23 @@ def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str
     return (("η_attn", f"{ATTENTION_KERNEL_NAMES[kernel]}: η∞ {fe:g} / {be:g}, L₀ {fl:g} / {bl:g} keys"),)
 
 
+def _word(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _stack_row(p: TrainingPlan) -> Derivation:
+    """The software stack the figures assume: its profile, the fields set over it, and its
+    behaviour as it applies to the plan."""
+    s = p.stack
+    set_ = stack_overrides(s, p)
+    return Derivation(
+        "plan.stack", "Software stack",
+        "the profile, the fields set over it, each field as it applies to this plan (meshplan.specs.stack.RULES)",
+        (("profile", s.name), ("set", ", ".join(f"{k}={_word(v)}" for k, v in set_.items()) or "nothing")) +
+        tuple((k, _word(v)) for k, v in s.behaviour().items()),
+        s.name, "catalog/data/stacks.yaml; `meshplan stacks NAME` gives each value's source")
+
+
 def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
                  cp_comm: tuple[float, float], fsdp_terms: tuple | None) -> list[Derivation]:
     """Formula, symbols and values of the headline figures of ``est`` (an
@@ -99,7 +117,7 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
     worst = max(est.stages, key=lambda st: st.total)
     rec = p.precision
     shard = p.shard_degree
-    d: list[Derivation] = []
+    d: list[Derivation] = [_stack_row(p)]
     if pc.moe_layer is None:
         d.append(Derivation(
             "model.params_total", "Parameters",
