@@ -22,8 +22,27 @@ def _examples() -> list[tuple[str, str]]:
     return found
 
 
+@pytest.fixture(scope="module")
+def one_search_per_command():
+    """The five examples run one search (the 16K preset's, by throughput) and differ only in --to:
+    the first export runs it, the others get that result for the same arguments."""
+    from meshplan.cli import search_cmd
+
+    execute, done = search_cmd.execute, {}
+
+    def once(*args, **kwargs):
+        key = repr((args, kwargs))
+        if key not in done:
+            done[key] = execute(*args, **kwargs)
+        return done[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search_cmd, "execute", once)
+        yield done
+
+
 @pytest.mark.parametrize(("command", "shown"), _examples(), ids=lambda v: v.split("--to ")[-1] if "--to " in v else "")
-def test_export_example_is_what_the_command_prints(command, shown, capsys):
+def test_export_example_is_what_the_command_prints(command, shown, capsys, one_search_per_command):
     capsys.readouterr()
     assert main(shlex.split(command)) == 0
     out = capsys.readouterr()
