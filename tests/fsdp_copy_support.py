@@ -1,30 +1,73 @@
-"""A worker for ``tests/test_fsdp_copies.py``: FSDP2 with torchtitan's mixed precision (bf16
-parameters, fp32 reduction) on two gloo CPU ranks, its copy ops counted by ``meshplan verify
-comm``'s dispatch mode."""
+"""Workers for ``tests/test_fsdp_copies.py`` and ``tests/test_fsdp_fp8_gather.py``: FSDP2 with
+torchtitan's mixed precision (bf16 parameters, fp32 reduction) on two gloo CPU ranks, its copy ops
+counted by ``meshplan verify comm``'s dispatch mode, its all-gather buffers and its Float8 gathers
+recorded. One pair of spawned ranks runs them all, once a session, each worker in a process group
+of its own: starting a rank (importing torch) is most of a worker's time."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 
+
 def on_two_ranks(worker) -> list:
-    """What ``worker(rank, 2, port, out)`` puts on ``out`` on each of two spawned gloo ranks."""
+    """What ``worker(rank, 2, port, out)`` puts on ``out`` on each of two spawned gloo ranks, in rank order."""
+    return _two_rank_results()[worker.__name__]
+
+
+def _workers() -> list:
+    names = ["copy_records", "gather_buffer_events"]
+    if importlib.util.find_spec("torchao") is not None:
+        names.append("fp8_gather_records")
+    return names
+
+
+@functools.cache
+def _two_rank_results() -> dict[str, list]:
+    """Every worker of :func:`_workers` run in turn on the same two spawned ranks: per worker, what
+    each rank put on ``out``, in rank order."""
     import multiprocessing as mp
+    import socket
 
-    from meshplan.verify.comm import _free_port
-
+    names = _workers()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, 2, port, out), daemon=True) for r in range(2)]
+    socks = [socket.socket() for _ in names]
+    for sock in socks:  # all bound at once: a free port for each worker, none twice
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    procs = [ctx.Process(target=_run_workers, args=(r, 2, names, ports, out), daemon=True) for r in range(2)]
     for proc in procs:
         proc.start()
     try:
-        return [out.get(timeout=120) for _ in procs]
+        got: dict[str, list] = {name: [None, None] for name in names}
+        for _ in range(len(names) * len(procs)):
+            name, rank, value = out.get(timeout=120)
+            got[name][rank] = value
+        return got
     finally:
         for proc in procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
+
+
+class _Tagged:
+    """An ``out`` for one worker on one rank: what it puts, tagged with the worker's name and the rank."""
+
+    def __init__(self, out, name: str, rank: int):
+        self.out, self.name, self.rank = out, name, rank
+
+    def put(self, value) -> None:
+        self.out.put((self.name, self.rank, value))
+
+
+def _run_workers(rank: int, world: int, names: list[str], ports: list[int], out) -> None:
+    for name, port in zip(names, ports):
+        globals()[name](rank, world, port, _Tagged(out, name, rank))
 
 
 #: two bias-free linears (64 → 128 → 64): units of 8,192 parameters each
