@@ -8,10 +8,10 @@ import json
 import pytest
 from test_cli import run_cli, run_json
 
-from meshplan.catalog import load_stack, stack_names, stack_overrides, stack_profile, stack_schedules
+from meshplan.catalog import load_stack, stack_names, stack_overrides, stack_profile, stack_recompute, stack_schedules
 from meshplan.cli.options import PLAN_OPTIONS, PlanArgs, parse_set, resolve
 from meshplan.errors import InputError
-from meshplan.search.space import SCHEDULE_NAMES
+from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES
 from meshplan.specs.plan import TrainingPlan
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, RULES, Stack, applied, ignored
 
@@ -44,6 +44,7 @@ def test_every_profile_gives_every_field_with_its_source():
         for field, e in entry["fields"].items():
             assert e["source"].strip() and e["why"].strip(), (name, field)
         assert set(stack_schedules(name)) <= set(SCHEDULE_NAMES), name
+        assert set(stack_recompute(name)) <= set(RECOMPUTE) and "none" in stack_recompute(name), name
         assert load_stack(name).name == name
     # meshplan's defaults are the megatron-core profile's: no plan changed its numbers by the move
     assert load_stack(DEFAULT_STACK) == Stack()
@@ -144,8 +145,13 @@ def test_search_proposes_only_what_the_stack_runs():
     got = json.loads(out)
     assert code == 0 and got["stack"]["name"] == "megatron-core"
     assert {r["plan"]["schedule"] for r in got["top"] if r["plan"]["pp"] > 1} <= {"1f1b", "interleaved"}
+    assert "op" not in {r["plan"]["recompute"] for r in got["top"]}  # torchtitan's op-level SAC is not Megatron's
     code, out, _ = run_cli(*base, "--stack", "composer")
-    assert code == 0 and all(r["plan"]["pp"] == 1 for r in json.loads(out)["top"])  # Composer has no pipeline
+    composer = json.loads(out)["top"]
+    assert code == 0 and all(r["plan"]["pp"] == 1 for r in composer)  # Composer has no pipeline
+    assert {r["plan"]["recompute"] for r in composer} <= {"none", "full"}
+    code, out, _ = run_cli(*base, "--stack", "composer", "--recompute", "selective")  # asked for: a what-if
+    assert code == 0 and {r["plan"]["recompute"] for r in json.loads(out)["top"]} == {"selective"}
     code, out, err = run_cli(*base[:-1], "--schedules", "zbv", "--max-pp", "4")  # a what-if outside the stack: asked, searched
     assert code == 0 and "pipeline schedules it runs: 1f1b, interleaved" in out and "zbv" in out
     code, out, _ = run_cli(*base, "--stacks", "megatron-core,torchtitan")

@@ -164,6 +164,12 @@ def stack_schedules(name: str) -> tuple[str, ...]:
     return tuple(stack_profile(name)["schedules"]["runs"])
 
 
+def stack_recompute(name: str) -> tuple[str, ...]:
+    """The activation recompute modes profile ``name`` can run (meshplan's names: none,
+    selective, op, full)."""
+    return tuple(stack_profile(name)["recompute"]["runs"])
+
+
 @lru_cache(maxsize=None)
 def load_stack(name: str) -> Stack:
     """The :class:`~meshplan.specs.stack.Stack` of profile ``name`` (``torchtitan``,

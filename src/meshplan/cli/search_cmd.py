@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 from rich.table import Table
 
-from meshplan.catalog import stack_names, stack_schedules
+from meshplan.catalog import stack_names, stack_recompute, stack_schedules
 from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
@@ -256,7 +256,7 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     # torch's pipeline schedules), which the search's screen does not model, stays with the baseline
     cluster, budget, base = whole.cluster, one.budget, one.plan
     stack = one.stack.model_copy(update={"fsdp_accumulate_unsharded": False})
-    limits = stack_limits(limits, stack, search.schedules is not None or plan.schedule is not None)
+    limits = stack_limits(limits, stack, search.schedules is not None or plan.schedule is not None, plan.recompute is not None)
     if search.objective != "throughput" and not budget.tokens:
         raise InputError("tokens", f"the {search.objective} objective needs --tokens")
     if search.objective == "cost" and budget.price_per_gpu_hour is None:
@@ -272,14 +272,18 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     return one.model, cluster, base_plan, limits, budget, bl, stack
 
 
-def stack_limits(limits: SearchLimits, stack: Stack, asked: bool) -> SearchLimits:
+def stack_limits(limits: SearchLimits, stack: Stack, asked: bool, asked_recompute: bool = False) -> SearchLimits:
     """The search space narrowed to what ``stack`` runs: the pipeline schedules of its profile
     (none: no pipeline parallelism) unless schedules were ``asked`` for (``--schedules``,
-    ``--schedule``: a what-if the output's stack line marks), and TP overlap as the stack does it
-    (``--tp-comm-overlap`` or ``--set tp_comm_overlap`` change it)."""
-    runs = stack_schedules(stack.name) if stack.name in stack_names() else SCHEDULE_NAMES
+    ``--schedule``: a what-if the output's stack line marks), its recompute modes unless
+    ``--recompute`` fixes one, and TP overlap as the stack does it (``--tp-comm-overlap`` or
+    ``--set tp_comm_overlap`` change it)."""
+    profile = stack.name in stack_names()
+    runs = stack_schedules(stack.name) if profile else SCHEDULE_NAMES
     kept = limits.schedules if asked else tuple(s for s in limits.schedules if s in runs)
-    return replace(limits, schedules=kept, tp_comm_overlap=(stack.tp_comm_overlap,))
+    modes = stack_recompute(stack.name) if profile and not asked_recompute else limits.recompute
+    recompute = tuple(r for r in limits.recompute if r in modes)
+    return replace(limits, schedules=kept, recompute=recompute, tp_comm_overlap=(stack.tp_comm_overlap,))
 
 
 def execute(

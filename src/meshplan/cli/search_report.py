@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.catalog import stack_names, stack_overrides, stack_profile, stack_schedules
+from meshplan.catalog import stack_names, stack_overrides, stack_profile, stack_recompute, stack_schedules
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.estimate import Estimate
 from meshplan.pyplot import save_figure
@@ -61,4 +61,4 @@ def stack_words(stack: Stack) -> str:
     runs = ", ".join(stack_schedules(stack.name)) or "none (no pipeline parallelism)"
     return (f"stack: {stack.name} ({stack_profile(stack.name)['title']})"
             + ("; set: " + ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in set_.items()) if set_ else "")
-            + f"; pipeline schedules it runs: {runs}")
+            + f"; pipeline schedules it runs: {runs}; recompute: {', '.join(stack_recompute(stack.name))}")
