@@ -16,6 +16,7 @@ from meshplan.cost.params import layer_params_per_rank
 from meshplan.explain import Derivation
 from meshplan.pipeline.lockstep import runs_lockstep, runtime_words
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import field_text, settings_text
 from meshplan.units import TFLOPS, fmt_bytes, fmt_seconds
 
 
@@ -89,10 +90,6 @@ def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str
     return (("η_attn", f"{ATTENTION_KERNEL_NAMES[kernel]}: η∞ {fe:g} / {be:g}, L₀ {fl:g} / {bl:g} keys"),)
 
 
-def _word(v) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
-
-
 def _stack_row(p: TrainingPlan) -> Derivation:
     """The software stack the figures assume: its profile, the fields set over it, and its
     behaviour as it applies to the plan."""
@@ -101,8 +98,8 @@ def _stack_row(p: TrainingPlan) -> Derivation:
     return Derivation(
         "plan.stack", "Software stack",
         "the profile, the fields set over it, each field as it applies to this plan (meshplan.specs.stack.RULES)",
-        (("profile", s.name), ("set", ", ".join(f"{k}={_word(v)}" for k, v in set_.items()) or "nothing")) +
-        tuple((k, _word(v)) for k, v in s.behaviour().items()),
+        (("profile", s.name), ("set", settings_text(set_) or "nothing")) +
+        tuple((k, field_text(v)) for k, v in s.behaviour().items()),
         s.name, "catalog/data/stacks.yaml; `meshplan stacks NAME` gives each value's source")
 
 

@@ -19,11 +19,9 @@ from typing import Any
 
 from meshplan.accuracy.runs import MappedRun
 from meshplan.accuracy.validate import runs_of
-from meshplan.catalog import stack_overrides
 from meshplan.errors import InputError
 from meshplan.interop import extra_fields_of, options_of_fields
 from meshplan.named_presets import Preset, Published
-from meshplan.specs.stack import BEHAVIOUR_FIELDS
 from meshplan.units import GBPS
 
 
@@ -54,10 +52,7 @@ def run_values(run: MappedRun) -> tuple[dict[str, Any], dict[str, Any]]:
     plan, cluster = run.plan, run.cluster
     assert plan is not None and cluster is not None and run.model is not None
     fields = plan.model_dump()
-    values = {k: v for k, v in options_of_fields(fields).items() if k not in BEHAVIOUR_FIELDS}
-    # the stack: its profile and what differs from the profile as it applies to this plan, so that
-    # an override of the layout (--pp, --zero) applies the profile's rules afresh
-    values.update(stack=plan.stack.name, **stack_overrides(plan.stack, plan))
+    values = options_of_fields(fields)  # the stack as its profile and what the plan sets over it
     values.update(
         model=run.model, gpu=cluster.gpu, gpus=cluster.num_gpus, gpus_per_node=cluster.scale_up.size,
         nic_gbps=cluster.scale_out.bandwidth / GBPS, pod_size=cluster.pod_size,

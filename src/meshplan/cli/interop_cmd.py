@@ -25,7 +25,7 @@ from meshplan.cli.outfile import write_text
 from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.errors import InputError
 from meshplan.interop.common import catalog_match
-from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, applied
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, applied, field_text
 
 Engine = Literal["torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
 #: the stack profile each export target runs (catalog/data/stacks.yaml)
@@ -38,7 +38,7 @@ def stack_difference(plan, engine: str) -> Optional[str]:
     the plan, where the two differ (the plan's value first); None when they agree."""
     name = ENGINE_STACK[engine]
     theirs = applied(load_stack(name), plan)
-    diff = [f"{k} {_word(getattr(plan.stack, k))} (there {_word(getattr(theirs, k))})"
+    diff = [f"{k} {field_text(getattr(plan.stack, k))} (there {field_text(getattr(theirs, k))})"
             for k in BEHAVIOUR_FIELDS if getattr(plan.stack, k) != getattr(theirs, k)]
     if not diff:
         return None
@@ -134,10 +134,6 @@ def _flag(name: str, value: Any) -> Optional[str]:
     return f"{opt} {shlex.quote(str(value))}"
 
 
-def _word(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else shlex.quote(str(value))
-
-
 def import_(
     file: Annotated[str, typer.Argument(help="A torchtitan TOML or --section.key list, Megatron-LM arguments (a torchrun command), a DeepSpeed JSON or a nanotron YAML; the format is detected.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
@@ -174,7 +170,7 @@ def import_(
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
     profile = load_stack(opts.get("stack") or DEFAULT_STACK)  # the fields that differ from it are set
-    words += [f"--set {name}={_word(opts[name])}" for name in BEHAVIOUR_FIELDS
+    words += [f"--set {name}={field_text(opts[name])}" for name in BEHAVIOUR_FIELDS
               if name in opts and opts[name] != getattr(profile, name)]
     typer.echo(f"# {parsed.format} config {file}" + (f", model {model_name}" if model_name else ""))
     typer.echo(" \\\n    ".join(words))

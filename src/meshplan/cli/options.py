@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from meshplan.catalog import load_gpu, load_model, load_stack, stack_names
 from meshplan.errors import InputError
+from meshplan.interop.common import as_bool
 from meshplan.pipeline.schedules import check_vpp
 from meshplan.pipeline.stages import split_problem
 from meshplan.estimate import Budget
@@ -410,7 +411,7 @@ def resolve(args: PlanArgs) -> Setup:
     for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
-    stack = requested_stack(given, base)
+    stack = stack_of_options(given, base)
     plan_fields["stack"] = stack
     if v.get("zero") is not None:
         plan_fields["zero"] = int(v["zero"])
@@ -454,9 +455,6 @@ def resolve(args: PlanArgs) -> Setup:
     return Setup(model, cluster, plan, budget, preset, stack)
 
 
-_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
-
-
 def parse_set(items: Optional[list[str]]) -> dict[str, Any]:
     """``--set FIELD=VALUE`` items as stack fields: FIELD one of :data:`BEHAVIOUR_FIELDS`, VALUE
     true/false (on/off, yes/no, 1/0) for a switch, the word itself otherwise."""
@@ -469,16 +467,11 @@ def parse_set(items: Optional[list[str]]) -> dict[str, Any]:
         if key not in BEHAVIOUR_FIELDS:
             raise InputError("set", f"unknown stack field '{key}' (fields: {', '.join(BEHAVIOUR_FIELDS)})")
         word = value.strip()
-        if Stack.model_fields[key].annotation is bool:
-            if word.lower() not in _TRUE + _FALSE:
-                raise InputError(f"set.{key}", f"must be true or false (got {word!r})")
-            out[key] = word.lower() in _TRUE
-        else:
-            out[key] = word
+        out[key] = as_bool(f"set.{key}", word) if Stack.model_fields[key].annotation is bool else word
     return out
 
 
-def requested_stack(given: dict[str, Any], base: dict[str, Any]) -> Stack:
+def stack_of_options(given: dict[str, Any], base: dict[str, Any]) -> Stack:
     """The stack the user asked for: ``--stack`` (or else the preset's or plan file's profile
     with the fields it sets, or else :data:`DEFAULT_STACK`), then the kept flags and ``--set``."""
     if given.get("stack") is not None:

@@ -22,7 +22,7 @@ from meshplan.cost.memory import state_bytes_per_param
 from meshplan.estimate import Estimate
 from meshplan.pipeline.lockstep import runs_lockstep
 from meshplan.presets import Preset
-from meshplan.specs.stack import Stack, ignored
+from meshplan.specs.stack import Stack, ignored, settings_text
 from meshplan.units import GB, GBPS, GiB, PFLOPS, TB, TFLOPS
 
 BREAKDOWN_LABELS = {
@@ -93,13 +93,7 @@ def header(est: Estimate, preset: Optional[Preset], requested: Optional[Stack] =
 def stack_line(plan, requested: Optional[Stack] = None) -> str:
     """The header's line on the software that runs ``plan``: the profile, what differs from it,
     and the fields of ``requested`` the plan ignores, with their rules."""
-    stack = plan.stack
-    words = f"stack: [bold]{stack.name}[/bold]"
-    if stack.name in stack_names():
-        words += f" ({stack_profile(stack.name)['title']})"
-    changed = stack_overrides(stack, plan)
-    if changed:
-        words += "; set: " + ", ".join(f"{k}={_word(v)}" for k, v in changed.items())
+    words = stack_words(plan.stack, stack_overrides(plan.stack, plan))
     if requested is not None:
         skipped = ignored(requested, plan)
         if skipped:
@@ -107,8 +101,13 @@ def stack_line(plan, requested: Optional[Stack] = None) -> str:
     return words
 
 
-def _word(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
+def stack_words(stack: Stack, set_: dict[str, Any]) -> str:
+    """``stack: NAME (the profile's title); set: k=v, ...``: a stack and the fields ``set_`` over
+    its profile."""
+    words = f"stack: [bold]{stack.name}[/bold]"
+    if stack.name in stack_names():
+        words += f" ({stack_profile(stack.name)['title']})"
+    return words + (f"; set: {settings_text(set_)}" if set_ else "")
 
 
 def _state_words(p) -> str:

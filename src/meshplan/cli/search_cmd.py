@@ -23,7 +23,7 @@ from meshplan.cli.options import PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 from meshplan.cli.search_options import SearchArgs, search_options
-from meshplan.cli.search_report import impossible_line, plan_row, save_plot, stack_words
+from meshplan.cli.search_report import impossible_line, plan_row, save_plot, search_stack_line
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot
 from meshplan.estimate import Budget, Estimate
@@ -154,7 +154,7 @@ def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: in
             con.print(_closest_table(result))
     rej = sum(result.rejected.values())
     if result.stack is not None:
-        con.print(stack_words(result.stack))
+        con.print(search_stack_line(result.stack))
     con.print(
         f"Searched {result.evaluated + sum(v for k, v in result.rejected.items() if k != 'memory'):,} plans: "
         f"{result.evaluated:,} evaluated, {result.feasible:,} fit in {result.usable_bytes / GIB:.1f} GiB, "

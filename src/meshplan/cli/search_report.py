@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplan.catalog import stack_names, stack_overrides, stack_profile, stack_recompute, stack_schedules
+from meshplan.catalog import stack_names, stack_overrides, stack_recompute, stack_schedules
 from meshplan.cli.pipeline_cmd import _out_path
+from meshplan.cli.render import stack_words
 from meshplan.estimate import Estimate
 from meshplan.pyplot import save_figure
 from meshplan.search.run import SearchResult, describe_rejections
@@ -52,13 +53,11 @@ def save_plot(plt, fig, ax, out: str) -> None:
     save_figure(plt, fig, _out_path(out))
 
 
-def stack_words(stack: Stack) -> str:
+def search_stack_line(stack: Stack) -> str:
     """The line naming the stack a search ran for: the profile, the fields set over it, and the
-    pipeline schedules it runs (the only ones searched)."""
+    pipeline schedules and recompute modes it runs (the only ones searched)."""
+    words = stack_words(stack, stack_overrides(stack))
     if stack.name not in stack_names():
-        return f"stack: {stack.name}"
-    set_ = stack_overrides(stack)
+        return words
     runs = ", ".join(stack_schedules(stack.name)) or "none (no pipeline parallelism)"
-    return (f"stack: {stack.name} ({stack_profile(stack.name)['title']})"
-            + ("; set: " + ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in set_.items()) if set_ else "")
-            + f"; pipeline schedules it runs: {runs}; recompute: {', '.join(stack_recompute(stack.name))}")
+    return words + f"; pipeline schedules it runs: {runs}; recompute: {', '.join(stack_recompute(stack.name))}"

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from meshplan.catalog import load_stack, stack_names, stack_profile, stack_schedules
 from meshplan.cli.render import console
-from meshplan.specs.stack import RULES
+from meshplan.specs.stack import RULES, field_text
 
 
 def profile_row(name: str) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def _profile_table(row: dict[str, Any]) -> Table:
     for k, v in row["fields"].items():
         src = row["sources"][k]
         why = src["why"] + (f" Note: {src['note']}" if src.get("note") else "")
-        t.add_row(k, str(v).lower() if isinstance(v, bool) else str(v), why, src["source"])
+        t.add_row(k, field_text(v), why, src["source"])
     return t
 
 

@@ -126,23 +126,18 @@ def effective_split(model: Optional[ModelSpec], plan: TrainingPlan) -> Optional[
 
 def canonical(plan: TrainingPlan, model: Optional[ModelSpec] = None) -> TrainingPlan:
     """The plan with settings that change nothing put back to meshplan's defaults, so that two
-    plans that run the same compare equal: sequence parallelism and TP overlap without TP, the
-    overlap kind without overlap, the lockstep runtime where it changes nothing (no pipeline, or
-    GPipe and 1F1B), the pipeline buffers without a pipeline (and the last stage's kept outputs without torch's), compile_loss without compiled kernels (the loss then runs on the blocks'
-    stack), the FP8 library as the stack resolves ``auto`` (none without FP8), the attention kernel as a torch stack resolves ``auto`` (none without flash attention), the ZeRO-3 switches (FP8 all-gather among them) without sharding, overlap switches without data parallelism, an HSDP group as
-    large as dp, a layer split equal to the default one, and the FLOP-counting convention (not a
-    training setting)."""
+    plans that run the same compare equal. The stack's rules (:data:`meshplan.specs.stack.RULES`)
+    have already set aside what a plan cannot use (TP overlap and its kind without TP, the lockstep
+    runtime and the pipeline buffers and kept outputs where they change nothing, ...); on top of
+    them: sequence parallelism without TP, compile_loss without compiled kernels (the loss then
+    runs on the blocks' stack), the FP8 library as the stack resolves ``auto``, the attention
+    kernel as a torch stack resolves ``auto``, the ZeRO-3 switches (FP8 all-gather among them)
+    without sharding, overlap switches without data parallelism, an HSDP group as large as dp, a
+    layer split equal to the default one, and the FLOP-counting convention (not a training
+    setting)."""
     up: dict[str, Any] = {"attention_flops": "causal"}
     if plan.tp == 1:
-        up.update(sequence_parallel=True, tp_comm_overlap=False)
-    if plan.tp == 1 or not plan.stack.tp_comm_overlap:
-        up.update(tp_overlap_kind="userbuffers")
-    if not runs_lockstep(plan.schedule, plan.pp, plan.stack.pipeline_runtime):
-        up.update(pipeline_runtime="dependency")
-    if plan.pp == 1:
-        up.update(pp_buffers="in-flight")
-    if plan.pp == 1 or up.get("pp_buffers", plan.stack.pp_buffers) != "per-micro-batch":
-        up.update(pp_return_outputs=False)
+        up.update(sequence_parallel=True)
     if plan.stack.kernels != "compiled":
         up.update(compile_loss=True)
     if plan.zero != 3 and plan.dp * plan.cp > 1:

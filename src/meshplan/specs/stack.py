@@ -119,6 +119,16 @@ class Stack(Spec):
 BEHAVIOUR_FIELDS: tuple[str, ...] = tuple(k for k in Stack.model_fields if k != "name")
 
 
+def field_text(value: Any) -> str:
+    """A stack field's value as ``--set FIELD=VALUE`` takes it: switches as true or false."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_text(fields: dict[str, Any]) -> str:
+    """Fields as ``k=v, k=v`` (the fields set over a profile)."""
+    return ", ".join(f"{k}={field_text(v)}" for k, v in fields.items())
+
+
 def fp8_library_of(kernels: str, fp8_linears: str = "auto") -> str:
     """The library of the FP8 linears ``fp8_linears`` names, ``auto`` resolved by the stack:
     ``transformer-engine`` on the fused kernels, ``torchao`` on the compiled and eager ones."""
