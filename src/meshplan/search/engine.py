@@ -75,7 +75,7 @@ from meshplan.cost.calibration import calibration_for
 from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
 from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
-from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_unit_copy_times, gather_pool_bytes, root_unit_applies, runs_fsdp2
+from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_step_copy_times, fsdp2_unit_copy_times, gather_pool_bytes, root_unit_applies, runs_fsdp2
 from meshplan.cost.compose import (
     after_pipeline,
     LayerTimes,
@@ -111,7 +111,7 @@ from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, PlanTable
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
-from meshplan.specs.stack import Stack
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack, applied
 
 #: Schedules whose backward is one action (B), for which the gradient-chain bound holds.
 _UNSPLIT_MASK = np.isin(np.arange(len(SCHEDULE_NAMES)), [SCHEDULE_NAMES.index(n) for n in ("gpipe", "1f1b", "interleaved")])
@@ -314,6 +314,12 @@ def _shared_stage_times(split: tuple[int, ...], lt) -> StageTimes:
     return StageTimes(*([part[i] for i in at] for part in vars(reduced).values()))
 
 
+#: the stack fields the engine applies plan by plan itself, whose rules do not split a table
+#: (:meth:`Engine._parts`): TP overlap and its kind by the plan's overlap column (no overlap, no
+#: hidden TP), the pipeline's buffers and kept outputs by pp > 1, FSDP2's root unit by
+#: :func:`meshplan.cost.fsdp_copies.root_unit_applies`; the pipeline runtime is the simulation's
+_PER_ROW = frozenset({"tp_comm_overlap", "tp_overlap_kind", "pp_buffers", "pp_return_outputs", "fsdp_head_in_root", "pipeline_runtime"})
+
 #: padded live-count products (pairs × ranks × rows × chunks) small enough for one call
 _ONE_CALL = 1 << 16
 
@@ -390,6 +396,9 @@ class Engine:
         self.model, self.cluster, self.base = model, cluster, base
         # the stack as requested, not as it applies to the base plan: its rules apply per plan
         self.stack = base.stack if stack is None else stack
+        # ZeRO-3 that keeps weights gathered and gradients unsharded through the step (a stack
+        # that applies to the engine's plans, :meth:`_parts`)
+        self.once_per_step = self.stack.fsdp_accumulate_unsharded
         self.cal = calibration_for(cluster.gpu)
         self.rec = base.precision
         self.e = self.rec.activation_bytes
@@ -522,17 +531,25 @@ class Engine:
                   if runs_fsdp2(3, self.stack.kernels) else (0.0,) * 6)
         return units + copies
 
-    def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int) -> tuple:
-        """(gradient sync, weight all-gather) of a rank holding ``params`` parameters, of which
-        ``experts`` routed-expert ones synchronized over the expert data-parallel group, as
-        ``estimate`` adds them."""
+    def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int,
+                  n_layers: int) -> tuple:
+        """(gradient sync, weight all-gather) of a rank holding ``params`` parameters in
+        ``n_layers`` layers, of which ``experts`` routed-expert ones synchronized over the expert
+        data-parallel group, as ``estimate`` adds them."""
         pl = self._place(t, c, p, d, ds)
-        grad_comm, pg = dp_sync_times(params - experts, zero, False, ds * c, self.rec, pl, self.cluster, self.cal)
+        saving = n_layers * self._fp8_saving(t, zero == 3 and ds * c > 1)
+        grad_comm, pg = dp_sync_times(params - experts, zero, self.once_per_step, ds * c, self.rec, pl, self.cluster, self.cal, saving)
         if experts:
             pl_experts = expert_dp_placements(pl, self._expert_place(t, c, p, d, ep)[1])
-            ex_comm, ex_pg = dp_sync_times(experts, zero, False, d // ep * c, self.rec, pl_experts, self.cluster, self.cal)
+            ex_comm, ex_pg = dp_sync_times(experts, zero, self.once_per_step, d // ep * c, self.rec, pl_experts, self.cluster, self.cal)
             grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
         return grad_comm, pg
+
+    def _fp8_saving(self, t: int, sharded: bool) -> float:
+        """The bytes FSDP2's FP8 all-gather saves on one gathered layer at TP degree ``t`` (0 unless
+        the stack gathers in FP8 and the plan's weights are ZeRO-3 ``sharded``), as ``estimate``'s
+        ``layer_saving``."""
+        return fp8_gather_saving(self.model, t, self.rec.weight_bytes, self.stack.fsdp_fp8_all_gather and sharded)
 
     def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
         """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
@@ -552,9 +569,10 @@ class Engine:
         t, c, p, d, ds, b, ep = T.tp, T.cp, T.pp, T.dp, T.dp_shard, T.micro_batch, T.ep
         sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
         # the shard group of per-layer ZeRO-3 (dp_shard; 0 where weights are not sharded per layer)
-        fsdp = np.where((zero == 3) & (ds * c > 1), ds, 0)
-        # where FSDP2 all-gathers the Float8Linear weights in FP8 (a base setting, on the per-layer ZeRO-3 plans)
-        g8 = ((fsdp > 0) & self.stack.fsdp_fp8_all_gather).astype(np.int64)
+        sharded = (zero == 3) & (ds * c > 1)
+        fsdp = np.where(sharded & (not self.once_per_step), ds, 0)
+        # where FSDP2 all-gathers the Float8Linear weights in FP8 (a base setting, on the sharded ZeRO-3 plans)
+        g8 = (sharded & self.stack.fsdp_fp8_all_gather).astype(np.int64)
         D = _Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=T.tpo.astype(np.int64)))
         # the mesh rows: the distinct (tp, cp, dp, shard group, ep, ZeRO stage), pp first, so that a
         # pp's rows are a slice ((t, c, p) fix d)
@@ -728,7 +746,8 @@ class Engine:
                 experts_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
             # (gradient sync, weight gather) per mesh row, each gathered per plan as a contiguous array
             sync = np.fromiter(
-                itertools.chain.from_iterable(self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee]) for tt, cc, dd, ss, ee, zz in mesh_rows),
+                itertools.chain.from_iterable(self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee], n_layers)
+                                              for tt, cc, dd, ss, ee, zz in mesh_rows),
                 dtype=float, count=2 * len(mesh_rows),
             ).reshape(len(mesh_rows), 2).T.copy()
             last_bwd = sum(st.bwd[j] for j in mine).take(lt_inv)
@@ -738,6 +757,8 @@ class Engine:
                 n_layers=n_layers, overlap_grad_reduce=self.stack.overlap_grad_reduce,
                 overlap_param_gather=self.stack.overlap_param_gather, nccl_share=self.nccl_share,
             )
+            if self.once_per_step and runs_fsdp2(3, self.stack.kernels):  # FSDP2's copies of the step's one reduce-scatter and all-gather
+                after, pg = self._step_copies(after, pg, mesh_rows, mesh_inv, params_c[ci], n_layers + first_ + holds_head, n_layers)
             busy_c[ci] = m * (last_bwd + first_fwd)
             after_c[ci], pg_c[ci], head_c[ci] = after, pg, holds_head
         # the classes' model state and optimizer step per mesh row, over (classes × mesh rows)
@@ -835,6 +856,19 @@ class Engine:
         # the slowest rank's optimizer step + weight gather
         return peak, worst, (lb_pipe + opt_pg.max(axis=0)) * (1 - 1e-12)
 
+    def _step_copies(self, after: np.ndarray, pg: np.ndarray, mesh_rows: list, mesh_inv: np.ndarray, params: np.ndarray,
+                     units: int, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
+        """``after`` and ``pg`` (per plan) with the copy-in and copy-out of FSDP2 units that keep
+        weights gathered and gradients unsharded through the step
+        (:func:`meshplan.cost.fsdp_copies.fsdp2_step_copy_times`) added where the weights are
+        sharded, for one class of ranks holding ``params`` (per mesh row) in ``units`` units and
+        ``n_layers`` layers, as ``estimate`` adds them."""
+        copies = np.array([fsdp2_step_copy_times(int(n), units, self.rec, self.cluster.gpu, self.cal,
+                                                 n_layers * self._fp8_saving(tt, True))
+                           for n, (tt, cc, dd, ss, ee, zz) in zip(params.tolist(), mesh_rows)]).reshape(-1, 2)
+        sharded = np.array([zz == 3 and ss * cc > 1 for tt, cc, dd, ss, ee, zz in mesh_rows])[mesh_inv]
+        return (np.where(sharded, after + copies[mesh_inv, 0], after), np.where(sharded, pg + copies[mesh_inv, 1], pg))
+
     def _model_state(self, T: PlanTable, at: np.ndarray, params: np.ndarray, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the plans ``at`` (indices into ``T``) and the classes of ranks holding ``params``
         parameters, of which ``experts`` routed-expert ones ((classes × plans)): the model state
@@ -900,7 +934,7 @@ class Engine:
             layer_params=per_tp[1:2], head_params=head_params,
             kept_embedding_params=per_tp[3:4] if model.tied_embeddings and pp == 1 else 0,
             weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=self.stack.reshard_after_forward,
-            once_per_step=False, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
+            once_per_step=self.once_per_step, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages, working=k["working"][None, :],
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
             head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :], logits_block=logits_block,
@@ -920,7 +954,41 @@ class Engine:
 
     def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
         """Peak memory, worst rank and step lower bound of every plan of ``T``; ``progress`` is
-        called with the number of plans done after each pipeline shape."""
+        called with the number of plans done after each pipeline shape. Plans are evaluated in
+        groups that share the stack as it applies to them (:meth:`_parts`)."""
+        parts = self._parts(T)
+        if len(parts) == 1:
+            return parts[0][1]._evaluate(T, progress)
+        screen = Screen(np.empty(len(T)), np.empty(len(T), dtype=np.int64), np.empty(len(T)))
+        for rows, engine in parts:
+            part = engine._evaluate(T.take(rows), progress)
+            screen.peak_bytes[rows], screen.worst_rank[rows], screen.step_lower_bound[rows] = (
+                part.peak_bytes, part.worst_rank, part.step_lower_bound)
+        return screen
+
+    def _parts(self, T: PlanTable) -> list[tuple[np.ndarray, "Engine"]]:
+        """The plans of ``T`` grouped by the stack as it applies to them
+        (:func:`meshplan.specs.stack.applied`, its rules read a plan's ZeRO stage, pp, tp, schedule
+        and TP overlap among the searched fields), less the fields the engine applies plan by plan
+        itself (:data:`_PER_ROW`), which keep the requested values: per group, its plans and an
+        engine of that stack."""
+        where, inverse = _distinct_rows([T.zero, T.pp, T.tp, T.schedule, T.tpo.astype(np.int64)])
+        keys: dict[tuple, int] = {}
+        part_of = np.empty(len(where), dtype=np.int64)
+        for j, i in enumerate(where.tolist()):
+            stack = TrainingPlan.of(**{**self.base.model_dump(), "stack": self.stack, **T.row(i)}).stack
+            aside = tuple((f, getattr(stack, f)) for f in BEHAVIOUR_FIELDS
+                          if f not in _PER_ROW and getattr(stack, f) != getattr(self.stack, f))
+            part_of[j] = keys.setdefault(aside, len(keys))
+        engines = [Engine(self.model, self.cluster, self.base, self.stack.model_copy(update=dict(aside))) if aside else self
+                   for aside in keys]
+        if len(engines) == 1:
+            return [(np.arange(len(T)), engines[0])]
+        plan_part = part_of[inverse]
+        return [(np.flatnonzero(plan_part == k), engine) for k, engine in enumerate(engines)]
+
+    def _evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
+        """:meth:`evaluate` of plans that share one stack."""
         n = len(T)
         peak, worst, lb = np.empty(n), np.empty(n, dtype=np.int64), np.empty(n)
         # one shape per (pp, vpp, stage placement): the schedules that place stages alike share it
