@@ -59,26 +59,16 @@ search simulates every plan whose bound could still beat the ones it keeps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 import itertools
 from typing import Callable, Optional
 
 import numpy as np
 
-from meshplan.cost import collectives as coll
-from meshplan.cost.activations import (
-    embedding_activation_bytes, freed_logits_block_bytes, head_activation_bytes, held_logits_bytes, layer_activations,
-    logits_output_bytes, loss_grad_bytes, saved_gemm_input_bytes,
-)
-from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
-from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, placements, tp_collective_time
-from meshplan.cost.cp_exchange import cp_exchange_collectives
-from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_step_copy_times, fsdp2_unit_copy_times, gather_pool_bytes, root_unit_applies, runs_fsdp2
 from meshplan.cost.compose import (
-    after_pipeline,
     LayerTimes,
+    StageTimes,
+    after_pipeline,
     kept_outputs_bytes,
     layer_times,
     merged_outputs_items,
@@ -86,46 +76,32 @@ from meshplan.cost.compose import (
     pp_buffer_messages,
     rank_other_items,
     stage_activation_table,
-    StageTimes,
     stage_times,
     total_of,
 )
-from meshplan.cost.compute import embedding_op_times, head_op_times, layer_op_times, optimizer_step_time, recompute_time
+from meshplan.cost.compute import optimizer_step_time
+from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
+from meshplan.cost.fsdp_copies import root_unit_applies, runs_fsdp2
 from meshplan.cost.memory import ModelState, model_state_bytes
-from meshplan.cost.moe import (
-    add_moe_layers,
-    alltoall_times,
-    expert_dp_placements,
-    expert_group_placements,
-    expert_tp_time,
-    moe_fsdp_layer_times,
-    moe_layers_per_stage,
-    rank_expert_params,
-)
-from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, largest_layer_params, rank_params
-from meshplan.pipeline.schedules import stage_style
+from meshplan.cost.moe import add_moe_layers, moe_layers_per_stage
+from meshplan.cost.terms import KernelTerms, MicroBatchComm, MoeKernelTerms, Terms, UnitComm, layer_time_args, moe_layer_time_args
 from meshplan.pipeline.inflight import distinct_state_rows, last_stage_live_peaks, state_rows_many
+from meshplan.pipeline.schedules import stage_style
 from meshplan.pipeline.simulate import padded_peak_bytes
 from meshplan.pipeline.stages import layer_split, stages_of_rank
 from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, PlanTable
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
-from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack, applied
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack
 
 #: Schedules whose backward is one action (B), for which the gradient-chain bound holds.
 _UNSPLIT_MASK = np.isin(np.arange(len(SCHEDULE_NAMES)), [SCHEDULE_NAMES.index(n) for n in ("gpipe", "1f1b", "interleaved")])
 
-_KERNEL_FIELDS = (
-    "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute",
-    "emb_fwd", "emb_bwd", "emb_wgt", "head_fwd", "head_bwd", "head_wgt",
-    "act_stored", "act_working", "emb_act", "head_act", "kept_output", "head_output", "held_logits",
-)
-#: the collectives of one micro-batch (:meth:`Engine._comm_terms`)
-_MB_FIELDS = ("tp_one", "cp_kv", "cp_dkv", "act_msg", "p2p_bytes", "p2p", "tp_micro_fwd", "tp_micro_bwd", "expert_tp")
-#: per-layer ZeRO-3's unit collectives (:meth:`Engine._unit_terms`)
-_UNIT_FIELDS = ("all_gather", "reduce_scatter", "emb_all_gather", "emb_reduce_scatter", "head_all_gather", "head_reduce_scatter",
-                "copy_out", "copy_in", "emb_copy_out", "emb_copy_in", "head_copy_out", "head_copy_in")
+_KERNEL_FIELDS = KernelTerms._fields
+_MB_FIELDS = MicroBatchComm._fields
+_UNIT_FIELDS = UnitComm._fields
+_MOE_FIELDS = MoeKernelTerms._fields
 
 
 @dataclass
@@ -323,20 +299,10 @@ _PER_ROW = frozenset({"tp_comm_overlap", "tp_overlap_kind", "pp_buffers", "pp_re
 #: padded live-count products (pairs × ranks × rows × chunks) small enough for one call
 _ONE_CALL = 1 << 16
 
-_MOE_FIELDS = (
-    "fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute", "act_stored",
-    "act_working",
-)
 
 
 #: (classes × buffer rows) whose buffers are computed in one call (:meth:`Engine._group`)
 _RUN = 8192
-
-
-def _op_fields(k: dict) -> dict:
-    """The op-time arguments of :func:`layer_times` from gathered kernel terms."""
-    names = ("fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd_attention", "recompute")
-    return {name: k[name] for name in names}
 
 
 # Gathers along the plans of a (classes × plans) array use ``np.take(x, i, axis=1)``: ``x[:, i]``
@@ -405,162 +371,10 @@ class Engine:
         # the SM shares of hidden collectives (meshplan.cost.contention), as estimate takes them
         self.nccl_share = sm_share(NCCL_CTAS, cluster.gpu.sm_count)
         self.tp_share = sm_share(tp_overlap_ctas(self.stack.tp_overlap_kind), cluster.gpu.sm_count)
-        self._ops = lru_cache(maxsize=None)(
-            lambda t, c, b, sp, g8: layer_op_times(
-                model, b, base.seq_len, t, c, sp, base.attention, base.attention_flops, cluster.gpu, self.cal,
-                self.rec.compute_dtype, self.e, self.stack.kernels, weights_in_fp8=bool(g8), fp8_linears=self.stack.fp8_linears,
-                attention_kernel=self.stack.attention_kernel,
-            )
-        )
-        # the embedding's and LM head's op times depend on (t, c, b) only
-        self._emb_ops = lru_cache(maxsize=None)(
-            lambda t, c, b: embedding_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.e)
-        )
-        self._head_ops = lru_cache(maxsize=None)(
-            lambda t, c, b: head_op_times(model, b, base.seq_len, t, c, cluster.gpu, self.cal, self.rec.compute_dtype, self.e, self.stack.loss_kernels)
-        )
-        self._kernel = lru_cache(maxsize=None)(self._kernel_terms)
-        self._moe_kernel = lru_cache(maxsize=None)(self._moe_kernel_terms)
-        self._moe_comm = lru_cache(maxsize=None)(self._moe_comm_terms)
-        self._a2a = lru_cache(maxsize=None)(self._a2a_terms)
-        self._comm = lru_cache(maxsize=None)(self._comm_terms)
-        self._units = lru_cache(maxsize=None)(self._unit_terms)
-        self._dp = lru_cache(maxsize=None)(self._dp_terms)
-        self._place = lru_cache(maxsize=None)(
-            lambda t, c, p, d, ds: placements(cluster, t, c, p, d, ds, base.rank_order)
-        )
-        self._expert_place = lru_cache(maxsize=None)(
-            lambda t, c, p, d, ep: expert_group_placements(cluster, t, c, p, d, ep, base.rank_order)
-        )
-        # integer parameter counts of one rank: a handful of distinct arguments over a whole table
-        self._rank_params = lru_cache(maxsize=None)(lambda *a: rank_params(model, *a))
-        self._expert_params = lru_cache(maxsize=None)(lambda *a: rank_expert_params(model, *a))
-        self._per_tp = lru_cache(maxsize=None)(self._per_tp_counts)
-        self._pool = lru_cache(maxsize=None)(lambda *a: gather_pool_bytes(model, *a))
-
-    # ---- terms computed once per distinct argument ---------------------------------------------
-    def _kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int, g8: int) -> tuple:
-        """A layer's op times and activations, the embedding's and the head's, of micro-batch b;
-        ``g8``: the weights arrive cast by FSDP2's FP8 all-gather."""
-        m, base, e = self.model, self.base, self.e
-        s, sp = base.seq_len, bool(sp)
-        ops = self._ops(t, c, b, sp, g8)
-        emb, head = self._emb_ops(t, c, b), self._head_ops(t, c, b)
-        mode = RECOMPUTE[rec_code]
-        gi = saved_gemm_input_bytes(self.rec.compute_dtype, self.stack.kernels, e, self.stack.fp8_linears)
-        la = layer_activations(m, b, s, t, c, sp, mode, base.attention, e, gemm_input_bytes=gi, kernels=self.stack.kernels)
-        return (
-            ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
-            recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
-            la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp),
-            head_activation_bytes(m, b, s, t, c, sp, e, self.stack.loss_kernels, self.stack.kernels),
-            self._p2p_bytes(t, c, b, sp) if self.stack.pp_buffers == "per-micro-batch" else 0.0,
-            logits_output_bytes(m, b, s, t, c, e) if self.stack.pp_buffers == "per-micro-batch" else 0.0,
-            held_logits_bytes(m, b, s, t, c, e, self.stack.loss_kernels) if self.stack.pp_buffers == "per-micro-batch" else 0.0,
-        )
-
-    def _p2p_bytes(self, t: int, c: int, b: int, sp: int) -> float:
-        """Bytes of one stage-to-stage message, n·h·e (n = b·s/c tokens), over t with sequence
-        parallelism, as ``estimate`` computes it."""
-        act_msg = b * self.base.seq_len / c * self.model.hidden * self.e
-        return act_msg / (t if sp else 1)
-
-    def _moe_kernel_terms(self, t: int, c: int, b: int, sp: int, rec_code: int, ep: int) -> tuple:
-        """A mixture-of-experts layer's op times (E/ep experts per GPU) and activations, as
-        ``estimate``'s."""
-        m, base, e = self.model, self.base, self.e
-        mode = RECOMPUTE[rec_code]
-        ops = layer_op_times(
-            m, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu, self.cal,
-            self.rec.compute_dtype, e, self.stack.kernels, moe=True, ep=ep, fp8_linears=self.stack.fp8_linears,
-            attention_kernel=self.stack.attention_kernel,
-        )
-        gi = saved_gemm_input_bytes(self.rec.compute_dtype, self.stack.kernels, e, self.stack.fp8_linears)
-        la = layer_activations(
-            m, b, base.seq_len, t, c, bool(sp), mode, base.attention, e, moe=True, gemm_input_bytes=gi, kernels=self.stack.kernels
-        )
-        return (ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
-                recompute_time(ops, mode), la.stored, la.working)
-
-    def _moe_comm_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int) -> tuple:
-        """ZeRO-3 (all-gather, reduce-scatter) of one MoE layer: its dense part over the shard
-        group, its E/ep experts over the expert data-parallel group; and on torch's stacks FSDP2's
-        (copy-out, copy-in) of the layer."""
-        if not (zero == 3 and ds * c > 1):
-            return 0.0, 0.0, 0.0, 0.0
-        pl = self._place(t, c, p, d, ds)
-        edp = self._expert_place(t, c, p, d, ep)[1]
-        copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, moe=True, ep=ep)[:2]
-                  if runs_fsdp2(zero, self.stack.kernels) else (0.0, 0.0))
-        return (*moe_fsdp_layer_times(self.model, t, ep, self.rec, pl.shard, edp, self.cluster, self.cal), *copies)
-
-    def _a2a_terms(self, t: int, c: int, p: int, d: int, ep: int, b: int, sp: int, full: int) -> tuple:
-        """Exposed (forward, backward) expert all-to-all of one MoE layer and micro-batch."""
-        tokens = b * self.base.seq_len / c
-        return alltoall_times(self.model, tokens, t, bool(sp), self.e, bool(full), self._expert_place(t, c, p, d, ep)[0],
-                              self.cluster, self.cal)
-
-    def _comm_terms(self, t: int, c: int, p: int, d: int, b: int, sp: int) -> tuple:
-        """The collectives of one micro-batch, which do not depend on the ZeRO stage: TP (one),
-        CP K|V exchange and backward transfer, the activation message, the pipeline transfer's bytes and time, micro-pipelined TP,
-        an MoE layer's expert TP exchange.
-        They use the TP, CP and PP groups only, which sit where they do whatever the HSDP shard
-        group (:func:`meshplan.cost.comm.placements`), so the placements of dp_shard = dp serve."""
-        m, cluster, cal, e, rec = self.model, self.cluster, self.cal, self.e, self.rec
-        pl = self._place(t, c, p, d, d)
-        tokens = b * self.base.seq_len / c
-        act_msg = tokens * m.hidden * e
-        tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
-        cp_kv, cp_dkv = cp_exchange_collectives(m, tokens, t, e, self.stack.kernels, c, pl.cp, cluster, cal)
-        p2p_bytes = self._p2p_bytes(t, c, b, sp)
-        p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
-        micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, rec.compute_dtype, e, self.stack.kernels)
-                 if self.stack.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
-        expert_tp = expert_tp_time(m, tokens, pl.tp, e, cluster, cal) if m.is_moe else 0.0
-        return (tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp)
-
-    def _unit_terms(self, t: int, c: int, p: int, d: int, fsdp: int) -> tuple:
-        """ZeRO-3's per-layer and embedding/head unit collectives over the shard group of ``fsdp``
-        dp indices, and on torch's stacks FSDP2's copies beside them, which do not depend on the
-        micro-batch (0 when ``fsdp`` is 0: weights not sharded per layer)."""
-        if not fsdp:
-            return (0.0,) * len(_UNIT_FIELDS)
-        g8 = self.stack.fsdp_fp8_all_gather
-        units = fsdp_unit_times(self.model, t, p, self.rec, self._place(t, c, p, d, fsdp).shard, self.cluster, self.cal, g8)
-        copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, fp8_gather=g8)
-                  if runs_fsdp2(3, self.stack.kernels) else (0.0,) * 6)
-        return units + copies
-
-    def _dp_terms(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int,
-                  n_layers: int) -> tuple:
-        """(gradient sync, weight all-gather) of a rank holding ``params`` parameters in
-        ``n_layers`` layers, of which ``experts`` routed-expert ones synchronized over the expert
-        data-parallel group, as ``estimate`` adds them."""
-        pl = self._place(t, c, p, d, ds)
-        saving = n_layers * self._fp8_saving(t, zero == 3 and ds * c > 1)
-        grad_comm, pg = dp_sync_times(params - experts, zero, self.once_per_step, ds * c, self.rec, pl, self.cluster, self.cal, saving)
-        if experts:
-            pl_experts = expert_dp_placements(pl, self._expert_place(t, c, p, d, ep)[1])
-            ex_comm, ex_pg = dp_sync_times(experts, zero, self.once_per_step, d // ep * c, self.rec, pl_experts, self.cluster, self.cal)
-            grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
-        return grad_comm, pg
-
-    def _fp8_saving(self, t: int, sharded: bool) -> float:
-        """The bytes FSDP2's FP8 all-gather saves on one gathered layer at TP degree ``t`` (0 unless
-        the stack gathers in FP8 and the plan's weights are ZeRO-3 ``sharded``), as ``estimate``'s
-        ``layer_saving``."""
-        return fp8_gather_saving(self.model, t, self.rec.weight_bytes, self.stack.fsdp_fp8_all_gather and sharded)
-
-    def _per_tp_counts(self, x: int, y: int, pp: int) -> tuple:
-        """Per TP degree x (and ep y): the loss-gradient buffer bytes per token, the largest
-        layer's parameters (ZeRO-3's buffers hold it), the head's and the embedding's parameters,
-        the largest layer's down projection's, the freed logits' block per token, and the bytes a
-        gathered layer saves under FSDP2's FP8 all-gather (0 without it)."""
-        model, kernels = self.model, self.stack.loss_kernels
-        layer, down = largest_layer_params(model, x, y)
-        return (loss_grad_bytes(model, 1, 1, x, 1, kernels, self.e), layer, head_params_per_rank(model, x, pp),
-                embedding_params_per_rank(model, x), down, freed_logits_block_bytes(model, 1, 1, x, 1, kernels, self.e),
-                fp8_gather_saving(model, x, self.rec.weight_bytes, self.stack.fsdp_fp8_all_gather))
+        # the per-argument terms, through the code estimate uses; the recompute mode as its code
+        self.terms = terms = Terms(model, cluster, base, self.stack)
+        self._kernel = lambda t, c, b, sp, rc, g8: terms.kernel(t, c, b, sp, RECOMPUTE[rc], g8)
+        self._moe_kernel = lambda t, c, b, sp, rc, ep: terms.moe_kernel(t, c, b, sp, RECOMPUTE[rc], ep)
 
     # ---- all plans at once ---------------------------------------------------------------------
     def _terms(self, T: PlanTable) -> "_Terms":
@@ -591,8 +405,8 @@ class Engine:
         kernel_rows = _distinct_rows(cols("t c b sp rc g8"))
         kernel, kernel_of_lt = _gather_distinct(self._kernel, cols("t c b sp rc g8"), len(_KERNEL_FIELDS), kernel_rows)
         # tp·cp·pp·dp is the GPU count, so (t, c, p) fix d: the keys leave it out
-        mb, mb_of_lt = _gather_distinct(self._comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
-        units, units_of_lt = _gather_distinct(self._units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
+        mb, mb_of_lt = _gather_distinct(self.terms.comm, cols("t c p d b sp"), len(_MB_FIELDS), _distinct_rows(cols("t c p b sp")))
+        units, units_of_lt = _gather_distinct(self.terms.units, cols("t c p d fsdp"), len(_UNIT_FIELDS), _distinct_rows(cols("t c p fsdp")))
         te_where, te_of_mesh = _distinct_rows([mesh[:, 0], mesh[:, 4]])  # (t, ep) of the mesh rows
         lt_pp = _slices_by(row["p"])
         # one contiguous array per field
@@ -607,8 +421,8 @@ class Engine:
             moe["ep1"] = _gather(self._moe_kernel, [x[kernel_rows[0]] for x in cols("t c b sp rc")] + [ones], len(_MOE_FIELDS))
             row["full"] = (row["rc"] == RECOMPUTE.index("full")).astype(np.int64)
             moe["kernel"] = _gather(self._moe_kernel, cols("t c b sp rc ep"), len(_MOE_FIELDS))
-            moe["comm"] = _gather(self._moe_comm, cols("t c p d ds ep zero"), 4)
-            moe["a2a"] = _gather(self._a2a, cols("t c p d ep b sp full"), 2)
+            moe["comm"] = _gather(self.terms.moe_units, cols("t c p d ds ep zero"), 4)
+            moe["a2a"] = _gather(self.terms.a2a, cols("t c p d ep b sp full"), 2)
             moe_working = moe["kernel"][:, _MOE_FIELDS.index("act_working")]
             # the layer whose backward working set is larger, as estimate takes it, and its stored bytes
             layer_stored = np.where(moe_working > working, moe["kernel"][:, _MOE_FIELDS.index("act_stored")], layer_stored)
@@ -629,36 +443,24 @@ class Engine:
         per layer where ``per_layer``, and of their MoE layers (None for a dense model), from their
         kernel and collective columns ``k``, ``cm`` and the MoE layer's kernel terms and ZeRO-3
         collectives ``moe`` (``kernel``, ``comm``)."""
-        model, base = self.model, self.base
-        c, rc = T.cp[at], T.recompute[at]
-        lt_args = dict(
-            full_recompute=rc == RECOMPUTE.index("full"),
-            emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
-            tp_one=cm["tp_one"], sp=T.sp[at], tp_comm_overlap=T.tpo[at], cp=c, cp_comm=(cm["cp_kv"], cm["cp_dkv"]), kernels=self.stack.kernels,
-            fsdp_per_layer=per_layer, all_gather=cm["all_gather"], reduce_scatter=cm["reduce_scatter"],
-            reshard_after_forward=self.stack.reshard_after_forward,
-            fsdp_units=(cm["emb_all_gather"], cm["emb_reduce_scatter"], cm["head_all_gather"], cm["head_reduce_scatter"]),
-            fsdp_copies=tuple(cm[name] for name in _UNIT_FIELDS[6:]),
-            # the LM head reuses a tied embedding's weight when both sit on the one stage; FSDP2's root
-            # unit keeps it gathered
+        model = self.model
+        lt_args = layer_time_args(
+            self.stack, k, cm, cm, full_recompute=T.recompute[at] == RECOMPUTE.index("full"), sp=T.sp[at],
+            tp_comm_overlap=T.tpo[at], cp=T.cp[at], fsdp_per_layer=per_layer,
             embedding_kept=(model.tied_embeddings & (T.pp[at] == 1)) | root_unit_applies(self.stack.fsdp_head_in_root, T.zero[at], T.pp[at]),
             nccl_share=self.nccl_share, tp_share=self.tp_share,
         )
-        if self.stack.tp_overlap_kind == "micro-pipeline":
-            lt_args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
-        lt = layer_times(**lt_args, **_op_fields(k))
+        lt = layer_times(**lt_args)
         if not model.is_moe:
             return lt, None
-        km = dict(zip(_MOE_FIELDS, moe["kernel"].T))
         mc = moe["comm"]
-        moe_args = {"all_gather": mc[:, 0], "reduce_scatter": mc[:, 1], "fsdp_copies": (mc[:, 2], mc[:, 3], *lt_args["fsdp_copies"][2:]),
-                    "expert_tp": cm["expert_tp"]}
-        return lt, layer_times(**(lt_args | moe_args), **_op_fields(km))
+        km = dict(zip(_MOE_FIELDS, moe["kernel"].T))
+        return lt, layer_times(**moe_layer_time_args(lt_args, km, (mc[:, 0], mc[:, 1], mc[:, 2], mc[:, 3]), cm["expert_tp"]))
 
     # ---- one pipeline shape -------------------------------------------------------------------
     def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: "_Terms", idx: slice) -> tuple:
         """The plans ``idx`` (a slice of ``T``, sorted by shape) of one pipeline shape."""
-        model, base = self.model, self.base
+        model = self.model
         G = idx.stop - idx.start
         m, schedule = T.global_batch[idx] // (T.micro_batch[idx] * T.dp[idx]), T.schedule[idx]
         kernel, kid = pre.kernel, pre.kid[idx]
@@ -735,18 +537,18 @@ class Engine:
             layers_c[ci] = n_layers
             first_, holds_head = 0 in mine, last in mine
             n_moe = sum(moe_stage[j] for j in mine) if model.is_moe else 0
-            p_of = {(x, y): (self._rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
-                             self._expert_params(x, y, n_moe)) for x, y in te_vals}
+            p_of = {(x, y): (self.terms.rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
+                             self.terms.expert_params(x, y, n_moe)) for x, y in te_vals}
             params_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][0])
             if runs_fsdp2(3, self.stack.kernels):
                 units = tuple((split[j], j == 0, j == last) for j in mine)
-                pool_c[ci] = np.array([self._pool(x, pp, units, self.rec.weight_bytes, root, y, self.stack.fsdp_fp8_all_gather)
+                pool_c[ci] = np.array([self.terms.pool(x, pp, units, self.rec.weight_bytes, root, y, self.stack.fsdp_fp8_all_gather)
                                        for x, y in te_vals])[te_of_mesh]
             if model.is_moe:
                 experts_c[ci] = by_tp_ep(lambda x, y: p_of[x, y][1])
             # (gradient sync, weight gather) per mesh row, each gathered per plan as a contiguous array
             sync = np.fromiter(
-                itertools.chain.from_iterable(self._dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee], n_layers)
+                itertools.chain.from_iterable(self.terms.dp(tt, cc, pp, dd, ss, ee, zz, *p_of[tt, ee], n_layers)
                                               for tt, cc, dd, ss, ee, zz in mesh_rows),
                 dtype=float, count=2 * len(mesh_rows),
             ).reshape(len(mesh_rows), 2).T.copy()
@@ -860,11 +662,10 @@ class Engine:
                      units: int, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
         """``after`` and ``pg`` (per plan) with the copy-in and copy-out of FSDP2 units that keep
         weights gathered and gradients unsharded through the step
-        (:func:`meshplan.cost.fsdp_copies.fsdp2_step_copy_times`) added where the weights are
-        sharded, for one class of ranks holding ``params`` (per mesh row) in ``units`` units and
-        ``n_layers`` layers, as ``estimate`` adds them."""
-        copies = np.array([fsdp2_step_copy_times(int(n), units, self.rec, self.cluster.gpu, self.cal,
-                                                 n_layers * self._fp8_saving(tt, True))
+        (:meth:`meshplan.cost.terms.Terms.step_copies`) added where the weights are sharded, for one
+        class of ranks holding ``params`` (per mesh row) in ``units`` units and ``n_layers``
+        layers, as ``estimate`` adds them."""
+        copies = np.array([self.terms.step_copies(tt, int(n), units, n_layers)
                            for n, (tt, cc, dd, ss, ee, zz) in zip(params.tolist(), mesh_rows)]).reshape(-1, 2)
         sharded = np.array([zz == 3 and ss * cc > 1 for tt, cc, dd, ss, ee, zz in mesh_rows])[mesh_inv]
         return (np.where(sharded, after + copies[mesh_inv, 0], after), np.where(sharded, pg + copies[mesh_inv, 1], pg))
@@ -911,7 +712,7 @@ class Engine:
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
         zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
-        per_tp = np.array([self._per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 7).T.take(te, axis=1)
+        per_tp = np.array([self.terms.per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 7).T.take(te, axis=1)
         tokens = row(T.micro_batch) * base.seq_len / c
         logits_grad, logits_block = tokens * per_tp[:1], tokens * per_tp[5:6]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
