@@ -3,7 +3,6 @@ against torch's own ops, and what they add to a step on the torch stacks."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -21,7 +20,7 @@ from meshplan.search.space import SearchLimits, enumerate_plans
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 
-estimate_mod = importlib.import_module("meshplan.estimate")  # the module: meshplan.estimate is the function
+import meshplan.cost.terms as terms_mod  # where estimate and the search take the FSDP2 copies from
 
 BF16 = PrecisionRecipe(precision="bf16", grad_dtype="fp32")  # torchtitan's: bf16 parameters, fp32 reduction
 
@@ -67,8 +66,8 @@ def test_torch_fsdp2_copies_are_the_costed_bytes():
 
 
 def _without_copies(monkeypatch):
-    monkeypatch.setattr(estimate_mod, "fsdp2_unit_copy_times", lambda *a, **k: (0.0,) * 6)
-    monkeypatch.setattr(estimate_mod, "fsdp2_step_copy_times", lambda *a, **k: (0.0, 0.0))
+    monkeypatch.setattr(terms_mod, "fsdp2_unit_copy_times", lambda *a, **k: (0.0,) * 6)
+    monkeypatch.setattr(terms_mod, "fsdp2_step_copy_times", lambda *a, **k: (0.0, 0.0))
 
 
 def test_torchtitan_8b_step_gains_each_copy_once_per_gather_and_reduction(monkeypatch):

@@ -27,7 +27,6 @@ CORE = ("cost/", "search/", "specs/", "estimate.py")
 #: or ("cycle", "a <-> b <-> ...")
 KNOWN = {
     ("module", "search/engine.py"),
-    ("function", "estimate.py:estimate"),
     ("function", "search/engine.py:_group"),
     ("function", "cost/compute.py:layer_op_times"),
     ("function", "cost/compose.py:layer_times"),

@@ -10,24 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from meshplan.cost import collectives as coll
-from meshplan.cost.activations import (
-    embedding_activation_bytes,
-    freed_logits_block_bytes,
-    head_activation_bytes,
-    held_logits_bytes,
-    layer_activations,
-    logits_output_bytes,
-    loss_grad_bytes,
-    saved_gemm_input_bytes,
-)
-from meshplan.cost.async_tp import micro_pipeline_tp_times
-from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_overlap_ctas
-from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_step_copy_times, fsdp2_unit_copy_times, gather_pool_bytes, runs_fsdp2
-from meshplan.cost.comm import dp_sync_times, fsdp_unit_times, plan_placements, tp_collective_time
-from meshplan.cost.cp_exchange import cp_exchange_collectives
+from meshplan.cost.activations import LayerActivations, freed_logits_block_bytes, loss_grad_bytes
+from meshplan.cost.calibration import Calibration
 from meshplan.cost.compose import (
+    LayerTimes,
+    StageTimes,
     after_pipeline,
     hidden_comm,
     kept_outputs_bytes,
@@ -39,36 +26,21 @@ from meshplan.cost.compose import (
     stage_times,
     total_of,
 )
-from meshplan.cost.compute import (
-    OpTimes,
-    embedding_op_times,
-    head_op_times,
-    layer_op_times,
-    optimizer_step_time,
-    recompute_time,
-)
+from meshplan.cost.compute import OpTimes, optimizer_step_time
+from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_overlap_ctas
 from meshplan.cost.flops import StepFlops, step_flops
+from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import ModelState, StageMemory, model_state_bytes
-from meshplan.cost.moe import (
-    add_moe_layers,
-    alltoall_times,
-    expert_dp_placements,
-    expert_placements,
-    expert_shard_degree,
-    expert_tp_time,
-    moe_fsdp_layer_times,
-    moe_layers_per_stage,
-    rank_expert_params,
-)
+from meshplan.cost.moe import add_moe_layers, expert_shard_degree, moe_layers_per_stage, rank_expert_params
 from meshplan.cost.params import (
     ParamCounts,
     count_params,
     embedding_params_per_rank,
     head_params_per_rank,
     largest_layer_params,
-    layer_params_per_rank,
     rank_params,
 )
+from meshplan.cost.terms import KernelTerms, MicroBatchComm, Terms, UnitComm, layer_time_args, moe_layer_time_args
 from meshplan.derivations import derivations
 from meshplan.estimate_json import estimate_json
 from meshplan.explain import Derivation
@@ -260,224 +232,291 @@ def estimate(
     """Estimate ``plan`` for ``model`` on ``cluster`` (see the module docstring). ``stream_pools``
     off leaves out the pool FSDP2's all-gather buffers reserve on their own stream (item
     ``all_gather_pool``): the peak is then the allocated bytes the compute stream holds, what
-    torch's memory trackers count (``meshplan verify memory``)."""
+    torch's memory trackers count (``meshplan verify memory``).
+
+    The per-layer and per-micro-batch terms come from :class:`meshplan.cost.terms.Terms`, the code
+    the search's engine gathers per distinct row of its tables; then the schedule is simulated,
+    each pipeline rank's memory and synchronization composed, and the step timed on the critical
+    rank."""
     check_plan(model, cluster, plan)
     budget = budget or Budget()
-    gpu = cluster.gpu
-    cal = calibration_for(gpu)
-    rec = plan.precision
-    e = rec.activation_bytes
-    t, c, pp, v = plan.tp, plan.cp, plan.pp, plan.vpp
-    b, s = plan.micro_batch, plan.seq_len
-    sp = plan.sequence_parallel and t > 1
-    m = plan.num_microbatches
-    n_stages = pp * v
-    last = n_stages - 1
-    split = layer_split(model.n_layers, pp, v, plan.layer_split)
-    derivs: list[Derivation] = []
-
+    split = layer_split(model.n_layers, plan.pp, plan.vpp, plan.layer_split)
+    layers = _layer_terms(model, cluster, plan, split)
+    ranks = compile_schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.vpp)
+    sim = simulate(ranks, plan.pp * plan.vpp, layers.st.fwd, layers.st.bwd, transfer=layers.cm.p2p, act_bytes=layers.stage_act,
+                   keep_timeline=keep_timeline, wgt=layers.st.wgt, runtime=plan.stack.pipeline_runtime)
+    per_rank = _RankShared.of(model, plan, layers)
+    stages, syncs = [], []
+    for r in range(plan.pp):
+        mine = stages_of_rank(r, plan.pp, plan.vpp, stage_style(plan.schedule))
+        stage, sync = _rank(model, cluster, plan, layers, per_rank, sim, split, r, mine, stream_pools)
+        stages.append(stage)
+        syncs.append(sync)
+    time = _step_time(model, plan, layers, sim, split, syncs)
     counts = count_params(model)
-    flops = step_flops(model, s, plan.global_batch, plan.recompute, plan.attention_flops)
+    flops = step_flops(model, plan.seq_len, plan.global_batch, plan.recompute, plan.attention_flops)
+    derivs: list[Derivation] = []
+    est = Estimate(model, cluster, plan, budget, layers.terms.cal, counts, flops, stages, split, time, sim, derivs)
+    u = layers.u
+    fsdp_terms = (u.all_gather, u.reduce_scatter, tuple(u)[6:]) if layers.fsdp_per_layer else None
+    derivs.extend(derivations(est, layers.ops, layers.la, layers.cm.tp_one, layers.cm.p2p, layers.lt,
+                              (layers.cm.cp_kv, layers.cm.cp_dkv), fsdp_terms))
+    return est
 
-    # ---- per-layer compute and communication (one micro-batch, one GPU) ----------------------
-    shard = plan.shard_degree
+
+@dataclass
+class _Layers:
+    """One plan's per-layer and per-micro-batch terms (a one-row run of what the search's engine
+    gathers per distinct row), its stage times and the activations of its virtual stages."""
+
+    terms: Terms
+    ops: OpTimes
+    la: LayerActivations
+    k: KernelTerms
+    cm: MicroBatchComm
+    u: UnitComm
+    lt: LayerTimes
+    st: StageTimes
+    once_per_step: bool  # ZeRO-3 keeping weights gathered and gradients unsharded through the step
+    fsdp_per_layer: bool  # ZeRO-3 gathering each layer's weights per micro-batch
+    layer_saving: float  # the bytes FSDP2's FP8 all-gather saves on one gathered layer
+    nccl_share: float
+    tp_share: float
+    stage_act: list[float]
+    working: float  # the backward working set of the layer that sets it
+    backward_grads: float
+    layer_stored: float
+    lt_moe: Optional[LayerTimes] = None
+    moe_ops: Optional[OpTimes] = None
+    moe_stage: Optional[list[int]] = None
+    ep_comm: Any = None
+
+
+def _layer_terms(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan, split: tuple[int, ...]) -> _Layers:
+    """The per-layer and per-micro-batch terms of ``plan`` (MoE layers their own op times, ZeRO-3
+    collectives and all-to-alls), its stage times and its virtual stages' activations."""
+    stack, t, c, pp, b = plan.stack, plan.tp, plan.cp, plan.pp, plan.micro_batch
+    terms = Terms(model, cluster, plan, stack)
+    sp = plan.sequence_parallel and t > 1
+    d, ds = plan.dp, plan.dp_shard or plan.dp
+    sharded = plan.zero == 3 and plan.shard_degree > 1
     # FSDP2's FP8 all-gather: the blocks' Float8Linear weights gathered, held and used as FP8
-    fp8_gather = plan.stack.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1
-    layer_saving = fp8_gather_saving(model, t, rec.weight_bytes, fp8_gather)
-    ops = layer_op_times(model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.stack.kernels,
-                         weights_in_fp8=fp8_gather, fp8_linears=plan.stack.fp8_linears, attention_kernel=plan.stack.attention_kernel)
-    emb_ops = embedding_op_times(model, b, s, t, c, gpu, cal, e)
-    head_ops = head_op_times(model, b, s, t, c, gpu, cal, rec.compute_dtype, e, plan.stack.loss_kernels)
-    recompute_layer = recompute_time(ops, plan.recompute)
-    pl = plan_placements(cluster, plan)
-    tokens = b * s / c
-    act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
-    tp_one = tp_collective_time(act_msg, sp, pl.tp, cluster, cal)
-    cp_comm = cp_exchange_collectives(model, tokens, t, e, plan.stack.kernels, c, pl.cp, cluster, cal)
-    layer_params = layer_params_per_rank(model, t)
+    fp8_gather = stack.fsdp_fp8_all_gather and sharded
     # ZeRO-3 that keeps weights gathered and gradients unsharded through the step communicates like
     # ZeRO-1/2 (one reduce-scatter after the last backward, one all-gather before the first
     # forward) and holds what they hold, on top of its shards
-    once_per_step = plan.zero == 3 and plan.stack.fsdp_accumulate_unsharded
-    fsdp_per_layer = plan.zero == 3 and shard > 1 and not once_per_step
-    units = fsdp_unit_times(model, t, pp, rec, pl.shard, cluster, cal, fp8_gather) if fsdp_per_layer else (0.0,) * 6
-    ag, rs = units[0], units[1]
-    fsdp2 = runs_fsdp2(plan.zero, plan.stack.kernels)
-    copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal, fp8_gather=fp8_gather) if fsdp_per_layer and fsdp2 else (0.0,) * 6
-    lt_args = dict(
-        full_recompute=plan.recompute == "full",
-        emb=(emb_ops.fwd, emb_ops.bwd, emb_ops.bwd_weight), head=(head_ops.fwd, head_ops.bwd, head_ops.bwd_weight),
-        tp_one=tp_one, sp=sp, tp_comm_overlap=plan.stack.tp_comm_overlap, cp=c, cp_comm=cp_comm, kernels=plan.stack.kernels,
-        fsdp_per_layer=fsdp_per_layer, all_gather=ag, reduce_scatter=rs,
-        reshard_after_forward=plan.stack.reshard_after_forward, fsdp_units=units[2:], fsdp_copies=copies,
-        embedding_kept=(model.tied_embeddings or plan.stack.fsdp_head_in_root) and pp == 1,
-        nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(plan.stack.tp_overlap_kind), gpu.sm_count),
+    once_per_step = plan.zero == 3 and stack.fsdp_accumulate_unsharded
+    fsdp_per_layer = sharded and not once_per_step
+    k, cm = terms.kernel(t, c, b, sp, plan.recompute, fp8_gather), terms.comm(t, c, pp, d, b, sp)
+    u = terms.units(t, c, pp, d, ds if fsdp_per_layer else 0)
+    gpu = cluster.gpu
+    shares = dict(nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(stack.tp_overlap_kind), gpu.sm_count))
+    lt_args = layer_time_args(
+        stack, k._asdict(), cm._asdict(), u._asdict(), full_recompute=plan.recompute == "full", sp=sp,
+        tp_comm_overlap=stack.tp_comm_overlap, cp=c, fsdp_per_layer=fsdp_per_layer,
+        embedding_kept=(model.tied_embeddings or stack.fsdp_head_in_root) and pp == 1, **shares,
     )
-    if plan.stack.tp_overlap_kind == "micro-pipeline":
-        lt_args["tp_overlapped"] = micro_pipeline_tp_times(model, tokens, t, sp, pl.tp, cluster, cal, rec.compute_dtype, e, plan.stack.kernels)
-    lt = layer_times(**lt_args, **_op_args(ops, recompute_layer))
+    lt = layer_times(**lt_args)
     st = stage_times(split, lt)
-    ep_comm = None
-    if model.is_moe:  # MoE layers: their own op times, ZeRO-3 collectives and all-to-alls
-        moe_ops = layer_op_times(
-            model, b, s, t, c, sp, plan.attention, plan.attention_flops, gpu, cal, rec.compute_dtype, e, plan.stack.kernels,
-            moe=True, ep=plan.ep, fp8_linears=plan.stack.fp8_linears, attention_kernel=plan.stack.attention_kernel,
-        )
-        ep_group, edp = expert_placements(cluster, plan)
-        moe_units = moe_fsdp_layer_times(model, t, plan.ep, rec, pl.shard, edp, cluster, cal) if fsdp_per_layer else (0.0, 0.0)
-        moe_copies = fsdp2_unit_copy_times(model, t, pp, rec, gpu, cal, moe=True, ep=plan.ep)[:2] if fsdp_per_layer and fsdp2 else (0.0, 0.0)
-        lt_moe = layer_times(
-            **(lt_args | {"all_gather": moe_units[0], "reduce_scatter": moe_units[1], "fsdp_copies": (*moe_copies, *copies[2:]),
-                          "expert_tp": expert_tp_time(model, tokens, pl.tp, e, cluster, cal)}),
-            **_op_args(moe_ops, recompute_time(moe_ops, plan.recompute)),
-        )
-        moe_stage = moe_layers_per_stage(model, split)
-        a2a = alltoall_times(model, tokens, t, sp, e, plan.recompute == "full", ep_group, cluster, cal)
-        ep_comm = add_moe_layers(st, moe_stage, lt, lt_moe, a2a)
-    fwd, bwd = st.fwd, st.bwd
-
-    # ---- activations per virtual stage, then the schedule ------------------------------------
-    gi = saved_gemm_input_bytes(rec.compute_dtype, plan.stack.kernels, e, plan.stack.fp8_linears)
-    la = layer_activations(model, b, s, t, c, sp, plan.recompute, plan.attention, e, gemm_input_bytes=gi, kernels=plan.stack.kernels)
-    emb_act = embedding_activation_bytes(model, b, s, t, c, sp)
-    head_act = head_activation_bytes(model, b, s, t, c, sp, e, plan.stack.loss_kernels, plan.stack.kernels)
-    p2p_bytes = act_msg / (t if sp else 1)
+    la = terms.activations(t, c, b, sp, plan.recompute)
     # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers): the
     # message sent on, and on the last stage the logits
-    torch_pp = plan.stack.pp_buffers == "per-micro-batch" and pp > 1
-    kept_output = p2p_bytes if plan.stack.pp_buffers == "per-micro-batch" else 0.0
-    head_output = logits_output_bytes(model, b, s, t, c, e) if torch_pp else 0.0
-    held = held_logits_bytes(model, b, s, t, c, e, plan.stack.loss_kernels) if torch_pp else 0.0
-    stage_act = stage_activations(split, la.stored, emb_act, head_act, kept_output, held)
-    working, backward_grads, layer_stored = la.working, la.gradients, la.stored
+    stage_act = stage_activations(split, la.stored, k.emb_act, k.head_act, k.kept_output, k.held_logits)
+    layers = _Layers(terms, terms.ops(t, c, b, sp, fp8_gather), la, k, cm, u, lt, st, once_per_step, fsdp_per_layer,
+                     terms.fp8_saving(t, sharded), **shares, stage_act=stage_act, working=la.working,
+                     backward_grads=la.gradients, layer_stored=la.stored)
     if model.is_moe:
-        la_moe = layer_activations(
-            model, b, s, t, c, sp, plan.recompute, plan.attention, e, moe=True, gemm_input_bytes=gi, kernels=plan.stack.kernels
-        )
-        stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(stage_act, moe_stage)]
-        if la_moe.working > la.working:
-            working, backward_grads, layer_stored = la_moe.working, la_moe.gradients, la_moe.stored
-    p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if pp > 1 else 0.0
-    ranks = compile_schedule(plan.schedule, pp, m, v)
-    sim = simulate(ranks, n_stages, fwd, bwd, transfer=p2p, act_bytes=stage_act, keep_timeline=keep_timeline, wgt=st.wgt,
-                   runtime=plan.stack.pipeline_runtime)
-    style = stage_style(plan.schedule)
+        _add_moe_layers(model, plan, layers, lt_args, split, sp)
+    return layers
 
-    # ---- memory and after-pipeline communication per rank ------------------------------------
-    stages: list[StageMemory] = []
-    after = []
-    opt_times = []
-    pg_times = []
-    dp_hidden = []
-    logits_grad = loss_grad_bytes(model, b, s, t, c, plan.stack.loss_kernels, e)
-    # under torch's pipelining the schedule holds the logits through the loss (counted as the last
-    # stage's output): no freed block
-    logits_block = 0.0 if torch_pp else freed_logits_block_bytes(model, b, s, t, c, plan.stack.loss_kernels, e)
-    head_params = head_params_per_rank(model, t, pp)
-    # torch's pipelining returning outputs: the last stage keeps each micro-batch's logits to the step's end,
-    # (m − L)·O beyond the L in flight at its peak
-    returns = plan.stack.pp_return_outputs and pp > 1
-    kept_outputs = kept_outputs_bytes(m, int(last_stage_live_peaks(state_rows(plan.schedule, pp, m, v)[None], plan.schedule, pp, v)[0]),
-                                      head_output) if returns else 0.0
-    layer_params, down_params = largest_layer_params(model, t, plan.ep)  # ZeRO-3 buffers hold the largest layer
-    if model.is_moe:
-        expert_shard = expert_shard_degree(plan)
-        pl_experts = expert_dp_placements(pl, edp)
-    # a tied embedding shares its weight with the LM head on one stage: gathered until its backward
-    kept_embedding = embedding_params_per_rank(model, t) if model.tied_embeddings and pp == 1 else 0
-    # torchtitan's 2024 FSDP2 units: an untied embedding in the root unit, gathered through the step
-    root_embedding = embedding_params_per_rank(model, t) if plan.stack.fsdp_head_in_root and not model.tied_embeddings else 0
-    for r in range(pp):
-        mine = stages_of_rank(r, pp, v, style)
-        n_layers = sum(split[k] for k in mine)
-        n_moe = sum(moe_stage[k] for k in mine) if model.is_moe else 0
-        params = rank_params(model, t, pp, n_layers, 0 in mine, last in mine, n_moe, plan.ep)
-        experts = rank_expert_params(model, t, plan.ep, n_moe)
-        state = model_state_bytes(params - experts, rec, plan.zero, shard, fsdp2)
-        if experts:  # expert weights: E/ep per GPU, ZeRO-sharded over the expert data-parallel group
-            ex = model_state_bytes(experts, rec, plan.zero, expert_shard, fsdp2)
-            state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
-        act_items = {
-            "stored": sim.peak_activation[r],
-            "backward_working_set": working - backward_grads,
-            "backward_gradients": backward_grads,
-        }
-        messages = pp_buffer_messages(plan.stack.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine))
-        # FSDP2's all-gather buffers, in the pool of its copy-in stream
-        pool = gather_pool_bytes(model, t, pp, tuple((split[k], k == 0, k == last) for k in mine), rec.weight_bytes,
-                                 plan.stack.fsdp_head_in_root, plan.ep, fp8_gather) if fsdp2 and stream_pools else 0.0
-        step_outputs = m * head_output if returns and last in mine else 0.0
-        other = rank_other_items(
-            reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=logits_grad, head_act=head_act, zero=plan.zero,
-            shard=shard, params=params, layer_params=layer_params, head_params=head_params,
-            kept_embedding_params=kept_embedding, weight_bytes=rec.weight_bytes,
-            grad_bytes=rec.grad_bytes, reshard_after_forward=plan.stack.reshard_after_forward,
-            once_per_step=once_per_step, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes, pp_messages=messages,
-            working=working, root_embedding_params=root_embedding, head_in_root=plan.stack.fsdp_head_in_root,
-            down_params=down_params, layer_stored=layer_stored, logits_block=logits_block,
-            kept_outputs=kept_outputs, gather_pool=pool, layer_saving=layer_saving, stage_saving=n_layers * layer_saving,
-        )
-        rank_mem = dict(rank=r, layers=n_layers, params=params, weights=state.weights, gradients=state.gradients,
-                        optimizer=state.optimizer, peak_inflight=sim.peak_inflight[r])
-        mem = StageMemory(**rank_mem, activations=total_of(act_items), other=total_of(other),
-                          activation_items=act_items, other_items=other)
-        if step_outputs:  # the step's end, the kept outputs merged: no activations left
-            merged = merged_outputs_items(reserve=cal.runtime_reserve, tp=t, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
-                                          pp_messages=messages, step_outputs=step_outputs,
-                                          gather_pool=pool if plan.zero == 3 and shard > 1 else 0.0)
-            at_end = StageMemory(**{**rank_mem, "peak_inflight": 0}, activations=0.0, other=total_of(merged),
-                                 activation_items={k: 0.0 for k in act_items}, other_items=merged)
-            mem = at_end if at_end.total > mem.total else mem
-        stages.append(mem)
-        grad_comm, pg = dp_sync_times(params - experts, plan.zero, once_per_step, shard, rec, pl, cluster, cal, n_layers * layer_saving)
-        if experts:
-            ex_comm, ex_pg = dp_sync_times(experts, plan.zero, once_per_step, expert_shard, rec, pl_experts, cluster, cal)
-            grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
-        dp_args = dict(
-            grad_comm=grad_comm, param_gather=pg, last_bwd=sum(bwd[k] for k in mine),
-            first_fwd=sum(fwd[k] for k in mine), n_layers=n_layers,
-            overlap_grad_reduce=plan.stack.overlap_grad_reduce, overlap_param_gather=plan.stack.overlap_param_gather,
-        )
-        a, g = after_pipeline(**dp_args, nccl_share=lt_args["nccl_share"])
-        if once_per_step and fsdp2 and shard > 1:  # FSDP2's copies of the step's one reduce-scatter and all-gather
-            units_here = n_layers + (0 in mine) + (last in mine)
-            copy_in, copy_out = fsdp2_step_copy_times(params, units_here, rec, gpu, cal, n_layers * layer_saving)
-            a, g = a + copy_in, g + copy_out
-        after.append(a)
-        pg_times.append(g)
-        a0, g0 = after_pipeline(**dp_args)  # without contention: what stays hidden
-        dp_hidden.append((hidden_comm(grad_comm, a0), hidden_comm(pg, g0)))
-        local = params / (shard if plan.zero >= 1 else 1)
-        if experts and plan.zero >= 1:
-            local = (params - experts) / shard + experts / expert_shard
-        opt_times.append(optimizer_step_time(local, rec, gpu, cal, plan.stack.kernels))
 
-    # ---- step time and its breakdown on the critical rank ------------------------------------
-    ends = [sim.finish[r] + after[r] for r in range(pp)]
+def _add_moe_layers(model: ModelSpec, plan: TrainingPlan, layers: _Layers, lt_args: dict, split: tuple[int, ...], sp: bool) -> None:
+    """``layers`` with its mixture-of-experts layers' own op times, ZeRO-3 collectives,
+    all-to-alls and activations, in place (:func:`meshplan.cost.moe.add_moe_layers`)."""
+    terms, t, c, pp, b, ep = layers.terms, plan.tp, plan.cp, plan.pp, plan.micro_batch, plan.ep
+    layers.moe_ops = terms.moe_ops(t, c, b, sp, ep)
+    km = terms.moe_kernel(t, c, b, sp, plan.recompute, ep)
+    moe_units = terms.moe_units(t, c, pp, plan.dp, plan.dp_shard or plan.dp, ep, plan.zero)
+    layers.lt_moe = layer_times(**moe_layer_time_args(lt_args, km._asdict(), moe_units, layers.cm.expert_tp))
+    layers.moe_stage = moe_layers_per_stage(model, split)
+    a2a = terms.a2a(t, c, pp, plan.dp, ep, b, sp, plan.recompute == "full")
+    layers.ep_comm = add_moe_layers(layers.st, layers.moe_stage, layers.lt, layers.lt_moe, a2a)
+    la, la_moe = layers.la, terms.moe_activations(t, c, b, sp, plan.recompute)
+    layers.stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(layers.stage_act, layers.moe_stage)]
+    if la_moe.working > la.working:
+        layers.working, layers.backward_grads, layers.layer_stored = la_moe.working, la_moe.gradients, la_moe.stored
+
+
+@dataclass(frozen=True)
+class _RankShared:
+    """The terms every pipeline rank of a plan shares: the LM head's loss buffers and parameters,
+    the outputs torch's pipelining keeps, the largest layer's parameters and the embedding's."""
+
+    torch_pp: bool  # torch.distributed.pipelining's per-micro-batch buffers on pp > 1
+    returns: bool  # its last stage returns every micro-batch's outputs
+    logits_grad: float
+    logits_block: float
+    head_params: int
+    kept_outputs: float
+    layer_params: int
+    down_params: int
+    kept_embedding: int
+    root_embedding: int
+
+    @classmethod
+    def of(cls, model: ModelSpec, plan: TrainingPlan, layers: _Layers) -> "_RankShared":
+        stack, b, s, t, c, e = plan.stack, plan.micro_batch, plan.seq_len, plan.tp, plan.cp, plan.precision.activation_bytes
+        pp, v, m = plan.pp, plan.vpp, plan.num_microbatches
+        torch_pp = stack.pp_buffers == "per-micro-batch" and pp > 1
+        # torch's pipelining returning outputs: the last stage keeps each micro-batch's logits to the
+        # step's end, (m − L)·O beyond the L in flight at its peak
+        returns = stack.pp_return_outputs and pp > 1
+        live = int(last_stage_live_peaks(state_rows(plan.schedule, pp, m, v)[None], plan.schedule, pp, v)[0]) if returns else 0
+        layer_params, down_params = largest_layer_params(model, t, plan.ep)  # ZeRO-3 buffers hold the largest layer
+        embedding = embedding_params_per_rank(model, t)
+        return cls(
+            torch_pp, returns, loss_grad_bytes(model, b, s, t, c, stack.loss_kernels, e),
+            # under torch's pipelining the schedule holds the logits through the loss (counted as the
+            # last stage's output): no freed block
+            0.0 if torch_pp else freed_logits_block_bytes(model, b, s, t, c, stack.loss_kernels, e),
+            head_params_per_rank(model, t, pp), kept_outputs_bytes(m, live, layers.k.head_output) if returns else 0.0,
+            layer_params, down_params,
+            # a tied embedding shares its weight with the LM head on one stage: gathered until its backward
+            embedding if model.tied_embeddings and pp == 1 else 0,
+            # torchtitan's 2024 FSDP2 units: an untied embedding in the root unit, gathered through the step
+            embedding if stack.fsdp_head_in_root and not model.tied_embeddings else 0,
+        )
+
+
+@dataclass(frozen=True)
+class _RankSync:
+    """A pipeline rank's exposed work after its pipeline (s): DP gradient sync, optimizer step,
+    weight all-gather, and the (gradient, all-gather) seconds hidden behind its compute."""
+
+    after: float
+    optimizer: float
+    param_gather: float
+    hidden: tuple[float, float]
+
+
+def _rank(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan, layers: _Layers, shared: _RankShared, sim: SimResult,
+          split: tuple[int, ...], r: int, mine: list[int], stream_pools: bool) -> tuple[StageMemory, _RankSync]:
+    """Pipeline rank ``r`` (holding the virtual stages ``mine``): its peak memory and its work after
+    the pipeline."""
+    stack, t, pp, rec = plan.stack, plan.tp, plan.pp, plan.precision
+    last = pp * plan.vpp - 1
+    n_layers = sum(split[k] for k in mine)
+    n_moe = sum(layers.moe_stage[k] for k in mine) if model.is_moe else 0
+    params = rank_params(model, t, pp, n_layers, 0 in mine, last in mine, n_moe, plan.ep)
+    experts = rank_expert_params(model, t, plan.ep, n_moe)
+    shard, expert_shard = plan.shard_degree, expert_shard_degree(plan)
+    fsdp2 = runs_fsdp2(plan.zero, stack.kernels)
+    state = model_state_bytes(params - experts, rec, plan.zero, shard, fsdp2)
+    if experts:  # expert weights: E/ep per GPU, ZeRO-sharded over the expert data-parallel group
+        ex = model_state_bytes(experts, rec, plan.zero, expert_shard, fsdp2)
+        state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
+    # FSDP2's all-gather buffers, in the pool of its copy-in stream
+    pool = layers.terms.pool(t, pp, tuple((split[k], k == 0, k == last) for k in mine), rec.weight_bytes, stack.fsdp_head_in_root,
+                             plan.ep, stack.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1) if fsdp2 and stream_pools else 0.0
+    mem = _rank_memory(plan, layers, shared, sim, r, mine, n_layers, params, state, pool)
+    sync = _rank_sync(plan, layers, mine, n_layers, params, experts, fsdp2)
+    return mem, sync
+
+
+def _rank_memory(plan: TrainingPlan, layers: _Layers, shared: _RankShared, sim: SimResult, r: int, mine: list[int],
+                 n_layers: int, params: int, state: ModelState, pool: float) -> StageMemory:
+    """Rank ``r``'s peak: its model state, the activations of the simulated schedule at its peak and
+    the other items (:func:`meshplan.cost.compose.rank_other_items`); where its last stage returns
+    the step's outputs, the larger of that and the step's end, the kept outputs merged."""
+    stack, pp, m, rec, cal = plan.stack, plan.pp, plan.num_microbatches, plan.precision, layers.terms.cal
+    last = pp * plan.vpp - 1
+    act_items = {
+        "stored": sim.peak_activation[r],
+        "backward_working_set": layers.working - layers.backward_grads,
+        "backward_gradients": layers.backward_grads,
+    }
+    messages = pp_buffer_messages(stack.pp_buffers, m, sum(k != 0 for k in mine), sum(k != last for k in mine))
+    act_msg, p2p_bytes = layers.cm.act_msg, layers.cm.p2p_bytes
+    other = rank_other_items(
+        reserve=cal.runtime_reserve, holds_head=last in mine, logits_grad=shared.logits_grad, head_act=layers.k.head_act,
+        zero=plan.zero, shard=plan.shard_degree, params=params, layer_params=shared.layer_params, head_params=shared.head_params,
+        kept_embedding_params=shared.kept_embedding, weight_bytes=rec.weight_bytes,
+        grad_bytes=rec.grad_bytes, reshard_after_forward=stack.reshard_after_forward,
+        once_per_step=layers.once_per_step, tp=plan.tp, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes, pp_messages=messages,
+        working=layers.working, root_embedding_params=shared.root_embedding, head_in_root=stack.fsdp_head_in_root,
+        down_params=shared.down_params, layer_stored=layers.layer_stored, logits_block=shared.logits_block,
+        kept_outputs=shared.kept_outputs, gather_pool=pool, layer_saving=layers.layer_saving,
+        stage_saving=n_layers * layers.layer_saving,
+    )
+    rank_mem = dict(rank=r, layers=n_layers, params=params, weights=state.weights, gradients=state.gradients,
+                    optimizer=state.optimizer, peak_inflight=sim.peak_inflight[r])
+    mem = StageMemory(**rank_mem, activations=total_of(act_items), other=total_of(other),
+                      activation_items=act_items, other_items=other)
+    step_outputs = m * layers.k.head_output if shared.returns and last in mine else 0.0
+    if step_outputs:  # the step's end, the kept outputs merged: no activations left
+        merged = merged_outputs_items(reserve=cal.runtime_reserve, tp=plan.tp, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,
+                                      pp_messages=messages, step_outputs=step_outputs,
+                                      gather_pool=pool if plan.zero == 3 and plan.shard_degree > 1 else 0.0)
+        at_end = StageMemory(**{**rank_mem, "peak_inflight": 0}, activations=0.0, other=total_of(merged),
+                             activation_items={k: 0.0 for k in act_items}, other_items=merged)
+        mem = at_end if at_end.total > mem.total else mem
+    return mem
+
+
+def _rank_sync(plan: TrainingPlan, layers: _Layers, mine: list[int], n_layers: int, params: int, experts: int,
+               fsdp2: bool) -> _RankSync:
+    """A rank's DP gradient sync and weight all-gather (:meth:`meshplan.cost.terms.Terms.dp`),
+    exposed after and before its pipeline work (:func:`meshplan.cost.compose.after_pipeline`),
+    FSDP2's copies of a step's one reduce-scatter and all-gather, and its optimizer step."""
+    terms, st, stack, shard = layers.terms, layers.st, plan.stack, plan.shard_degree
+    grad_comm, pg = terms.dp(plan.tp, plan.cp, plan.pp, plan.dp, plan.dp_shard or plan.dp, plan.ep, plan.zero, params, experts,
+                             n_layers)
+    dp_args = dict(
+        grad_comm=grad_comm, param_gather=pg, last_bwd=sum(st.bwd[k] for k in mine),
+        first_fwd=sum(st.fwd[k] for k in mine), n_layers=n_layers,
+        overlap_grad_reduce=stack.overlap_grad_reduce, overlap_param_gather=stack.overlap_param_gather,
+    )
+    a, g = after_pipeline(**dp_args, nccl_share=layers.nccl_share)
+    if layers.once_per_step and fsdp2 and shard > 1:  # FSDP2's copies of the step's one reduce-scatter and all-gather
+        units_here = n_layers + (0 in mine) + (plan.pp * plan.vpp - 1 in mine)
+        copy_in, copy_out = terms.step_copies(plan.tp, params, units_here, n_layers)
+        a, g = a + copy_in, g + copy_out
+    a0, g0 = after_pipeline(**dp_args)  # without contention: what stays hidden
+    local = params / (shard if plan.zero >= 1 else 1)
+    if experts and plan.zero >= 1:
+        local = (params - experts) / shard + experts / expert_shard_degree(plan)
+    opt = optimizer_step_time(local, plan.precision, terms.cluster.gpu, terms.cal, stack.kernels)
+    return _RankSync(a, opt, g, (hidden_comm(grad_comm, a0), hidden_comm(pg, g0)))
+
+
+def _step_time(model: ModelSpec, plan: TrainingPlan, layers: _Layers, sim: SimResult, split: tuple[int, ...],
+               syncs: list[_RankSync]) -> StepTime:
+    """The step on the critical rank (the last to finish its pipeline work and gradient sync) and
+    where it goes; the optimizer step and weight gather of the slowest rank at them."""
+    pp, m, st = plan.pp, plan.num_microbatches, layers.st
+    ends = [sim.finish[r] + syncs[r].after for r in range(pp)]
     crit = max(range(pp), key=lambda r: ends[r])
-    mine = stages_of_rank(crit, pp, v, style)
+    mine = stages_of_rank(crit, pp, plan.vpp, stage_style(plan.schedule))
     per_mb = lambda xs: m * sum(xs[k] for k in mine)  # noqa: E731
-    compute_s = per_mb(st.comp_fwd) + per_mb(st.comp_bwd)
-    busy = sim.busy[crit]
-    slowest = max(range(pp), key=lambda r: opt_times[r] + pg_times[r])
-    opt_s, pg_s = opt_times[slowest], pg_times[slowest]
+    slowest = max(range(pp), key=lambda r: syncs[r].optimizer + syncs[r].param_gather)
+    opt_s, pg_s = syncs[slowest].optimizer, syncs[slowest].param_gather
     # Megatron-Core's FP8 weight casts, once per step: the first micro-batch's forward crosses
     # every layer before the steady state (fp8_weight_cast_per_step)
-    n_moe = sum(moe_stage) if model.is_moe else 0
-    cast_s = (model.n_layers - n_moe) * ops.weight_cast + (n_moe * moe_ops.weight_cast if n_moe else 0.0)
-    step_s = ends[crit] + opt_s + pg_s + cast_s
-    hidden = _hidden_per_step(split, mine, m, lt, lt_moe if model.is_moe else lt,
-                              moe_stage if model.is_moe else None, dp_hidden[crit], dp_hidden[slowest][1])
-    time = StepTime(
-        step_s=step_s,
+    n_moe = sum(layers.moe_stage) if model.is_moe else 0
+    cast_s = (model.n_layers - n_moe) * layers.ops.weight_cast + (n_moe * layers.moe_ops.weight_cast if n_moe else 0.0)
+    hidden = _hidden_per_step(split, mine, m, layers.lt, layers.lt_moe if model.is_moe else layers.lt,
+                              layers.moe_stage if model.is_moe else None, syncs[crit].hidden, syncs[slowest].hidden[1])
+    ep_comm = layers.ep_comm
+    return StepTime(
+        step_s=ends[crit] + opt_s + pg_s + cast_s,
         critical_rank=crit,
-        compute_s=compute_s,
+        compute_s=per_mb(st.comp_fwd) + per_mb(st.comp_bwd),
         recompute_s=per_mb(st.recompute),
         tp_comm_s=per_mb(st.tp_fwd) + per_mb(st.tp_bwd),
         cp_comm_s=per_mb(st.cp_fwd) + per_mb(st.cp_bwd),
         fsdp_comm_s=per_mb(st.fsdp_fwd) + per_mb(st.fsdp_bwd),
-        pipeline_bubble_s=sim.finish[crit] - busy,
-        dp_comm_s=after[crit],
+        pipeline_bubble_s=sim.finish[crit] - sim.busy[crit],
+        dp_comm_s=syncs[crit].after,
         optimizer_s=opt_s,
         param_gather_s=pg_s,
         makespan_s=sim.makespan,
@@ -487,11 +526,8 @@ def estimate(
         ep_comm_s=per_mb(ep_comm.fwd) + per_mb(ep_comm.bwd) if ep_comm else None,
         fp8_weight_cast_s=cast_s if cast_s else None,
         hidden_comm=hidden,
-        contention=_contention_per_step(hidden, lt_args["nccl_share"], lt_args["tp_share"]),
+        contention=_contention_per_step(hidden, layers.nccl_share, layers.tp_share),
     )
-    est = Estimate(model, cluster, plan, budget, cal, counts, flops, stages, split, time, sim, derivs)
-    derivs.extend(derivations(est, ops, la, tp_one, p2p, lt, cp_comm, (ag, rs, copies) if fsdp_per_layer else None))
-    return est
 
 
 def _hidden_per_step(split, mine, m: int, lt, lt_moe, moe_stage, dp: tuple[float, float], pg: float) -> dict[str, float]:
@@ -522,11 +558,3 @@ def _contention_per_step(hidden: dict[str, float], nccl_share: float, tp_share: 
     collectives add to the critical rank's step (TP at ``tp_share``, the NCCL collectives at
     ``nccl_share``)."""
     return {k: contention_time(v, tp_share if k == "tp" else nccl_share) for k, v in hidden.items()}
-
-
-def _op_args(ops: OpTimes, recompute: float) -> dict[str, float]:
-    """The op-time arguments of :func:`~meshplan.cost.compose.layer_times`."""
-    return dict(
-        fwd=ops.fwd, bwd=ops.bwd, wgt=ops.bwd_weight, fwd_gemm=ops.fwd_gemm, bwd_gemm=ops.bwd_gemm,
-        fwd_attention=ops.fwd_attention, bwd_attention=ops.bwd_attention, recompute=recompute,
-    )

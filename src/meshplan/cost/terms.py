@@ -17,8 +17,8 @@ h the hidden size, e the bytes of an activation element.
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import NamedTuple
+from functools import wraps
+from typing import Any, Callable, NamedTuple
 
 from meshplan.cost import collectives as coll
 from meshplan.cost.activations import (
@@ -126,6 +126,22 @@ class PerTpCounts(NamedTuple):
     fp8_layer_saving: float  # the bytes a gathered layer saves under FSDP2's FP8 all-gather (0 without it)
 
 
+def _cached(method: Callable) -> Callable:
+    """``method`` of :class:`Terms` computed once per distinct positional arguments (the instance's
+    own dictionary: a plan's estimate makes one instance, a search's engine one per stack)."""
+    name = method.__name__
+
+    @wraps(method)
+    def cached(self, *args):
+        key = (name, args)
+        memo = self._memo
+        if key not in memo:
+            memo[key] = method(self, *args)
+        return memo[key]
+
+    return cached
+
+
 class Terms:
     """The cached per-argument terms of plans of one model, cluster, stack and base plan (its
     sequence length, precision, attention, attention FLOPs and rank order); see the module
@@ -136,12 +152,10 @@ class Terms:
         self.cal = calibration_for(cluster.gpu)
         self.rec = base.precision
         self.e = self.rec.activation_bytes
-        for name in ("ops", "emb_ops", "head_ops", "activations", "kernel", "moe_ops", "moe_activations", "moe_kernel",
-                     "moe_units", "a2a", "comm", "units", "dp", "place", "expert_place", "rank_params", "expert_params",
-                     "per_tp", "pool"):
-            setattr(self, name, lru_cache(maxsize=None)(getattr(self, name)))
+        self._memo: dict[tuple, Any] = {}  # (method, arguments) -> value (:func:`_cached`)
 
     # ---- one layer, one micro-batch ------------------------------------------------------------
+    @_cached
     def ops(self, t: int, c: int, b: int, sp: bool, g8: bool) -> OpTimes:
         """A dense layer's op times; ``g8``: the weights arrive cast by FSDP2's FP8 all-gather."""
         base, st = self.base, self.stack
@@ -149,27 +163,32 @@ class Terms:
                               self.cal, self.rec.compute_dtype, self.e, st.kernels, weights_in_fp8=bool(g8),
                               fp8_linears=st.fp8_linears, attention_kernel=st.attention_kernel)
 
+    @_cached
     def emb_ops(self, t: int, c: int, b: int) -> OpTimes:
         """The embedding's op times."""
         return embedding_op_times(self.model, b, self.base.seq_len, t, c, self.cluster.gpu, self.cal, self.e)
 
+    @_cached
     def head_ops(self, t: int, c: int, b: int) -> OpTimes:
         """The LM head's (and loss's) op times."""
         return head_op_times(self.model, b, self.base.seq_len, t, c, self.cluster.gpu, self.cal, self.rec.compute_dtype, self.e,
                              self.stack.loss_kernels)
 
+    @_cached
     def activations(self, t: int, c: int, b: int, sp: bool, mode: str, moe: bool = False) -> LayerActivations:
         """A layer's activations under recompute ``mode`` (an MoE layer's with ``moe``)."""
         gi = saved_gemm_input_bytes(self.rec.compute_dtype, self.stack.kernels, self.e, self.stack.fp8_linears)
         return layer_activations(self.model, b, self.base.seq_len, t, c, bool(sp), mode, self.base.attention, self.e,
                                  moe=moe, gemm_input_bytes=gi, kernels=self.stack.kernels)
 
+    @_cached
     def p2p_bytes(self, t: int, c: int, b: int, sp: bool) -> float:
         """Bytes of one stage-to-stage message, n·h·e (n = b·s/c tokens), over t with sequence
         parallelism."""
         act_msg = b * self.base.seq_len / c * self.model.hidden * self.e
         return act_msg / (t if sp else 1)
 
+    @_cached
     def kernel(self, t: int, c: int, b: int, sp: bool, mode: str, g8: bool) -> KernelTerms:
         """A layer's op times and activations, the embedding's and the head's, of micro-batch b
         under recompute ``mode``; ``g8``: the weights arrive cast by FSDP2's FP8 all-gather."""
@@ -188,6 +207,7 @@ class Terms:
             held_logits_bytes(m, b, s, t, c, e, st.loss_kernels) if kept else 0.0,
         )
 
+    @_cached
     def moe_ops(self, t: int, c: int, b: int, sp: bool, ep: int) -> OpTimes:
         """A mixture-of-experts layer's op times, E/ep experts per GPU."""
         base, st = self.base, self.stack
@@ -195,16 +215,19 @@ class Terms:
                               self.cal, self.rec.compute_dtype, self.e, st.kernels, moe=True, ep=ep, fp8_linears=st.fp8_linears,
                               attention_kernel=st.attention_kernel)
 
+    @_cached
     def moe_activations(self, t: int, c: int, b: int, sp: bool, mode: str) -> LayerActivations:
         """A mixture-of-experts layer's activations (they do not depend on ep)."""
-        return self.activations(t, c, b, sp, mode, moe=True)
+        return self.activations(t, c, b, sp, mode, True)
 
+    @_cached
     def moe_kernel(self, t: int, c: int, b: int, sp: bool, mode: str, ep: int) -> MoeKernelTerms:
         """A mixture-of-experts layer's op times and activations."""
         ops, la = self.moe_ops(t, c, b, sp, ep), self.moe_activations(t, c, b, sp, mode)
         return MoeKernelTerms(ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention,
                               ops.bwd_attention, recompute_time(ops, mode), la.stored, la.working)
 
+    @_cached
     def comm(self, t: int, c: int, p: int, d: int, b: int, sp: bool) -> MicroBatchComm:
         """The collectives of one micro-batch. They use the TP, CP and PP groups only, which sit
         where they do whatever the HSDP shard group (:func:`meshplan.cost.comm.placements`), so the
@@ -222,6 +245,7 @@ class Terms:
         expert_tp = expert_tp_time(m, tokens, pl.tp, e, cluster, cal) if m.is_moe else 0.0
         return MicroBatchComm(tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp)
 
+    @_cached
     def a2a(self, t: int, c: int, p: int, d: int, ep: int, b: int, sp: bool, full: bool) -> tuple[float, float]:
         """Exposed (forward, backward) expert all-to-all of one MoE layer and micro-batch (``full``:
         full recompute runs the forward's again)."""
@@ -230,6 +254,7 @@ class Terms:
                               self.cluster, self.cal)
 
     # ---- ZeRO-3 units, DP synchronization ------------------------------------------------------
+    @_cached
     def units(self, t: int, c: int, p: int, d: int, fsdp: int) -> UnitComm:
         """ZeRO-3's per-layer and embedding/head unit collectives over the shard group of ``fsdp``
         dp indices, and on torch's stacks FSDP2's copies beside them (all 0 when ``fsdp`` is 0:
@@ -242,6 +267,7 @@ class Terms:
                   if runs_fsdp2(3, self.stack.kernels) else (0.0,) * 6)
         return UnitComm(*units, *copies)
 
+    @_cached
     def moe_units(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int) -> tuple[float, float, float, float]:
         """Per-layer ZeRO-3 (all-gather, reduce-scatter) of one MoE layer: its dense part over the
         shard group, its E/ep experts over the expert data-parallel group; and on torch's stacks
@@ -254,11 +280,13 @@ class Terms:
                   if runs_fsdp2(zero, self.stack.kernels) else (0.0, 0.0))
         return (*moe_fsdp_layer_times(self.model, t, ep, self.rec, pl.shard, edp, self.cluster, self.cal), *copies)
 
+    @_cached
     def fp8_saving(self, t: int, sharded: bool) -> float:
         """The bytes FSDP2's FP8 all-gather saves on one gathered layer at TP degree ``t`` (0 unless
         the stack gathers in FP8 and the weights are ZeRO-3 ``sharded``)."""
         return fp8_gather_saving(self.model, t, self.rec.weight_bytes, self.stack.fsdp_fp8_all_gather and sharded)
 
+    @_cached
     def dp(self, t: int, c: int, p: int, d: int, ds: int, ep: int, zero: int, params: int, experts: int,
            n_layers: int) -> tuple[float, float]:
         """(gradient sync, weight all-gather) of a rank holding ``params`` parameters in
@@ -274,6 +302,7 @@ class Terms:
             grad_comm, pg = grad_comm + ex_comm, pg + ex_pg
         return grad_comm, pg
 
+    @_cached
     def step_copies(self, t: int, params: int, units: int, n_layers: int) -> tuple[float, float]:
         """(copy-in, copy-out) of a rank's FSDP2 units that keep weights gathered and gradients
         unsharded through the step (:func:`meshplan.cost.fsdp_copies.fsdp2_step_copy_times`):
@@ -281,26 +310,32 @@ class Terms:
         return fsdp2_step_copy_times(params, units, self.rec, self.cluster.gpu, self.cal, n_layers * self.fp8_saving(t, True))
 
     # ---- placements and counts -----------------------------------------------------------------
+    @_cached
     def place(self, t: int, c: int, p: int, d: int, ds: int) -> Placements:
         """Where the plan's groups sit (:func:`meshplan.cost.comm.placements`)."""
         return placements(self.cluster, t, c, p, d, ds, self.base.rank_order)
 
+    @_cached
     def expert_place(self, t: int, c: int, p: int, d: int, ep: int):
         """(ep group, expert data-parallel group) (:func:`meshplan.cost.moe.expert_group_placements`)."""
         return expert_group_placements(self.cluster, t, c, p, d, ep, self.base.rank_order)
 
+    @_cached
     def rank_params(self, *args) -> int:
         """:func:`meshplan.cost.params.rank_params` of the model."""
         return rank_params(self.model, *args)
 
+    @_cached
     def expert_params(self, *args) -> int:
         """:func:`meshplan.cost.moe.rank_expert_params` of the model."""
         return rank_expert_params(self.model, *args)
 
+    @_cached
     def pool(self, *args) -> float:
         """:func:`meshplan.cost.fsdp_copies.gather_pool_bytes` of the model."""
         return gather_pool_bytes(self.model, *args)
 
+    @_cached
     def per_tp(self, t: int, ep: int, pp: int) -> PerTpCounts:
         """The counts of a rank that depend on its TP degree (and ep) only (:class:`PerTpCounts`)."""
         model, kernels = self.model, self.stack.loss_kernels
