@@ -12,7 +12,8 @@ from meshplan.catalog import load_gpu, load_model
 from meshplan.estimate import Budget, estimate
 from meshplan.pipeline.live import live_count_peaks
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
-from meshplan.search.engine import Engine, _memory_microbatches
+from meshplan.search.engine import Engine
+from meshplan.search.peaks import memory_microbatches
 from meshplan.search.run import plan_of, search
 from meshplan.search.space import REASONS, SearchLimits, enumerate_plans
 from meshplan.specs.hardware import ClusterSpec
@@ -105,7 +106,7 @@ def test_live_counts_repeat_from_two_rounds_on(name, vs, pp):
                     rounds_of(pp, m)
                 except Exception:
                     continue
-            eff = int(_memory_microbatches(name, pp, np.array([m]))[0])
+            eff = int(memory_microbatches(name, pp, np.array([m]))[0])
             assert signature(m, v) == (ref if eff == 2 * pp else signature(eff, v))
 
 
@@ -313,7 +314,7 @@ def test_shared_stage_times_equal_stage_times_to_the_bit():
 
 
 def test_gather_with_wide_columns_matches_row_by_row():
-    from meshplan.search.engine import _gather
+    from meshplan.search.rows import gather
 
     rng = np.random.default_rng(5)
     n = 400
@@ -324,7 +325,7 @@ def test_gather_with_wide_columns_matches_row_by_row():
         calls.append(row)
         return (float(sum(row)), float(row[0] - row[3]))
 
-    got = _gather(fn, keys, 2)
+    got = gather(fn, keys, 2)
     want = np.array([fn(*(int(k[i]) for k in keys)) for i in range(n)])
     assert np.array_equal(got, want)
     distinct = {tuple(int(k[i]) for k in keys) for i in range(n)}
@@ -487,16 +488,16 @@ def test_padded_peak_bytes_is_peak_bytes_of_each_rank_to_the_bit():
 
 
 def test_distinct_rows_by_table_and_by_sort_agree_with_unique():
-    from meshplan.search.engine import _distinct, _distinct_rows
+    from meshplan.search.rows import distinct, distinct_rows
 
     rng = np.random.default_rng(2)
     for top in (5, 3000, 10**12):  # table, table, sort
         code = rng.integers(0, top, 500)
-        where, inverse = _distinct(code)
+        where, inverse = distinct(code)
         vals, inv = np.unique(code, return_inverse=True)
         assert code[where].tolist() == vals.tolist() and inverse.tolist() == inv.ravel().tolist()
     keys = [rng.integers(1, 9, 600), rng.integers(0, 2**40, 600) // 2**37, rng.integers(0, 3, 600)]
-    where, inverse = _distinct_rows(keys)
+    where, inverse = distinct_rows(keys)
     stacked = np.stack(keys, axis=1)
     rows, inv = np.unique(stacked, axis=0, return_inverse=True)
     assert len(where) == len(rows)
@@ -504,7 +505,7 @@ def test_distinct_rows_by_table_and_by_sort_agree_with_unique():
     assert np.array_equal(inverse, inv.ravel())  # numbered in the same (increasing) order
     # many wide columns: the mixed-radix code is renumbered on the way (60^6 > the table's size)
     wide = [rng.integers(0, 60, 600) * 7 for _ in range(6)]
-    where, inverse = _distinct_rows(wide)
+    where, inverse = distinct_rows(wide)
     rows, inv = np.unique(np.stack(wide, axis=1), axis=0, return_inverse=True)
     assert np.array_equal(np.stack(wide, axis=1)[where], rows) and np.array_equal(inverse, inv.ravel())
 

@@ -215,7 +215,7 @@ def test_peak_and_worst_rank_from_class_maxima_equal_the_maximum_over_ranks():
     """The peak total and the first rank holding it, taken from each class's largest activations,
     equal the plain maximum over every rank's total, also where ranks tie exactly and where their
     activations differ by less than rounding keeps apart (the rank-by-rank branch)."""
-    from meshplan.search.engine import _peak_rank
+    from meshplan.search.peaks import peak_rank
 
     rng = np.random.default_rng(5)
     cls_of = np.array([0, 1, 1, 1, 1, 2, 1, 3])  # an interior class spread over ranks, and single ones
@@ -229,7 +229,7 @@ def test_peak_and_worst_rank_from_class_maxima_equal_the_maximum_over_ranks():
     working = rng.choice([0.0, 2.0**29, 1.5], plans)
     other = rng.choice([2.0**30, 2.0**30 - 2.0**29, 7.25], (4, plans))
     totals = (fixed[cls_of] + (stored[pair_inv].T + working)) + other[cls_of]
-    peak, worst = _peak_rank(stored, pair_inv, cls_of, cls_ranks, fixed, working, other)
+    peak, worst = peak_rank(stored, pair_inv, cls_of, cls_ranks, fixed, working, other)
     assert np.array_equal(peak, totals.max(axis=0))
     assert np.array_equal(worst, totals.argmax(axis=0))
     # the data reach the rank-by-rank branch: for some plans the first rank holding a class's

@@ -26,8 +26,6 @@ CORE = ("cost/", "search/", "specs/", "estimate.py")
 #: the violations that exist today, as (kind, where): ("module", path), ("function", "path:name")
 #: or ("cycle", "a <-> b <-> ...")
 KNOWN = {
-    ("module", "search/engine.py"),
-    ("function", "search/engine.py:_group"),
     ("function", "cost/compute.py:layer_op_times"),
     ("function", "cost/compose.py:layer_times"),
     ("function", "cost/compose.py:rank_other_items"),
