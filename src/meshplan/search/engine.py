@@ -555,11 +555,12 @@ class Engine:
 
     def _parts(self, T: PlanTable) -> list[tuple[np.ndarray, "Engine"]]:
         """The plans of ``T`` grouped by the stack as it applies to them
-        (:func:`meshplan.specs.stack.applied`, its rules read a plan's ZeRO stage, pp, tp, schedule
-        and TP overlap among the searched fields), less the fields the engine applies plan by plan
-        itself (:data:`_PER_ROW`), which keep the requested values: per group, its plans and an
-        engine of that stack."""
-        where, inverse = distinct_rows([T.zero, T.pp, T.tp, T.schedule, T.tpo.astype(np.int64)])
+        (:func:`meshplan.specs.stack.applied`, its rules read a plan's ZeRO stage, pp, tp, schedule,
+        TP overlap and whether ZeRO shards over more than one rank among the searched fields), less
+        the fields the engine applies plan by plan itself (:data:`_PER_ROW`), which keep the
+        requested values: per group, its plans and an engine of that stack."""
+        sharded = (T.dp_shard * T.cp > 1).astype(np.int64)
+        where, inverse = distinct_rows([T.zero, T.pp, T.tp, T.schedule, T.tpo.astype(np.int64), sharded])
         keys: dict[tuple, int] = {}
         part_of = np.empty(len(where), dtype=np.int64)
         for j, i in enumerate(where.tolist()):

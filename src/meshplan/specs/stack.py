@@ -169,9 +169,10 @@ RULES: tuple[Rule, ...] = (
          "the kept outputs are torch.distributed.pipelining's last stage: pp > 1 with per-micro-batch buffers"),
     Rule("fsdp_head_in_root", lambda s, p: _torch_fsdp2(s, p) and p.pp == 1, False,
          "FSDP2's root unit: zero 3 on the compiled or eager kernels, pp 1"),
-    Rule("fsdp_fp8_all_gather", lambda s, p: _torch_fsdp2(s, p) and p.precision.precision == "fp8"
+    Rule("fsdp_fp8_all_gather", lambda s, p: _torch_fsdp2(s, p) and p.shard_degree > 1 and p.precision.precision == "fp8"
          and s.fp8_library == "torchao", False,
-         "FP8 all-gathers are torch's FSDP2 with torchao's Float8 linears: zero 3, precision fp8, compiled or eager kernels"),
+         "FP8 all-gathers are torch's FSDP2 gathering torchao's Float8 linears: zero 3 sharded over more than one rank, "
+         "precision fp8, compiled or eager kernels"),
     Rule("pipeline_runtime", lambda s, p: p.schedule in LOCKSTEP_SCHEDULES and p.pp > 1, "dependency",
          "the lockstep runtime is torch's multi-stage schedule classes: interleaved, interleaved-zb, zbh1 or zbv on pp > 1"),
     Rule("attention_kernel", lambda s, p: p.attention == "flash", "auto",
