@@ -80,3 +80,21 @@ def page(browser):
     ctx.close()
     assert outside == [], f"requests left the machine: {outside}"
     assert errors == [], f"script errors: {errors}"
+
+
+def _hypothesis_profiles() -> None:
+    """Hypothesis draws afresh on every run, except where ``HYPOTHESIS_PROFILE=ci`` (``.ci/run``
+    sets it): there each property test's examples derive from the test alone, so that one commit
+    always meets the same draws; a failing draw found elsewhere is replayed first from
+    ``.hypothesis/``."""
+    import os
+
+    try:
+        from hypothesis import settings
+    except ImportError:  # the test extra is not installed: the property tests skip
+        return
+    settings.register_profile("ci", derandomize=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+_hypothesis_profiles()
