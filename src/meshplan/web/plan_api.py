@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
+from meshplan.calc.run_length import for_estimate
 from meshplan.catalog import gpu_names, load_gpu, model_names
 from meshplan.cli.options import PLAN_OPTIONS, PlanArgs, Setup, resolve
 from meshplan.cli.pipeline_cmd import to_json as pipeline_json
@@ -170,7 +171,16 @@ def query_key(query_string: bytes) -> Optional[tuple]:
 
 def estimate_json(key: tuple) -> bytes:
     """The body of ``/api/estimate`` for canonical options ``key``: ``meshplan estimate --json``."""
-    return json.dumps(run_estimate(resolve(plan_args(dict(key)))).to_dict(), allow_nan=False).encode()
+    return json.dumps(full_json(run_estimate(resolve(plan_args(dict(key))))), allow_nan=False).encode()
+
+
+def full_json(est: Estimate) -> dict[str, Any]:
+    """``meshplan estimate --json`` of ``est``: with its run with failures (:mod:`meshplan.calc.run_length`)."""
+    d = est.to_dict()
+    failures = for_estimate(est)
+    if failures is not None:
+        d["run"]["failures"] = failures
+    return d
 
 
 estimates = EstimateCache(ESTIMATE_CACHE, estimate_json, query_key)
@@ -194,7 +204,7 @@ def api_view_plan(q: PlanParams) -> dict[str, Any]:
     setup = setup_of(q)
     est = run_estimate(setup, keep_timeline=True)
     return {
-        "estimate": est.to_dict(),
+        "estimate": full_json(est),
         "derivations": derivations(est),
         "assumptions": assumptions(est),
         "timeline": timeline(est),
