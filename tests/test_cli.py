@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.advice import advise
 from meshplan.calc.run_length import for_estimate
 from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli.app import main
@@ -42,14 +43,16 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 
 
 def run_json(*args: str, whole: bool = False) -> dict:
-    """``estimate --json``'s object; unless ``whole``, without the CLI's own addition to the
-    library's ``Estimate.to_dict()``, ``run.failures`` (tests/test_run_length.py, and
-    test_json_equals_the_library_for_the_same_plan below)."""
+    """``estimate --json``'s object; unless ``whole``, without the CLI's own additions to the
+    library's ``Estimate.to_dict()``, ``advice`` and ``run.failures`` (tests/test_advice.py,
+    tests/test_run_length.py, and test_json_equals_the_library_for_the_same_plan below)."""
     code, out, err = run_cli("estimate", "--json", *args)
     assert (code, err) == (0, ""), err
     d = json.loads(out)
-    if not whole and d["run"]:
-        d["run"].pop("failures")
+    if not whole:
+        d.pop("advice")
+        if d["run"]:
+            d["run"].pop("failures")
     return d
 
 
@@ -127,8 +130,10 @@ def test_json_equals_the_library_for_the_same_plan():
                   micro_batch=1, global_batch=256, seq_len=4096, recompute="selective", zero=2,
                   rank_order=("tp", "cp", "pp", "dp"))
     failures = d["run"].pop("failures")  # the CLI's run with failures (meshplan.calc.run_length)
+    tips = d.pop("advice")  # and its advice (meshplan.advice)
     assert d == roundtrip(est.to_dict())
     assert failures == roundtrip(for_estimate(est))
+    assert tips == roundtrip([a.to_dict() for a in advise(est.model, est.cluster, est.plan, est, est.budget)])
     assert d["plan"]["schedule"] == "interleaved"  # --vpp 2 selects it
     assert d["run"]["dollars"] == pytest.approx(d["run"]["gpu_hours"] * 2.5)
 

@@ -18,7 +18,6 @@ from typing import Annotated, Literal, Optional, Sequence
 import typer
 from pydantic import ValidationError
 
-from meshplan.calc.run_length import for_estimate
 from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli import render
 from meshplan.cli.options import PlanArgs, failure_model, plan_options, resolve
@@ -34,6 +33,7 @@ from meshplan.cli.serve_cmd import serve as serve_command
 from meshplan.cost.params import count_params
 from meshplan.errors import InputError
 from meshplan.estimate import estimate as run_estimate
+from meshplan.estimate_report import extras, report_json
 from meshplan.explain import render as render_derivations
 from meshplan.specs.base import input_error_from
 
@@ -65,6 +65,7 @@ def estimate(
     ckpt_write_bw: Annotated[Optional[float], _run_opt("--ckpt-write-bw", "GB/s each GPU writes its checkpoint shard at. (default: 1)")] = None,
     ckpt_fs_bw: Annotated[Optional[float], _run_opt("--ckpt-fs-bw", "GB/s the filesystem takes in total; 0: no cap. (default: 2000, Llama 3's Tectonic)")] = None,
     restart: Annotated[Optional[str], _run_opt("--restart", "Restart after a failure: detect, reschedule, reload. (default: 5min)")] = None,
+    no_advice: Annotated[bool, typer.Option("--no-advice", help="Leave out the advice: the best changes of one or two settings when the plan does not fit or a change is faster by more than the estimate's error.")] = False,
 ) -> None:
     """Estimate one plan: memory per pipeline rank, step time and where it goes, throughput, MFU, FLOPs per step, and the cost of a token budget (--tokens).
 
@@ -73,14 +74,11 @@ def estimate(
     print_plan_notes(plan.plan_file)
     est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
     fm = failure_model(failure_rate, mtbf, ckpt_write_bw, ckpt_fs_bw, restart)
-    failures = for_estimate(est, fm)
+    failures, tips = extras(est, fm, not no_advice, "--global-batch-tokens" if plan.global_batch_tokens else "--global-batch")
     if json_out:
-        d = est.to_dict()
-        if failures is not None:
-            d["run"]["failures"] = failures
-        typer.echo(json.dumps(d, allow_nan=False))
+        typer.echo(json.dumps(report_json(est, failures, tips), allow_nan=False))
         return
-    render.print_estimate(est, setup.preset, unit, setup.stack, failures)
+    render.print_estimate(est, setup.preset, unit, setup.stack, failures, tips)
 
 
 @app.command()

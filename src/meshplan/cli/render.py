@@ -303,14 +303,26 @@ def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
     return t
 
 
+def advice_lines(est: Estimate, advice: list) -> list[str]:
+    """The advice (:func:`meshplan.advice.advise`): each change's flags, then its effect."""
+    if not advice:
+        return []
+    head = ("advice: changes that fit" if not est.fits else
+            "advice: changes faster by more than the estimate's error (8%)") + ", best first; add the flags to the command:"
+    width = max(len(" ".join(a.flags)) for a in advice)
+    return [head] + [f"  {i}. {' '.join(a.flags):<{width}}   {a.why}" for i, a in enumerate(advice, 1)]
+
+
 def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested: Optional[Stack] = None,
-                   failures: Optional[dict[str, Any]] = None) -> None:
+                   failures: Optional[dict[str, Any]] = None, advice: Optional[list] = None) -> None:
     out = console()
     for line in header(est, preset, requested):
         out.print(line)
     out.print()
     out.print(memory_table(est, unit))
     out.print(verdict(est, unit))
+    for line in advice_lines(est, advice or []):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     out.print()
     out.print(time_table(est))
     out.print(bubble_line(est))
