@@ -25,7 +25,7 @@ import inspect
 import math
 import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
 from pydantic import ValidationError
@@ -44,6 +44,9 @@ from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, Stack
 from meshplan.specs.validate import check_plan
 from meshplan.units import GBPS, parse_count
+
+if TYPE_CHECKING:
+    from meshplan.calc.run_length import FailureModel
 
 DEFAULT_GPUS = 8
 DEFAULT_BATCH_TOKENS = 4 * 2**20
