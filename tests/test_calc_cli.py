@@ -149,7 +149,11 @@ BAD = [
     (["overlap", "--compute", "1s"], "error: comm:"),
     (["checkpoint", "--params", "0"], "error: params: must be a positive"),
     (["checkpoint", "--params", "7B", "--write-bw", "-10"], "error: write_bw: must be a positive"),
-    (["checkpoint", "--params", "7B", "--precision", "fp64"], "error: precision.precision:"),
+    (["checkpoint"], "error: params: give --params, or a plan"),
+    (["checkpoint", "--params", "7B", "--preset", "llama3-405b-16k"], "error: params: give --params or a plan"),
+    (["checkpoint", "--params", "7B", "--fs-bw", "-1"], "error: fs_bw: must be a non-negative"),
+    (["failures", "--work", "1d"], "error: checkpoint_time: give --work and --checkpoint-time, or a plan"),
+    (["failures", "--model", "llama3-8b", "--checkpoint-time", "1min"], "error: work: give --work, or --tokens"),
     (["zero", "--params", "7B", "--dp", "0"], "error: dp: must be a positive integer"),
     (["failures", "--work", "1d", "--checkpoint-time", "1min"], "error: mtbf:"),
     (["failures", "--work", "-1d", "--checkpoint-time", "1min", "--mtbf", "1h"], "error: work: must be a positive"),
@@ -190,6 +194,10 @@ def test_bad_input_through_main():
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["calc", "collective", "--n", "two"])  # click's own type check, made one line by main
     assert code == 2 and len(err.getvalue().splitlines()) == 1 and "--n" in err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["calc", "checkpoint", "--params", "7B", "--precision", "fp64"])  # the plan option's choices
+    assert code == 2 and len(err.getvalue().splitlines()) == 1 and "'--precision'" in err.getvalue()
 
 
 FULL = [

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.advice import advise
+from meshplan.calc.run_length import for_estimate
 from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli.app import main
 from meshplan.cost.params import count_params
@@ -40,10 +42,18 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def run_json(*args: str) -> dict:
+def run_json(*args: str, whole: bool = False) -> dict:
+    """``estimate --json``'s object; unless ``whole``, without the CLI's own additions to the
+    library's ``Estimate.to_dict()``, ``advice`` and ``run.failures`` (tests/test_advice.py,
+    tests/test_run_length.py, and test_json_equals_the_library_for_the_same_plan below)."""
     code, out, err = run_cli("estimate", "--json", *args)
     assert (code, err) == (0, ""), err
-    return json.loads(out)
+    d = json.loads(out)
+    if not whole:
+        d.pop("advice")
+        if d["run"]:
+            d["run"].pop("failures")
+    return d
 
 
 def library(model: str, gpus: int, budget: Budget | None = None, cluster_kw: dict | None = None, **plan):
@@ -114,12 +124,16 @@ def test_json_equals_the_library_for_the_same_plan():
     args = ["--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "2", "--micro-batch", "1",
             "--global-batch", "256", "--seq-len", "4096", "--recompute", "selective", "--zero", "2",
             "--tokens", "2T", "--price", "2.5", "--pue", "1.2", "--nic-gbps", "25", "--rank-order", "tp,cp,pp,dp"]
-    d = run_json(*args)
+    d = run_json(*args, whole=True)
     est = library("llama3-70b", 64, Budget(tokens=2e12, price_per_gpu_hour=2.5, pue=1.2),
                   cluster_kw={"nic_bandwidth": 25e9}, tp=8, pp=4, dp=2, vpp=2, schedule="interleaved",
                   micro_batch=1, global_batch=256, seq_len=4096, recompute="selective", zero=2,
                   rank_order=("tp", "cp", "pp", "dp"))
+    failures = d["run"].pop("failures")  # the CLI's run with failures (meshplan.calc.run_length)
+    tips = d.pop("advice")  # and its advice (meshplan.advice)
     assert d == roundtrip(est.to_dict())
+    assert failures == roundtrip(for_estimate(est))
+    assert tips == roundtrip([a.to_dict() for a in advise(est.model, est.cluster, est.plan, est, est.budget)])
     assert d["plan"]["schedule"] == "interleaved"  # --vpp 2 selects it
     assert d["run"]["dollars"] == pytest.approx(d["run"]["gpu_hours"] * 2.5)
 
@@ -382,7 +396,7 @@ def test_subprocess_json_and_error():
     proc = _subprocess("estimate", "--json", "--tp", "2")
     assert proc.returncode == 0 and proc.stderr == ""
     d = json.loads(proc.stdout)
-    assert d == run_json("--tp", "2")
+    assert d == run_json("--tp", "2", whole=True)
     proc = _subprocess("estimate", "--tp", "3")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == ["error: tp: tp (3) must divide the number of attention heads (32)"]

@@ -192,7 +192,11 @@ def test_calc_lists_every_calculator_with_its_options(client):
     keys = {o["key"] for o in calcs["collective"]["options"]}
     assert {"size", "n", "op", "simulate", "trace", "gpus_per_node"} <= keys
     assert not keys & {"json", "explain", "out"}
-    assert next(o for o in calcs["checkpoint"]["options"] if o["key"] == "params")["required"] is True
+    # --params or a plan: the form offers a preset, a model on GPUs and the recipe, not every plan flag
+    assert next(o for o in calcs["checkpoint"]["options"] if o["key"] == "params")["required"] is False
+    for name in ("checkpoint", "failures"):
+        keys = {o["key"] for o in calcs[name]["options"]}
+        assert {"preset", "model", "gpus", "tokens"} <= keys and not keys & {"tp", "pp", "vpp", "layer_split"}
 
 
 def test_calc_collective_is_the_cli_json_with_the_ring_trace(client, capsys):
@@ -209,6 +213,7 @@ def test_calc_collective_is_the_cli_json_with_the_ring_trace(client, capsys):
     ("checkpoint", [("params", "405B"), ("component", "gpu:16384:50000h"), ("component", "host:2048:100000h")]),
     ("zero", [("params", "70B"), ("zero", "3"), ("dp", "64")]),
     ("failures", [("work", "54d"), ("checkpoint_time", "98s"), ("mtbf", "2.4h"), ("runs", "200")]),
+    ("failures", [("preset", "llama3-405b-16k"), ("tp", "8"), ("runs", "50")]),  # a plan's option the form leaves out
     ("batch", [("target", "2048"), ("dp", "128")]),
     ("lr", [("preset", "llama3-405b")]),
     ("formats", [("names", "bf16,fp16"), ("value", "3.14159")]),
@@ -235,7 +240,7 @@ def test_calc_bad_input(client):
     assert "integer" in bad(client.get("/api/calc/collective", params={"n": "two"}), "n")
     assert "unknown option" in bad(client.get("/api/calc/collective", params={"bandwidth": 3}), "bandwidth")
     assert "unknown calculator" in bad(client.get("/api/calc/teleport"), "calculator")
-    assert "Missing option" in bad(client.get("/api/calc/checkpoint"), "params")
+    assert "give --params, or a plan" in bad(client.get("/api/calc/checkpoint"), "params")
     assert "20,000" in bad(client.get("/api/calc/failures", params={"work": "54d", "checkpoint_time": "98s", "mtbf": "3h", "runs": 1_000_000}), "runs")
     assert "true or false" in bad(client.get("/api/calc/collective", params={"simulate": "maybe"}), "simulate")
 

@@ -12,6 +12,8 @@ overlap          communication hidden behind compute: bucketed all-reduce, FSDP 
 checkpoint       checkpoint size and write time, Young and Daly intervals, waste, cost per
                  crash; ZeRO per-GPU model state
 failures         cluster MTBF, the expected run time under failures (Daly) and its Monte Carlo
+run_length       a plan's run with failures: MTBF from the GPU count at a published rate,
+                 checkpoint from the plan, Daly's interval, expected days and a p10–p90 range
 batch            gradient accumulation, step time, critical-batch efficiency
 lr               LR scaling, warmup, warmup + cosine schedules with a batch ramp (Llama 3)
 formats          floating-point formats from their bit layout; rounding; tensor sizes

@@ -33,6 +33,9 @@ from meshplan.specs.plan import PrecisionRecipe
 from meshplan.units import GBPS, HOUR
 
 STEP_STATE_BYTES = 8  # step counter / scheduler state: negligible, counted as the source does
+#: restart after a failure (detect, reschedule, reload): 5 min, source 000's "5–10 minutes" per
+#: failure; the default of ``calc checkpoint``, ``calc failures`` and ``estimate --tokens``
+DEFAULT_RECOVERY_S = 300.0
 YOUNG = "Young 1974, CACM 17(9): τ = √(2CM)"
 DALY = "Daly 2006, A higher order estimate of the optimum checkpoint interval for restart dumps, FGCS 22(3)"
 ZERO = "Rajbhandari et al. 2020 (ZeRO), Sec. 5; meshplan.cost.memory.model_state_bytes"

@@ -35,7 +35,8 @@ from meshplan.calc import overlap as ov_mod
 from meshplan.calc import roofline as roof_mod
 from meshplan.calc.inputs import choice, count, parse_duration, parse_number, parse_size, positive
 from meshplan.calc.result import CalcResult, num, secs, size
-from meshplan.cli import render
+from meshplan.cli import calc_plan, render
+from meshplan.cli.options import PlanArgs, plan_options
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
 from meshplan.explain import render as render_derivations
@@ -127,6 +128,8 @@ GradDtype = Annotated[str, typer.Option("--grad-dtype", help="Gradient dtype: fp
 Master = Annotated[bool, typer.Option("--master-weights/--no-master-weights", help="fp32 master copy of 16-bit weights.")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="adam (two fp32 moments) or sgd (momentum).")]
 Params = Annotated[str, typer.Option("--params", help="Parameters, e.g. 70B.")]
+Mtbf = Annotated[Optional[str], typer.Option("--mtbf", help="Cluster mean time between failures, e.g. 24h (default: from the GPU count, --gpus or a plan's, at Llama 3's 419 interruptions in 54 days on 16,384 GPUs).", show_default=False)]
+Components = Annotated[Optional[list[str]], typer.Option("--component", help="name:count:mtbf per component (repeatable), e.g. gpu:16384:50000h; cluster MTBF = 1/Σ(count/mtbf).", show_default=False)]
 
 
 # ---- collective --------------------------------------------------------------------------------
@@ -217,48 +220,36 @@ def overlap(
 # ---- checkpoint and zero -----------------------------------------------------------------------
 
 
-def _mtbf(mtbf: Optional[str], components: Optional[list[str]]) -> Optional[float]:
-    if mtbf is not None and components:
-        raise InputError("mtbf", "give the cluster's --mtbf or its --component rates, not both")
-    if components:
-        return fail_mod.cluster_mtbf([_component(c) for c in components])
-    return _dur("mtbf", mtbf)
-
-
-def _component(text: str) -> fail_mod.Component:
-    parts = text.split(":")
-    if len(parts) != 3:
-        raise InputError("component", f"'{text}' must be name:count:mtbf, e.g. gpu:16384:50000h")
-    return fail_mod.Component(parts[0], count("component count", parse_number("component", parts[1])), parse_duration("component", parts[2]))
-
-
-Mtbf = Annotated[Optional[str], typer.Option("--mtbf", help="Cluster mean time between failures, e.g. 24h.", show_default=False)]
-Components = Annotated[Optional[list[str]], typer.Option("--component", help="name:count:mtbf per component (repeatable), e.g. gpu:16384:50000h; cluster MTBF = 1/Σ(count/mtbf).", show_default=False)]
 
 
 @_command("checkpoint")
+@plan_options
 def checkpoint(
-    params: Params,
-    write_bw: Annotated[float, typer.Option("--write-bw", help="GB/s one writer sustains to the filesystem.")] = 10.0,
-    writers: Annotated[int, typer.Option("--writers", help="Writers in parallel (1: one process writes all; N: each rank its shard).")] = 1,
-    fs_bw: Annotated[Optional[float], typer.Option("--fs-bw", help="GB/s the filesystem accepts in total (caps writers × write-bw).", show_default=False)] = None,
+    plan: PlanArgs,
+    params: Annotated[Optional[str], typer.Option("--params", help="Parameters, e.g. 70B; or give a plan (--preset, --plan, estimate flags).", show_default=False)] = None,
+    write_bw: Annotated[Optional[float], typer.Option("--write-bw", help="GB/s one writer sustains to the filesystem. (default: 10 with --params, 1 per GPU with a plan)", show_default=False)] = None,
+    writers: Annotated[Optional[int], typer.Option("--writers", help="Writers in parallel (1: one process writes all; N: each rank its shard). (default: 1 with --params, every GPU with a plan)", show_default=False)] = None,
+    fs_bw: Annotated[Optional[float], typer.Option("--fs-bw", help="GB/s the filesystem accepts in total (caps writers × write-bw; 0: none). (default: none with --params, 2000 with a plan)", show_default=False)] = None,
     mtbf: Mtbf = None,
     component: Components = None,
-    recovery: Annotated[Optional[str], typer.Option("--recovery", help="Restart time after a failure (default: reading the checkpoint back, = the write time).", show_default=False)] = None,
+    recovery: Annotated[str, typer.Option("--recovery", help="Restart time after a failure: detect, reschedule, reload; 'read-back': the write time.")] = "5min",
     interval: Annotated[Optional[str], typer.Option("--interval", help="Checkpoint interval (default: Young's optimum).", show_default=False)] = None,
-    step_time: Annotated[Optional[str], typer.Option("--step-time", help="Optimizer step time, to state the interval in steps.", show_default=False)] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs of the run (cost per crash, with --price).", show_default=False)] = None,
-    price: Annotated[Optional[float], typer.Option("--price", help="$ per GPU-hour.", show_default=False)] = None,
-    run: Annotated[Optional[str], typer.Option("--run", help="Length of the run, e.g. 30d: crashes and their total cost.", show_default=False)] = None,
-    precision: Precision = "bf16", grad_dtype: GradDtype = "fp32", master: Master = True, optimizer: Optimizer = "adam",
+    step_time: Annotated[Optional[str], typer.Option("--step-time", help="Optimizer step time, to state the interval in steps (default: the plan's).", show_default=False)] = None,
+    run: Annotated[Optional[str], typer.Option("--run", help="Length of the run, e.g. 30d: crashes and their total cost (default: the plan's with --tokens).", show_default=False)] = None,
+    optimizer: Optimizer = "adam",
     json_out: Json = False,
     explain: Explain = False,
 ) -> None:
-    """Checkpoint size per precision recipe, write time (serial or sharded), optimal interval (Young, Daly), expected waste and goodput, cost per crash."""
-    res = ckpt_mod.checkpoint(parse_number("params", params), _recipe(precision, grad_dtype, master, optimizer), positive("write_bw", write_bw) * GBPS,
-                              writers, _bw("fs_bw", fs_bw), _mtbf(mtbf, component), _dur("recovery", recovery), _dur("interval", interval),
-                              _dur("step_time", step_time), gpus, price, _dur("run", run))
-    emit(res, json_out, explain)
+    """Checkpoint size per precision recipe, write time (serial or sharded), optimal interval (Young, Daly), expected waste and goodput, cost per crash; of --params or of a plan."""
+    notes: list[str] = []
+    x = calc_plan.checkpoint_inputs(plan, params, write_bw, writers, fs_bw, optimizer, notes)
+    M = calc_plan.mtbf_of(mtbf, component, x["gpus"], notes)
+    if M is None:
+        notes.append("no MTBF: give --mtbf, --component, --gpus or a plan for the interval, waste and cost per crash")
+    res = ckpt_mod.checkpoint(x["params"], x["recipe"], x["writer_bw"], x["writers"], x["fs_bw"], M,
+                              calc_plan.recovery_of(recovery), _dur("interval", interval),
+                              _dur("step_time", step_time) or x["step_time"], x["gpus"], x["price"], _dur("run", run) or x["run_time"])
+    emit(res, json_out, explain, notes=tuple(notes))
 
 
 @_command("zero")
@@ -280,9 +271,11 @@ def zero(
 
 
 @_command("failures")
+@plan_options
 def failures(
-    work: Annotated[str, typer.Option("--work", help="Failure-free compute time of the run, e.g. 54d.")],
-    checkpoint_time: Annotated[str, typer.Option("--checkpoint-time", help="Time to write one checkpoint (to disk), e.g. 98s.")],
+    plan: PlanArgs,
+    work: Annotated[Optional[str], typer.Option("--work", help="Failure-free compute time of the run, e.g. 54d (default: a plan's with --tokens).", show_default=False)] = None,
+    checkpoint_time: Annotated[Optional[str], typer.Option("--checkpoint-time", help="Time to write one checkpoint (to disk), e.g. 98s (default: a plan's, as estimate --tokens writes it).", show_default=False)] = None,
     recovery: Annotated[str, typer.Option("--recovery", help="Restart after a failure: detect, replace, reload, e.g. 5min.")] = "5min",
     mtbf: Mtbf = None,
     component: Components = None,
@@ -296,18 +289,20 @@ def failures(
     json_out: Json = False,
     explain: Explain = False,
 ) -> None:
-    """A run under random failures: Daly's expected wall-clock time and goodput, and a Monte Carlo of whole runs (failures, checkpoint writes, lost work, restarts) with percentiles and a timeline picture; disk vs in-memory checkpoints."""
-    M = _mtbf(mtbf, component)
+    """A run under random failures: Daly's expected wall-clock time and goodput, and a Monte Carlo of whole runs (failures, checkpoint writes, lost work, restarts) with percentiles and a timeline picture; disk vs in-memory checkpoints; of given times or of a plan."""
+    notes: list[str] = []
+    x = calc_plan.failures_inputs(plan, work, checkpoint_time, notes)
+    M = calc_plan.mtbf_of(mtbf, component, x["gpus"], notes)
     if M is None:
-        raise InputError("mtbf", "give the cluster's --mtbf (e.g. 2.4h) or --component rates")
+        raise InputError("mtbf", "give the cluster's --mtbf (e.g. 2.4h), --component rates, or --gpus or a plan to derive it")
     path = _out_path(out)
     if path is not None and runs == 0:
         raise InputError("out", "the timeline comes from the Monte Carlo: give --runs ≥ 2")
-    scenarios = [fail_mod.Scenario("disk", parse_duration("checkpoint_time", checkpoint_time), parse_duration("recovery", recovery), _dur("interval", interval))]
+    scenarios = [fail_mod.Scenario("disk", x["checkpoint"], parse_duration("recovery", recovery), _dur("interval", interval))]
     if memory_checkpoint_time is not None:
         scenarios.append(fail_mod.Scenario("in-memory", parse_duration("in_memory_checkpoint_time", memory_checkpoint_time),
                                            parse_duration("in_memory_recovery", memory_recovery)))
-    W = parse_duration("work", work)
+    W = x["work"]
     err = Console(stderr=True)
     show = progress and runs > 0 and err.is_terminal
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeRemainingColumn(),
@@ -335,7 +330,7 @@ def failures(
         if path is not None:
             o.print(f"wrote {path}", markup=False, soft_wrap=True)
 
-    emit(res, json_out, explain, extra)
+    emit(res, json_out, explain, extra, tuple(notes))
 
 
 # ---- batch and lr -------------------------------------------------------------------------------

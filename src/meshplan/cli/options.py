@@ -25,7 +25,7 @@ import inspect
 import math
 import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
 from pydantic import ValidationError
@@ -44,6 +44,9 @@ from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, Stack
 from meshplan.specs.validate import check_plan
 from meshplan.units import GBPS, parse_count
+
+if TYPE_CHECKING:
+    from meshplan.calc.run_length import FailureModel
 
 DEFAULT_GPUS = 8
 DEFAULT_BATCH_TOKENS = 4 * 2**20
@@ -489,3 +492,26 @@ def stack_of_options(given: dict[str, Any], base: dict[str, Any]) -> Stack:
     except ValidationError as exc:
         err = input_error_from(exc, "stack")
         raise (InputError("set", err.rule) if err.field == "stack" else err) from None
+
+
+def failure_model(rate: Optional[float] = None, mtbf: Optional[str] = None, write_bw: Optional[float] = None,
+                  fs_bw: Optional[float] = None, restart: Optional[str] = None, **kw: Any) -> "FailureModel":
+    """The run's failure inputs from options (GB/s, durations), the stated defaults of
+    :class:`~meshplan.calc.run_length.FailureModel` for those not given; ``fs_bw`` 0: no cap."""
+    from meshplan.calc.inputs import parse_duration
+    from meshplan.calc.run_length import FailureModel
+
+    if rate is not None and mtbf is not None:
+        raise InputError("mtbf", "give --mtbf or --failure-rate, not both")
+    given: dict[str, Any] = dict(kw)
+    if rate is not None:
+        given["rate"] = _finite("failure_rate", rate, 0.0, 1.0, lo_open=True)
+    if mtbf is not None:
+        given["mtbf"] = parse_duration("mtbf", mtbf)
+    if write_bw is not None:
+        given["write_bw"] = _finite("ckpt_write_bw", write_bw, 0.0, 1e6, lo_open=True) * GBPS
+    if fs_bw is not None:
+        given["fs_bw"] = _finite("ckpt_fs_bw", fs_bw, 0.0, 1e9) * GBPS or None
+    if restart is not None:
+        given["restart"] = parse_duration("restart", restart)
+    return FailureModel(**given)

@@ -216,7 +216,7 @@ def flops_table(est: Estimate) -> Table:
     return t
 
 
-def run_table(est: Estimate) -> Optional[Table]:
+def run_table(est: Estimate, failures: Optional[dict[str, Any]] = None) -> Optional[Table]:
     run = est.run_cost()
     if not run:
         return None
@@ -224,12 +224,43 @@ def run_table(est: Estimate) -> Optional[Table]:
     t.add_column("figure")
     t.add_column("value", justify="right")
     t.add_row("optimizer steps", f"{run['steps']:,.0f}")
-    t.add_row("wall-clock (days)", f"{run['days']:,.2f}")
+    t.add_row("wall-clock (days), step time only" if failures else "wall-clock (days)", f"{run['days']:,.2f}")
+    if failures:
+        _failure_rows(t, failures)
     t.add_row("GPU-hours", f"{run['gpu_hours']:,.0f}")
     if "dollars" in run:
         t.add_row(f"cost ($, at ${est.budget.price_per_gpu_hour:g} per GPU-hour)", f"{run['dollars']:,.0f}")
     t.add_row(f"energy (MWh, GPU TDP {est.cluster.gpu.tdp_watts:g} W x PUE {est.budget.pue:g})", f"{run['energy_mwh']:,.1f}")
     return t
+
+
+def _failure_rows(t: Table, f: dict[str, Any]) -> None:
+    """The rows of :func:`meshplan.calc.run_length.run_with_failures`' figures."""
+    if not f["finishes"]:
+        t.add_row("wall-clock with failures", f"never finishes: {f['why']}")
+        return
+    mc = f["monte_carlo"]
+    t.add_row("wall-clock (days), with failures, expected", f"{f['expected_days']:,.2f}")
+    if mc:
+        t.add_row(f"  p10–p90 (Monte Carlo, {mc['runs']} runs, seed {mc['seed']})", f"{mc['days_p10']:,.2f}–{mc['days_p90']:,.2f}")
+    t.add_row("goodput (work / wall-clock)", _pct(f["goodput"]))
+    n = f["expected_failures"]
+    t.add_row("failures expected", f"{n:,.0f}" if n >= 100 else f"{n:.3g}")
+    t.add_row(f"checkpoint every (Daly), {f['checkpoint_bytes'] / TB:,.2f} TB written in {f['checkpoint_write_s']:.3g} s",
+              f"{f['interval_s'] / 60:,.1f} min")
+
+
+def failures_note(f: dict[str, Any]) -> str:
+    """One line on where the failure figures' inputs come from."""
+    if f.get("failures_per_gpu_hour") is not None:
+        src = (f"MTBF {f['mtbf_s'] / 3600:.3g} h from the GPU count at {f['failures_per_gpu_hour']:.4g} failures per GPU-hour"
+               + (f" ({f['rate_source']})" if f.get("rate_source") != "given" else " (given)"))
+    else:
+        src = f"MTBF {f['mtbf_s'] / 3600:.3g} h (given)"
+    fs = f"capped at {f['fs_bw'] / TB:g} TB/s in total" if f.get("fs_bw") else "no filesystem cap"
+    skipped = f"; Monte Carlo skipped: {f['monte_carlo_skipped']}" if f.get("monte_carlo_skipped") else ""
+    return (f"failures: {src}; every GPU writes its checkpoint shard at {f['write_bw_per_gpu'] / GBPS:g} GB/s, {fs}; "
+            f"restart {f['restart_s'] / 60:g} min (--failure-rate, --mtbf, --ckpt-write-bw, --ckpt-fs-bw, --restart){skipped}")
 
 
 def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
@@ -272,13 +303,26 @@ def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
     return t
 
 
-def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested: Optional[Stack] = None) -> None:
+def advice_lines(est: Estimate, advice: list) -> list[str]:
+    """The advice (:func:`meshplan.advice.advise`): each change's flags, then its effect."""
+    if not advice:
+        return []
+    head = ("advice: changes that fit" if not est.fits else
+            "advice: changes faster by more than the estimate's error (8%)") + ", best first; add the flags to the command:"
+    width = max(len(" ".join(a.flags)) for a in advice)
+    return [head] + [f"  {i}. {' '.join(a.flags):<{width}}   {a.why}" for i, a in enumerate(advice, 1)]
+
+
+def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested: Optional[Stack] = None,
+                   failures: Optional[dict[str, Any]] = None, advice: Optional[list] = None) -> None:
     out = console()
     for line in header(est, preset, requested):
         out.print(line)
     out.print()
     out.print(memory_table(est, unit))
     out.print(verdict(est, unit))
+    for line in advice_lines(est, advice or []):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
     out.print()
     out.print(time_table(est))
     out.print(bubble_line(est))
@@ -297,10 +341,12 @@ def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested
                 out.print(f"note: {note}")
     out.print()
     out.print(flops_table(est))
-    rt = run_table(est)
+    rt = run_table(est, failures)
     if rt is not None:
         out.print()
         out.print(rt)
+        if failures:
+            out.print(failures_note(failures), markup=False, soft_wrap=True)
 
 
 # ---- catalogs ------------------------------------------------------------------------------------

@@ -232,7 +232,8 @@ def _ckpt_case(v: Variant):
     gpus = v.pick(512, [256, 512, 1024, 4096])
     price = v.pick(2.0, [1.5, 2.0, 3.0])
     r = checkpoint(P, MIXED, bw, mtbf=mtbf, gpus=gpus, price=price)
-    opts = dict(params=f"{P / 1e9:g}B", precision="fp16", grad_dtype="fp16", write_bw=bw / GB, mtbf=dur(mtbf), gpus=gpus, price=price)
+    opts = dict(params=f"{P / 1e9:g}B", precision="fp16", grad_dtype="fp16", write_bw=bw / GB, mtbf=dur(mtbf), gpus=gpus, price=price,
+                recovery="read-back")
     return r, opts, {"params": P, "write_bw": bw, "mtbf": mtbf, "gpus": gpus, "price": price}
 
 

@@ -23,6 +23,7 @@ import typer
 from fastapi import APIRouter, Request
 
 from meshplan.cli.calc_cmd import calc_app
+from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.errors import InputError
 
 #: (calculator, option) -> the most a web request may ask for.
@@ -34,6 +35,9 @@ WEB_CAPS: dict[tuple[str, str], int] = {
 }
 #: Options the web does not offer: pictures are drawn by the page, output is always JSON.
 _HIDDEN = {"out", "json_out", "explain", "progress", "help"}
+
+#: the plan options a calculator's form offers: a preset, or a model on GPUs, and the recipe
+PLAN_LISTED = {"preset", "model", "gpu", "gpus", "tokens", "price", "precision", "grad_dtype", "master_weights"}
 
 _lock = threading.Lock()  # the commands print their JSON on stdout: one at a time
 
@@ -59,12 +63,20 @@ def _option(p: Any) -> dict[str, Any]:
     }
 
 
+def _listed(cmd: Any, p: Any) -> bool:
+    """Whether option ``p`` is in the form: not hidden, and of a calculator that takes a plan
+    (``checkpoint``, ``failures``: :mod:`meshplan.cli.calc_plan`) only the plan options of
+    :data:`PLAN_LISTED` (the others are accepted as query parameters all the same)."""
+    takes_plan = any(q.name == "plan_file" for q in cmd.params)
+    return p.name not in _HIDDEN and not (takes_plan and p.name in PLAN_OPTIONS and p.name not in PLAN_LISTED)
+
+
 def calculators() -> list[dict[str, Any]]:
     """Every calculator with its options, in the CLI's order."""
     out = []
     for name, cmd in _commands().items():
         doc = (cmd.help or "").strip().split("\n")[0]
-        out.append({"name": name, "help": doc, "options": [_option(p) for p in cmd.params if p.name not in _HIDDEN]})
+        out.append({"name": name, "help": doc, "options": [_option(p) for p in cmd.params if _listed(cmd, p)]})
     return out
 
 

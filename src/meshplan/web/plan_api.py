@@ -24,6 +24,7 @@ from meshplan.cli.pipeline_cmd import to_json as pipeline_json
 from meshplan.cli.render import BREAKDOWN_LABELS, gpu_row, published_table
 from meshplan.errors import InputError
 from meshplan.estimate import Estimate, estimate
+from meshplan.estimate_report import extras, report_json
 from meshplan.specs.stack import BEHAVIOUR_FIELDS
 from meshplan.presets import PRESETS, Preset
 from meshplan.specs.hardware import GPUSpec
@@ -169,8 +170,17 @@ def query_key(query_string: bytes) -> Optional[tuple]:
 
 
 def estimate_json(key: tuple) -> bytes:
-    """The body of ``/api/estimate`` for canonical options ``key``: ``meshplan estimate --json``."""
-    return json.dumps(run_estimate(resolve(plan_args(dict(key)))).to_dict(), allow_nan=False).encode()
+    """The body of ``/api/estimate`` for canonical options ``key``: ``meshplan estimate --json``
+    (with its run with failures and its advice: :mod:`meshplan.estimate_report`)."""
+    args = plan_args(dict(key))
+    return json.dumps(full_json(run_estimate(resolve(args)), args), allow_nan=False).encode()
+
+
+def full_json(est: Estimate, args: PlanArgs) -> dict[str, Any]:
+    """``meshplan estimate --json`` of ``est`` (options ``args``): with its run with failures and
+    its advice (:mod:`meshplan.estimate_report`)."""
+    failures, tips = extras(est, batch_flag="--global-batch-tokens" if args.global_batch_tokens else "--global-batch")
+    return report_json(est, failures, tips)
 
 
 estimates = EstimateCache(ESTIMATE_CACHE, estimate_json, query_key)
@@ -194,7 +204,7 @@ def api_view_plan(q: PlanParams) -> dict[str, Any]:
     setup = setup_of(q)
     est = run_estimate(setup, keep_timeline=True)
     return {
-        "estimate": est.to_dict(),
+        "estimate": full_json(est, plan_args(q.model_dump(exclude_none=True))),
         "derivations": derivations(est),
         "assumptions": assumptions(est),
         "timeline": timeline(est),
