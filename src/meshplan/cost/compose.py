@@ -82,49 +82,104 @@ class LayerTimes:
 
 
 def layer_times(
-    *,
-    fwd: Num,
-    bwd: Num,
-    wgt: Num,
-    fwd_gemm: Num,
-    bwd_gemm: Num,
-    fwd_attention: Num,
-    bwd_attention: Num,
-    recompute: Num,
-    full_recompute: Any,
-    emb: tuple[Num, Num, Num],
-    head: tuple[Num, Num, Num],
-    tp_one: Num,
-    sp: Any,
-    tp_comm_overlap: Any,
-    cp: Num,
-    cp_comm: tuple[Num, Num],
-    fsdp_per_layer: Any,
-    all_gather: Num,
-    reduce_scatter: Num,
-    reshard_after_forward: bool,
-    fsdp_units: tuple[Num, Num, Num, Num],
-    embedding_kept: Any,
-    tp_overlapped: tuple[Num, Num] | None = None,
-    kernels: str = "fused",
-    nccl_share: Num = 0.0,
-    tp_share: Num = 0.0,
-    fsdp_copies: tuple[Num, Num, Num, Num, Num, Num] = (0.0,) * 6,
-    expert_tp: Num | None = None,
+    *, fwd: Num, bwd: Num, wgt: Num, fwd_gemm: Num, bwd_gemm: Num, fwd_attention: Num, bwd_attention: Num, recompute: Num,
+    full_recompute: Any, emb: tuple[Num, Num, Num], head: tuple[Num, Num, Num], tp_one: Num, sp: Any, tp_comm_overlap: Any,
+    cp: Num, cp_comm: tuple[Num, Num], fsdp_per_layer: Any, all_gather: Num, reduce_scatter: Num, reshard_after_forward: bool,
+    fsdp_units: tuple[Num, Num, Num, Num], embedding_kept: Any, tp_overlapped: tuple[Num, Num] | None = None,
+    kernels: str = "fused", nccl_share: Num = 0.0, tp_share: Num = 0.0,
+    fsdp_copies: tuple[Num, Num, Num, Num, Num, Num] = (0.0,) * 6, expert_tp: Num | None = None,
 ) -> LayerTimes:
-    """Per-layer times from the layer's op times and the collective times it needs.
+    """Per-layer times from the layer's op times and the collective times it needs (numbers, or
+    arrays over rows of plans, elementwise):
 
-    * TP (``tp_one``: one all-reduce, or with sequence parallelism one all-gather + one
-      reduce-scatter, of n·h·e; 0 without TP): 2 per layer forward and 2 backward, hidden behind
-      the GEMMs with TP overlap (Megatron's userbuffers), or, with ``tp_overlapped`` given, as
-      exposed as that (forward, backward) pair says (torch's micro-pipelined TP,
-      :func:`meshplan.cost.async_tp.micro_pipeline_tp_times`). The embedding reduces its output forward (reduce-scatter with SP,
-      then an all-gather of its gradient backward); the LM head gathers its input forward with SP
-      and reduces its input gradient backward (Shoeybi et al. 2019; Korthikanti et al. 2022).
+    * TP, exposed or hidden behind the GEMMs (:func:`_tp_times`); the embedding reduces its output
+      forward (reduce-scatter with SP, then an all-gather of its gradient backward); the LM head
+      gathers its input forward with SP and reduces its input gradient backward (Shoeybi et al.
+      2019; Korthikanti et al. 2022).
     * CP (``cp_comm``: one K|V exchange and one backward transfer,
       :func:`meshplan.cost.cp_exchange.cp_exchange_collectives`): exposed as the software stack
       ``kernels`` runs it (:func:`meshplan.cost.cp_exchange.cp_exposed_times`: Megatron/TE's ring
       of c − 1 steps, or torch's all-gather and fp32 dK|dV ring).
+    * ZeRO-3 per layer and FSDP2's copies (:func:`_fsdp_times`).
+    * Full recompute repeats the forward's TP and CP collectives in the backward.
+    * Contention (:mod:`meshplan.cost.contention`): the compute beside each hidden collective
+      takes Δ = T_h · n_c/n_SM longer, with ``tp_share`` = n_c/n_SM for the overlapped TP
+      collectives and ``nccl_share`` for the CP and FSDP ones (both 0: no contention).
+    """
+    tp_fwd, tp_bwd, h_tp_fwd, h_tp_bwd = _tp_times(tp_one, tp_comm_overlap, tp_overlapped, expert_tp, fwd_gemm, bwd_gemm,
+                                                   full_recompute)
+    half = pick(sp, tp_one / 2, 0.0)
+    cp_fwd, cp_bwd = cp_exposed_times(kernels, cp, cp_comm[0], cp_comm[1], fwd_attention, bwd_attention)
+    raw_cp_fwd, raw_cp_bwd = cp_raw_times(kernels, cp, cp_comm[0], cp_comm[1])
+    h_cp_fwd = hidden_comm(raw_cp_fwd, cp_fwd)
+    h_cp_bwd = hidden_comm(raw_cp_bwd, cp_bwd) + pick(full_recompute, h_cp_fwd, 0.0)
+    z = _fsdp_times(fwd, bwd, recompute, emb, head, fsdp_per_layer, all_gather, reduce_scatter, reshard_after_forward, fsdp_units,
+                    embedding_kept, fsdp_copies)
+    c_fwd = contention_time(h_tp_fwd, tp_share) + contention_time(h_cp_fwd + z["hidden_fsdp_fwd"], nccl_share)
+    c_bwd = contention_time(h_tp_bwd, tp_share) + contention_time(h_cp_bwd + z["hidden_fsdp_bwd"], nccl_share)
+    return LayerTimes(
+        fwd=fwd + c_fwd,
+        bwd=bwd + c_bwd,
+        wgt=wgt,
+        recompute=recompute,
+        emb_fwd=emb[0] + contention_time(z["hidden_fsdp_emb_fwd"], nccl_share),
+        emb_bwd=emb[1] + contention_time(z["hidden_fsdp_emb_bwd"], nccl_share),
+        emb_wgt=emb[2],
+        head_fwd=head[0] + contention_time(z["hidden_fsdp_head_fwd"], nccl_share),
+        head_bwd=head[1] + contention_time(z["hidden_fsdp_head_bwd"], nccl_share),
+        head_wgt=head[2],
+        tp_fwd=tp_fwd,
+        tp_bwd=tp_bwd + pick(full_recompute, tp_fwd, 0.0),
+        tp_emb_fwd=pick(sp, half, tp_one),
+        tp_emb_bwd=pick(sp, half, 0.0),
+        tp_head_fwd=pick(sp, half, 0.0),
+        tp_head_bwd=pick(sp, half, tp_one),
+        cp_fwd=cp_fwd,
+        cp_bwd=cp_bwd + pick(full_recompute, cp_fwd, 0.0),
+        hidden_tp_fwd=h_tp_fwd,
+        hidden_tp_bwd=h_tp_bwd,
+        hidden_cp_fwd=h_cp_fwd,
+        hidden_cp_bwd=h_cp_bwd,
+        contention_fwd=c_fwd,
+        contention_bwd=c_bwd,
+        **z,
+    )
+
+
+def _tp_times(tp_one: Num, tp_comm_overlap: Any, tp_overlapped: tuple[Num, Num] | None, expert_tp: Num | None, fwd_gemm: Num,
+              bwd_gemm: Num, full_recompute: Any) -> tuple[Num, Num, Num, Num]:
+    """A layer's exposed TP (forward, backward) and the TP hidden behind its GEMMs (forward,
+    backward; full recompute hides the forward's again in the backward). ``tp_one``: one
+    all-reduce, or with sequence parallelism one all-gather + one reduce-scatter, of n·h·e (0
+    without TP): 2 per layer forward and 2 backward, hidden behind the GEMMs with TP overlap
+    (Megatron's userbuffers), or, with ``tp_overlapped`` given, as exposed as that (forward,
+    backward) pair says (torch's micro-pipelined TP,
+    :func:`meshplan.cost.async_tp.micro_pipeline_tp_times`). An MoE layer (``expert_tp`` given:
+    :func:`meshplan.cost.moe.expert_tp_time`) keeps the attention half's TP pair as above; its MLP
+    half moves the dispatched tokens instead, one all-gather and one reduce-scatter of n·k·h·e
+    each way, exposed (outside the TP overlap). torch's micro-pipelined times already leave an MoE
+    layer's MLP pair exposed whole (``tp_one``), which the expert exchange replaces."""
+    pairs = 2 if expert_tp is None else 1  # TP pairs that overlap can hide: attention's and a dense MLP's
+    tp_fwd = tp_bwd = pairs * tp_one
+    if tp_overlapped is None:
+        tp_fwd, tp_bwd = pick(tp_comm_overlap, exposed(tp_fwd, fwd_gemm), tp_fwd), pick(tp_comm_overlap, exposed(tp_bwd, bwd_gemm), tp_bwd)
+    else:
+        mlp = 0.0 if expert_tp is None else tp_one  # the MoE MLP pair its times leave exposed
+        tp_fwd = pick(tp_comm_overlap, tp_overlapped[0] - mlp, tp_fwd)
+        tp_bwd = pick(tp_comm_overlap, tp_overlapped[1] - mlp, tp_bwd)
+    h_tp_fwd = hidden_comm(pairs * tp_one, tp_fwd)
+    h_tp_bwd = hidden_comm(pairs * tp_one, tp_bwd) + pick(full_recompute, h_tp_fwd, 0.0)
+    if expert_tp is not None:
+        tp_fwd, tp_bwd = tp_fwd + expert_tp, tp_bwd + expert_tp
+    return tp_fwd, tp_bwd, h_tp_fwd, h_tp_bwd
+
+
+def _fsdp_times(fwd: Num, bwd: Num, recompute: Num, emb: tuple, head: tuple, fsdp_per_layer: Any, all_gather: Num,
+                reduce_scatter: Num, reshard_after_forward: bool, fsdp_units: tuple, embedding_kept: Any, fsdp_copies: tuple) -> dict:
+    """A layer's, the embedding's and the LM head's exposed and hidden ZeRO-3 time, forward and
+    backward (the :class:`LayerTimes` fields ``fsdp_*`` and ``hidden_fsdp_*``; 0 unless
+    ``fsdp_per_layer``).
+
     * ZeRO-3 per layer: all-gather before forward, again before backward unless weights stay
       gathered, reduce-scatter after, prefetched behind the layer's compute. The embedding and
       the final norm + LM head are FSDP units of their own (``fsdp_units``: embedding all-gather,
@@ -140,27 +195,7 @@ def layer_times(
       the head unit, :func:`meshplan.cost.fsdp_copies.fsdp2_unit_copy_times`; zeros on other
       stacks) run on the compute stream beside the collectives they serve, one copy-out after
       every all-gather and one copy-in before every reduce-scatter, charged to the FSDP time in
-      full.
-    * An MoE layer (``expert_tp`` given: :func:`meshplan.cost.moe.expert_tp_time`) keeps the
-      attention half's TP pair as above; its MLP half moves the dispatched tokens instead, one
-      all-gather and one reduce-scatter of n·k·h·e each way, exposed (outside the TP overlap).
-      torch's micro-pipelined times (``tp_overlapped``) already leave an MoE layer's MLP pair
-      exposed whole (``tp_one``), which the expert exchange replaces.
-    * Full recompute repeats the forward's TP and CP collectives in the backward.
-    * Contention (:mod:`meshplan.cost.contention`): the compute beside each hidden collective
-      takes Δ = T_h · n_c/n_SM longer, with ``tp_share`` = n_c/n_SM for the overlapped TP
-      collectives and ``nccl_share`` for the CP and FSDP ones (both 0: no contention).
-    """
-    pairs = 2 if expert_tp is None else 1  # TP pairs that overlap can hide: attention's and a dense MLP's
-    tp_fwd = tp_bwd = pairs * tp_one
-    if tp_overlapped is None:
-        tp_fwd, tp_bwd = pick(tp_comm_overlap, exposed(tp_fwd, fwd_gemm), tp_fwd), pick(tp_comm_overlap, exposed(tp_bwd, bwd_gemm), tp_bwd)
-    else:
-        mlp = 0.0 if expert_tp is None else tp_one  # the MoE MLP pair its times leave exposed
-        tp_fwd = pick(tp_comm_overlap, tp_overlapped[0] - mlp, tp_fwd)
-        tp_bwd = pick(tp_comm_overlap, tp_overlapped[1] - mlp, tp_bwd)
-    half = pick(sp, tp_one / 2, 0.0)
-    cp_fwd, cp_bwd = cp_exposed_times(kernels, cp, cp_comm[0], cp_comm[1], fwd_attention, bwd_attention)
+      full."""
     ag_bwd = all_gather if reshard_after_forward else 0.0
     fsdp_fwd = pick(fsdp_per_layer, exposed(all_gather, fwd), 0.0)
     fsdp_bwd = pick(fsdp_per_layer, exposed(ag_bwd + reduce_scatter, bwd + recompute), 0.0)
@@ -170,63 +205,22 @@ def layer_times(
     fsdp_emb_bwd = pick(fsdp_per_layer, exposed(emb_ag_bwd + emb_rs, emb[1]), 0.0)
     fsdp_head_fwd = pick(fsdp_per_layer, exposed(head_ag, head[0]), 0.0)
     fsdp_head_bwd = pick(fsdp_per_layer, exposed(head_rs, head[1]), 0.0)
-    raw_cp_fwd, raw_cp_bwd = cp_raw_times(kernels, cp, cp_comm[0], cp_comm[1])
     on = lambda x: pick(fsdp_per_layer, x, 0.0)  # noqa: E731
-    h_tp_fwd = hidden_comm(pairs * tp_one, tp_fwd)
-    h_tp_bwd = hidden_comm(pairs * tp_one, tp_bwd) + pick(full_recompute, h_tp_fwd, 0.0)
-    if expert_tp is not None:
-        tp_fwd, tp_bwd = tp_fwd + expert_tp, tp_bwd + expert_tp
-    h_cp_fwd = hidden_comm(raw_cp_fwd, cp_fwd)
-    h_cp_bwd = hidden_comm(raw_cp_bwd, cp_bwd) + pick(full_recompute, h_cp_fwd, 0.0)
-    h_fsdp_fwd = on(hidden_comm(all_gather, fsdp_fwd))
-    h_fsdp_bwd = on(hidden_comm(ag_bwd + reduce_scatter, fsdp_bwd))
-    h_emb = (on(hidden_comm(emb_ag, fsdp_emb_fwd)), on(hidden_comm(emb_ag_bwd + emb_rs, fsdp_emb_bwd)))
-    h_head = (on(hidden_comm(head_ag, fsdp_head_fwd)), on(hidden_comm(head_rs, fsdp_head_bwd)))
     out, in_, emb_out, emb_in, head_out, head_in = fsdp_copies
-    copies_fwd = on(out)
-    copies_bwd = on((out if reshard_after_forward else 0.0) + in_)
     emb_again = pick(embedding_kept, 0.0, emb_out) if reshard_after_forward else 0.0
-    emb_copies = (on(emb_out), on(emb_again + emb_in))
-    head_copies = (on(head_out), on(head_in))
-    c_fwd = contention_time(h_tp_fwd, tp_share) + contention_time(h_cp_fwd + h_fsdp_fwd, nccl_share)
-    c_bwd = contention_time(h_tp_bwd, tp_share) + contention_time(h_cp_bwd + h_fsdp_bwd, nccl_share)
-    return LayerTimes(
-        fwd=fwd + c_fwd,
-        bwd=bwd + c_bwd,
-        wgt=wgt,
-        recompute=recompute,
-        emb_fwd=emb[0] + contention_time(h_emb[0], nccl_share),
-        emb_bwd=emb[1] + contention_time(h_emb[1], nccl_share),
-        emb_wgt=emb[2],
-        head_fwd=head[0] + contention_time(h_head[0], nccl_share),
-        head_bwd=head[1] + contention_time(h_head[1], nccl_share),
-        head_wgt=head[2],
-        tp_fwd=tp_fwd,
-        tp_bwd=tp_bwd + pick(full_recompute, tp_fwd, 0.0),
-        tp_emb_fwd=pick(sp, half, tp_one),
-        tp_emb_bwd=pick(sp, half, 0.0),
-        tp_head_fwd=pick(sp, half, 0.0),
-        tp_head_bwd=pick(sp, half, tp_one),
-        cp_fwd=cp_fwd,
-        cp_bwd=cp_bwd + pick(full_recompute, cp_fwd, 0.0),
-        fsdp_fwd=fsdp_fwd + copies_fwd,
-        fsdp_bwd=fsdp_bwd + copies_bwd,
-        fsdp_emb_fwd=fsdp_emb_fwd + emb_copies[0],
-        fsdp_emb_bwd=fsdp_emb_bwd + emb_copies[1],
-        fsdp_head_fwd=fsdp_head_fwd + head_copies[0],
-        fsdp_head_bwd=fsdp_head_bwd + head_copies[1],
-        hidden_tp_fwd=h_tp_fwd,
-        hidden_tp_bwd=h_tp_bwd,
-        hidden_cp_fwd=h_cp_fwd,
-        hidden_cp_bwd=h_cp_bwd,
-        hidden_fsdp_fwd=h_fsdp_fwd,
-        hidden_fsdp_bwd=h_fsdp_bwd,
-        hidden_fsdp_emb_fwd=h_emb[0],
-        hidden_fsdp_emb_bwd=h_emb[1],
-        hidden_fsdp_head_fwd=h_head[0],
-        hidden_fsdp_head_bwd=h_head[1],
-        contention_fwd=c_fwd,
-        contention_bwd=c_bwd,
+    return dict(
+        fsdp_fwd=fsdp_fwd + on(out),
+        fsdp_bwd=fsdp_bwd + on((out if reshard_after_forward else 0.0) + in_),
+        fsdp_emb_fwd=fsdp_emb_fwd + on(emb_out),
+        fsdp_emb_bwd=fsdp_emb_bwd + on(emb_again + emb_in),
+        fsdp_head_fwd=fsdp_head_fwd + on(head_out),
+        fsdp_head_bwd=fsdp_head_bwd + on(head_in),
+        hidden_fsdp_fwd=on(hidden_comm(all_gather, fsdp_fwd)),
+        hidden_fsdp_bwd=on(hidden_comm(ag_bwd + reduce_scatter, fsdp_bwd)),
+        hidden_fsdp_emb_fwd=on(hidden_comm(emb_ag, fsdp_emb_fwd)),
+        hidden_fsdp_emb_bwd=on(hidden_comm(emb_ag_bwd + emb_rs, fsdp_emb_bwd)),
+        hidden_fsdp_head_fwd=on(hidden_comm(head_ag, fsdp_head_fwd)),
+        hidden_fsdp_head_bwd=on(hidden_comm(head_rs, fsdp_head_bwd)),
     )
 
 
@@ -336,43 +330,19 @@ def pp_buffer_messages(kind: str, m: Num, not_first: Num, not_last: Num) -> Num:
 
 
 def rank_other_items(
-    *,
-    reserve: float,
-    holds_head: bool,
-    logits_grad: Num,
-    head_act: Num,
-    zero: Any,
-    shard: Num,
-    params: Num,
-    layer_params: Num,
-    head_params: Num,
-    kept_embedding_params: Num,
-    weight_bytes: int,
-    grad_bytes: int,
-    reshard_after_forward: bool,
-    once_per_step: bool,
-    tp: Num,
-    act_msg: Num,
-    pp: int,
-    p2p_bytes: Num,
-    pp_messages: Num = 2,
-    working: Num = 0.0,
-    root_embedding_params: Num = 0.0,
-    head_in_root: bool = False,
-    down_params: Num,
-    layer_stored: Num,
-    logits_block: Num,
-    kept_outputs: Num = 0.0,
-    gather_pool: Num = 0.0,
-    layer_saving: Num = 0.0,
-    stage_saving: Num = 0.0,
+    *, reserve: float, holds_head: bool, logits_grad: Num, head_act: Num, zero: Any, shard: Num, params: Num, layer_params: Num,
+    head_params: Num, kept_embedding_params: Num, weight_bytes: int, grad_bytes: int, reshard_after_forward: bool,
+    once_per_step: bool, tp: Num, act_msg: Num, pp: int, p2p_bytes: Num, pp_messages: Num = 2, working: Num = 0.0,
+    root_embedding_params: Num = 0.0, head_in_root: bool = False, down_params: Num, layer_stored: Num, logits_block: Num,
+    kept_outputs: Num = 0.0, gather_pool: Num = 0.0, layer_saving: Num = 0.0, stage_saving: Num = 0.0,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
     Always there: the runtime reserve, TP buffers (two activation messages), PP buffers
-    (``pp_messages`` stage-to-stage messages of ``p2p_bytes``: :func:`pp_buffer_messages`). The others live at different moments of the backward of the micro-batch whose
-    activations make the peak A (all its activations are still stored when its backward begins),
-    so the peak is the larger of two moments, not their sum:
+    (``pp_messages`` stage-to-stage messages of ``p2p_bytes``: :func:`pp_buffer_messages`). The
+    others live at different moments of the backward of the micro-batch whose activations make
+    the peak A (all its activations are still stored when its backward begins), so the peak is the
+    larger of two moments, not their sum:
 
     * head moment (last stage, start of backward): A + G + the loss's gradient buffers
       (``logits_grad``: :func:`meshplan.cost.activations.loss_grad_bytes`, 4·n·V/t each) + the
@@ -386,40 +356,13 @@ def rank_other_items(
       with the activations; at the head moment, before any layer's backward, the
       ``working_set_not_yet_built`` item takes it off (negative).
 
-    G, G' (ZeRO-3 gathered weights): when weights are resharded after forward, the units kept
-    gathered from forward to backward, at the head moment the final norm + LM head unit
-    (P_head·w) and at the layer moment the layer in use and the prefetched one (2·P_l·w), plus a
-    tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's FSDP2 units until
-    pytorch/torchtitan#1094, 2025-07: the embedding, final norm and LM head left to the root unit,
-    which FSDP2 never reshards after forward, and the last block kept gathered) the root's
-    P_emb + P_head (the embedding's share ``root_embedding_params``) are gathered at both moments,
-    the last block's P_l at the head moment, and at the layer moment the LM head's unsharded gradients, P_head·w, wait for the
-    root's post-backward at the end of the backward (item ``root_gradients_held``; FSDP2 runs the
-    root's post-backward from its final callback, as the root's inputs, token ids, take no
-    gradient); when weights stay gathered, the whole stage (P·w: the
-    gathered copy sits beside the shard, as FSDP2 keeps it), less the head unit at the layer moment;
-    when gradients also stay unsharded through the step, P·(1 − 1/N)·w and the unsharded gradients
-    P·(1 − 1/N)·γ. B (ZeRO-2/3 reduce-scatter buckets, layer moment only; Rajbhandari et al. 2020,
-    Sec. 5): the top layer's backward peaks at its MLP (the working set W, with the MLP's gradients),
-    when the previous layer's gradients are being reduced and of its own only the down projection's
-    exist (P_down, ``down_params``: the first weights its backward reaches), B = (P_l + P_down)·γ;
-    unless, with few activations, the layer's end is larger, when all its gradients exist beside
-    the previous layer's reduction but its activations, its stored ``layer_stored`` A_l and W,
-    are freed: B = 2·P_l·γ, with the item ``layer_activations_freed`` = −(A_l + W). torch's
-    FSDPMemTracker, two tiny layers without recompute and four under full recompute: 3.0 % and
-    1.4 % over torch's peak, where 2·P_l·γ beside W was 7.1 % and 4.6 % over (``meshplan verify
-    memory``; the layer's own weights, resharded before its reduce-scatter, are still counted at
-    its end).
-    ``gather_pool`` (ZeRO-3 as torch's FSDP2; 0 otherwise): the reserved pool of FSDP2's all-gather
-    copy-in stream (:func:`meshplan.cost.allocator.all_gather_pool_bytes`), which the compute
-    stream cannot use, at both moments (item ``all_gather_pool``). G' above counts the prefetched
-    unit as unsharded; FSDP2's prefetch gathers it into the pool and copies it out only when its
-    backward begins, so where weights are resharded after forward the layer moment holds the pool
-    less that unit, P_l·w.
-    ``layer_saving``, ``stage_saving`` (ZeRO-3 with FP8 all-gather,
-    :func:`meshplan.cost.fsdp_copies.fp8_gather_saving`): the bytes one gathered layer, and all the
-    rank's layers, hold less than P_l·w (their Float8Linear weights gathered as FP8), taken off
-    every gathered layer above.
+    G, G' are ZeRO-3's gathered weights (:func:`_gathered_weights`), B ZeRO-2/3's reduce-scatter
+    buckets (:func:`_reduce_buckets`). ``gather_pool`` (ZeRO-3 as torch's FSDP2; 0 otherwise): the
+    reserved pool of FSDP2's all-gather copy-in stream
+    (:func:`meshplan.cost.allocator.all_gather_pool_bytes`), which the compute stream cannot use,
+    at both moments (item ``all_gather_pool``). G' counts the prefetched unit as unsharded; FSDP2's
+    prefetch gathers it into the pool and copies it out only when its backward begins, so where
+    weights are resharded after forward the layer moment holds the pool less that unit, P_l·w.
     ``kept_outputs`` (last stage, ``pp_return_outputs``): the outputs torch.distributed.pipelining
     keeps for the step's end beyond those of the micro-batches in flight (which the activations
     count: :func:`stage_activations`), the same at both moments and listed last (item
@@ -430,19 +373,9 @@ def rank_other_items(
     z2 = (zero >= 2) & sharded
     unsharded_part = 1 - 1 / shard
     head_here = head_params if holds_head else 0.0
-    if once_per_step:
-        g_head = g_layer = (params * weight_bytes - stage_saving) * unsharded_part
-    elif reshard_after_forward:
-        root_emb, last_block, head_kept = (root_embedding_params, layer_params, head_here) if head_in_root else (0.0, 0.0, 0.0)
-        g_head = (head_here + kept_embedding_params + root_emb + last_block) * weight_bytes - (layer_saving if head_in_root else 0.0)
-        g_layer = (2 * layer_params + kept_embedding_params + root_emb + head_kept) * weight_bytes - 2 * layer_saving
-    else:
-        g_head = params * weight_bytes - stage_saving
-        g_layer = (params - head_here) * weight_bytes - stage_saving
-    at_mlp, at_end = (layer_params + down_params) * grad_bytes, 2 * layer_params * grad_bytes
-    end_wins = np.logical_and(z2, at_end - layer_stored - working > at_mlp)
-    buckets = pick(end_wins, at_end, at_mlp)
-    layer_freed = pick(end_wins, -(layer_stored + working), 0.0)
+    g_head, g_layer = _gathered_weights(params, layer_params, head_here, kept_embedding_params, root_embedding_params, weight_bytes,
+                                        unsharded_part, reshard_after_forward, once_per_step, head_in_root, layer_saving, stage_saving)
+    buckets, layer_freed = _reduce_buckets(z2, layer_params, down_params, grad_bytes, layer_stored, working)
     freed = head_act if holds_head else 0.0
     root_held = head_in_root and reshard_after_forward and not once_per_step
     held = head_here * weight_bytes if root_held else 0.0
@@ -474,6 +407,56 @@ def rank_other_items(
         items = {k: v for k, v in items.items()
                  if k == "runtime_reserve" or v != 0 or _applies(k, holds_head, z3, once_per_step, zero, sharded, tp, pp, root_held)}
     return items
+
+
+def _gathered_weights(params: Num, layer_params: Num, head_here: Num, kept_embedding_params: Num, root_embedding_params: Num,
+                      weight_bytes: int, unsharded_part: Num, reshard_after_forward: bool, once_per_step: bool,
+                      head_in_root: bool, layer_saving: Num, stage_saving: Num) -> tuple[Num, Num]:
+    """ZeRO-3's gathered weights at the head moment G and at the layer moment G'
+    (:func:`rank_other_items`). When weights are resharded after forward, the units kept gathered
+    from forward to backward: at the head moment the final norm + LM head unit (P_head·w, 0 on a
+    rank without the head) and at the layer moment the layer in use and the prefetched one
+    (2·P_l·w), plus a tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's
+    FSDP2 units until pytorch/torchtitan#1094, 2025-07: the embedding, final norm and LM head left
+    to the root unit, which FSDP2 never reshards after forward, and the last block kept gathered)
+    the root's P_emb + P_head (the embedding's share ``root_embedding_params``) are gathered at
+    both moments, the last block's P_l at the head moment, and at the layer moment the LM head's
+    unsharded gradients, P_head·w, wait for the root's post-backward at the end of the backward
+    (:func:`rank_other_items`' item ``root_gradients_held``; FSDP2 runs the root's post-backward
+    from its final callback, as the root's inputs, token ids, take no gradient). When weights stay
+    gathered, the whole stage (P·w: the gathered copy sits beside the shard, as FSDP2 keeps it),
+    less the head unit at the layer moment; when gradients also stay unsharded through the step
+    (``once_per_step``), P·(1 − 1/N)·w at both. ``layer_saving``, ``stage_saving`` (ZeRO-3 with
+    FP8 all-gather, :func:`meshplan.cost.fsdp_copies.fp8_gather_saving`): the bytes one gathered
+    layer, and all the rank's layers, hold less than P_l·w (their Float8Linear weights gathered as
+    FP8), taken off every gathered layer."""
+    if once_per_step:
+        g = (params * weight_bytes - stage_saving) * unsharded_part
+        return g, g
+    if reshard_after_forward:
+        root_emb, last_block, head_kept = (root_embedding_params, layer_params, head_here) if head_in_root else (0.0, 0.0, 0.0)
+        g_head = (head_here + kept_embedding_params + root_emb + last_block) * weight_bytes - (layer_saving if head_in_root else 0.0)
+        g_layer = (2 * layer_params + kept_embedding_params + root_emb + head_kept) * weight_bytes - 2 * layer_saving
+        return g_head, g_layer
+    return params * weight_bytes - stage_saving, (params - head_here) * weight_bytes - stage_saving
+
+
+def _reduce_buckets(z2: Any, layer_params: Num, down_params: Num, grad_bytes: int, layer_stored: Num,
+                    working: Num) -> tuple[Num, Num]:
+    """ZeRO-2/3's reduce-scatter buckets B at the layer moment (:func:`rank_other_items`), and the
+    activations freed with them (item ``layer_activations_freed``, ≤ 0). Rajbhandari et al. 2020,
+    Sec. 5: the top layer's backward peaks at its MLP (the working set W, with the MLP's
+    gradients), when the previous layer's gradients are being reduced and of its own only the down
+    projection's exist (P_down, ``down_params``: the first weights its backward reaches),
+    B = (P_l + P_down)·γ; unless, with few activations, the layer's end is larger, when all its
+    gradients exist beside the previous layer's reduction but its activations, its stored
+    ``layer_stored`` A_l and W, are freed: B = 2·P_l·γ, freed −(A_l + W). torch's FSDPMemTracker,
+    two tiny layers without recompute and four under full recompute: 3.0 % and 1.4 % over torch's
+    peak, where 2·P_l·γ beside W was 7.1 % and 4.6 % over (``meshplan verify memory``; the layer's
+    own weights, resharded before its reduce-scatter, are still counted at its end)."""
+    at_mlp, at_end = (layer_params + down_params) * grad_bytes, 2 * layer_params * grad_bytes
+    end_wins = np.logical_and(z2, at_end - layer_stored - working > at_mlp)
+    return pick(end_wins, at_end, at_mlp), pick(end_wins, -(layer_stored + working), 0.0)
 
 
 def _applies(name: str, holds_head: bool, z3: bool, once: bool, zero: int, sharded: bool, tp: int, pp: int, root_held: bool) -> bool:

@@ -279,20 +279,36 @@ def layer_op_times(
     materialized attention its scale/mask/softmax passes too), which is what selective
     recompute repeats."""
     peak = gpu.peak(compute_dtype)
-    peak16 = gpu.peak("bf16") if compute_dtype == "fp8" else peak  # attention stays 16-bit
     cal_g = gemm_calibration(cal, compute_dtype)  # the layer GEMMs' (FP8's own η_max)
     e = act_bytes
-    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
     tokens = micro_batch * seq_len / cp
-    a_r = model.n_heads // tp
-    g_r = kv_heads_per_rank(model, tp)
     named = [g for g in projection_gemms(model, tokens, tp, kernels) if not (moe and g[0] in MLP_GEMM_NAMES)]
     gemms = [shape for _, shape in named]
-    grouped: list[tuple[float, float, float, float]] = []
-    if moe:
-        grouped = moe_mlp_gemms(model, tokens, tp, ep)
-    fg = bi = bw = 0.0
+    grouped = moe_mlp_gemms(model, tokens, tp, ep) if moe else []
     ge = gemm_operand_bytes(compute_dtype, e)
+    fg, bi, bw = _gemm_times(gemms, grouped, gpu, cal, cal_g, peak, ge, e)
+    peak16 = gpu.peak("bf16") if compute_dtype == "fp8" else peak  # attention stays 16-bit
+    fa, ba = _attention_core_times(model, micro_batch, seq_len, tp, cp, attention, kernels, attention_kernel, gpu, cal, peak16, e)
+    fm, bm = _elementwise_times(model, tokens, tp, sequence_parallel, kernels, moe, named, gpu, cal, e)
+    # op-level selective checkpointing repeats every second matmul (separate q, k, v as torchtitan
+    # writes them) and the element-wise work, not the attention kernel
+    shapes = matmuls_per_rank(model, tp)
+    op_rec = fm + sum(
+        float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal_g, peak, ge, e)) for nm, _, _ in op_sac_recomputed(model)
+    )
+    weight_cast = 0.0
+    if compute_dtype == "fp8":
+        casts = _fp8_cast_times(model, tokens, tp, kernels, fp8_linears, moe, gemms, grouped, weights_in_fp8, gpu, cal, e)
+        fm, bm, op_rec, weight_cast = fm + casts[0], bm + casts[1], op_rec + casts[2], casts[3]
+    return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec, weight_cast)
+
+
+def _gemm_times(gemms: list, grouped: list, gpu: GPUSpec, cal: Calibration, cal_g: Calibration, peak: float, ge: float,
+                e: int) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) seconds of a layer's GEMMs ``gemms`` (m, n, k)
+    and of its grouped expert GEMMs ``grouped`` (m, n, k, count: one launch for the local experts,
+    one kernel overhead)."""
+    fg = bi = bw = 0.0
     for m_, n_, k_ in gemms:
         a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal_g, peak, ge, e)
         fg += a
@@ -304,8 +320,17 @@ def layer_op_times(
         fg += (a - o) * count + o
         bi += (b - o) * count + o
         bw += (w - o) * count + o
-    # attention core: per GPU, b·(s/c) queries against s keys over a/t heads; MLA's scores use
-    # d = d_nope + d_r and its values d_v: the mean of the two for the two matmuls
+    return fg, bi, bw
+
+
+def _attention_core_times(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, attention: str, kernels: str,
+                          attention_kernel: str, gpu: GPUSpec, cal: Calibration, peak16: float, e: int) -> tuple[float, float]:
+    """(forward, backward) of the attention core: per GPU, b·(s/c) queries against s keys over
+    a/t heads; MLA's scores use d = d_nope + d_r and its values d_v: the mean of the two for the two
+    matmuls. FlashAttention (with CP, the ring's merges), or materialized scores: two batched
+    GEMMs (QKᵀ and A·V over b·a/t heads, one launch each) and the softmax passes."""
+    d = model.head_dim
+    a_r = model.n_heads // tp
     q_len, kv_len = seq_len / cp, seq_len
     d_core = (d + model.value_head_dim) / 2 if model.is_mla else d
     if attention == "flash":
@@ -320,22 +345,30 @@ def layer_op_times(
             # accumulates dK, dV over a/t heads
             g_sdpa = sdpa_kv_heads(model, tp, kernels)
             merge = eager_ring_attention_times if kernels == "eager" else ring_attention_merge_times
-            ring_f, ring_b = merge(tokens, a_r, g_sdpa, d, d_v, cp, e, gpu, cal)
+            ring_f, ring_b = merge(micro_batch * seq_len / cp, a_r, g_sdpa, d, d_v, cp, e, gpu, cal)
             fa += ring_f
             ba += ring_b
-    else:
-        # two batched GEMMs (QKᵀ and A·V over b·a/t heads): one launch each
-        batch = micro_batch * a_r
-        o = cal.kernel_overhead
-        per = (float(gemm_time(q_len, kv_len, d, gpu, cal, peak16, e)) - o) * batch + o
-        per_av = (float(gemm_time(q_len, d, kv_len, gpu, cal, peak16, e)) - o) * batch + o
-        scores = micro_batch * a_r * q_len * kv_len
-        drop = scores * (1 + 2 * e) if model.dropout else 0.0
-        sm_f, sm_b = softmax_bytes(e, kernels)
-        softmax = memory_time(scores * sm_f + drop, gpu, cal)
-        fa = per + per_av + softmax
-        ba = 2 * (per + per_av) + memory_time(scores * sm_b + drop, gpu, cal)
-    # memory-bound elementwise work, bytes read + written per forward
+        return fa, ba
+    batch = micro_batch * a_r
+    o = cal.kernel_overhead
+    per = (float(gemm_time(q_len, kv_len, d, gpu, cal, peak16, e)) - o) * batch + o
+    per_av = (float(gemm_time(q_len, d, kv_len, gpu, cal, peak16, e)) - o) * batch + o
+    scores = micro_batch * a_r * q_len * kv_len
+    drop = scores * (1 + 2 * e) if model.dropout else 0.0
+    sm_f, sm_b = softmax_bytes(e, kernels)
+    softmax = memory_time(scores * sm_f + drop, gpu, cal)
+    return per + per_av + softmax, 2 * (per + per_av) + memory_time(scores * sm_b + drop, gpu, cal)
+
+
+def _elementwise_times(model: ModelSpec, tokens: float, tp: int, sequence_parallel: bool, kernels: str, moe: bool, named: list,
+                       gpu: GPUSpec, cal: Calibration, e: int) -> tuple[float, float]:
+    """(forward, backward) of a layer's memory-bound element-wise work: bytes read + written per
+    forward (norms, RoPE on q and k, the MLP's activation, residual adds, dropout; an MoE layer's
+    routed copies and their permutation), one launch overhead per kernel; the backward of each op
+    moves twice its forward's bytes (RoPE its own), plus the sum of separate projections' input
+    gradients and torch's repeated K/V heads."""
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    a_r, g_r = model.n_heads // tp, kv_heads_per_rank(model, tp)
     rep = tp if sequence_parallel else 1
     nh = tokens * h / rep  # elements of one hidden-state tensor
     eb = elementwise_bytes(e, kernels)
@@ -365,33 +398,34 @@ def layer_op_times(
         rep_kv = memory_time(repeat_kv_bytes(tokens, a_r, g_r, d, e), gpu, cal) + cal.kernel_overhead
         fm += rep_kv
         bm += rep_kv
-    # op-level selective checkpointing repeats every second matmul (separate q, k, v as torchtitan
-    # writes them) and the element-wise work, not the attention kernel
-    shapes = matmuls_per_rank(model, tp)
-    op_rec = fm + sum(
-        float(gemm_time(tokens, shapes[nm][1], shapes[nm][0], gpu, cal_g, peak, ge, e)) for nm, _, _ in op_sac_recomputed(model)
-    )
-    weight_cast = 0.0
-    if compute_dtype == "fp8" and fp8_library_of(kernels, fp8_linears) == "transformer-engine":
-        # every FP8 GEMM of the layer: the projections and MLP, or the MoE layer's shared expert
-        # and experts (the router runs in 16 bits)
+    return fm, bm
+
+
+def _fp8_cast_times(model: ModelSpec, tokens: float, tp: int, kernels: str, fp8_linears: str, moe: bool, gemms: list,
+                    grouped: list, weights_in_fp8: bool, gpu: GPUSpec, cal: Calibration, e: int) -> tuple[float, float, float, float]:
+    """What FP8 GEMMs add to a layer: (forward, backward, op-level recompute) seconds of their
+    casts and the weights' casts once per step (Megatron-Core, :func:`fp8_weight_cast_per_step`;
+    0 elsewhere). Transformer Engine casts every FP8 GEMM's operands (the projections and MLP, or
+    the MoE layer's shared expert and experts: the router runs in 16 bits); torchao's Float8Linear
+    its own passes (:mod:`meshplan.cost.float8`)."""
+    if fp8_library_of(kernels, fp8_linears) == "transformer-engine":
         te_gemms = [(*g, 1) for g in gemms] + list(grouped[1:])
         cast_f, cast_b, weight_f, weight_b = fp8_cast_bytes(te_gemms, e)
+        weight_cast = 0.0
         if fp8_weight_cast_per_step(kernels):
             weight_cast = memory_time(weight_f + weight_b, gpu, cal) + (len(te_gemms) - 1) * cal.kernel_overhead
         else:
             cast_f, cast_b = cast_f + weight_f, cast_b + weight_b
-        fm += memory_time(cast_f, gpu, cal) + (len(te_gemms) - 1) * cal.kernel_overhead
-        bm += memory_time(cast_b, gpu, cal) + (len(te_gemms) - 1) * cal.kernel_overhead
-    elif compute_dtype == "fp8":  # torchao's Float8Linear (meshplan.cost.float8)
-        # compiled, AOTAutograd's CSE casts a shared input once: the fused stack's shapes count it once
-        cast_gemms = gemms if kernels == "eager" else [
-            shape for nm, shape in projection_gemms(model, tokens, tp, "fused") if not (moe and nm in MLP_GEMM_NAMES)]
-        f8 = torchao_float8_passes(cast_gemms, e, weights_in_fp8)
-        fm += memory_time(f8.fwd_bytes, gpu, cal) + (f8.fwd_kernels - 1) * cal.kernel_overhead
-        bm += memory_time(f8.bwd_bytes, gpu, cal) + (f8.bwd_kernels - 1) * cal.kernel_overhead
-        op_rec += memory_time(f8.recompute_bytes, gpu, cal) + (f8.recompute_kernels - 1) * cal.kernel_overhead
-    return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec, weight_cast)
+        overhead = (len(te_gemms) - 1) * cal.kernel_overhead
+        return memory_time(cast_f, gpu, cal) + overhead, memory_time(cast_b, gpu, cal) + overhead, 0.0, weight_cast
+    # torchao's Float8Linear; compiled, AOTAutograd's CSE casts a shared input once: the fused
+    # stack's shapes count it once
+    cast_gemms = gemms if kernels == "eager" else [
+        shape for nm, shape in projection_gemms(model, tokens, tp, "fused") if not (moe and nm in MLP_GEMM_NAMES)]
+    f8 = torchao_float8_passes(cast_gemms, e, weights_in_fp8)
+    return (memory_time(f8.fwd_bytes, gpu, cal) + (f8.fwd_kernels - 1) * cal.kernel_overhead,
+            memory_time(f8.bwd_bytes, gpu, cal) + (f8.bwd_kernels - 1) * cal.kernel_overhead,
+            memory_time(f8.recompute_bytes, gpu, cal) + (f8.recompute_kernels - 1) * cal.kernel_overhead, 0.0)
 
 
 def repeat_kv_bytes(tokens: float, heads: int, kv_heads: int, d: float, e: int) -> float:
