@@ -29,12 +29,12 @@ w2 row-parallel with a reduce-scatter output), per compiled block graph:
   exclusion of collectives "hidden by simple overlapping" does not apply.
 
 Cost of a fused op over t ranks (``_pipelined_all_gather_and_consume``,
-``_pipelined_produce_and_all2all``): the GEMM runs as t GEMMs of m/t rows on two alternating
+``_pipelined_produce_and_all2all``): the GEMM runs as t GEMMs of M/t rows on two alternating
 streams while the shards move peer to peer. With C the collective's time and G the t chunk
-GEMMs (``t · gemm(m/t, n, k)``), chunk k's GEMM waits for chunk k's transfer, and the local
+GEMMs (``t · gemm(M/t, N, K)``), chunk i's GEMM waits for chunk i's transfer, and the local
 chunk (computed first for an all-gather, last for a reduce-scatter) covers one transfer, so the
 op ends after max(t·G/t, (t − 1)·C/(t − 1) + G/t): exposed = max(C − (t − 1)/t · G, 0). The
-decomposition itself costs ``t · gemm(m/t, n, k) − gemm(m, n, k)`` (smaller tiles, t kernel
+decomposition itself costs ``t · gemm(M/t, N, K) − gemm(M, N, K)`` (smaller tiles, t kernel
 launches), and a fused reduce-scatter ends with a memory-bound sum of the t partial chunks it
 received (``reduce_fn(stacked_partials)``: read n·h·e, write n·h·e/t), after the pipeline.
 Unfused collectives are exposed whole. Without sequence parallelism the layer's TP traffic is
@@ -57,14 +57,14 @@ from meshplan.specs.model import ModelSpec
 def fused_exposed(comm: float, gemms: list[tuple[float, float, float]], tp: int, gpu: GPUSpec, cal: Calibration,
                   peak: float, e: int, operand_bytes: int | None = None) -> float:
     """Seconds a fused collective + GEMMs adds to the step beyond the unsplit GEMMs (module
-    docstring): max(C − (t − 1)/t · G_t, 0) + (G_t − G_1), with G_t = Σ t · gemm(m/t, n, k) and
-    G_1 = Σ gemm(m, n, k) (:func:`meshplan.cost.kernel_time.gemm_time`) over the GEMMs (m, n, k) that
+    docstring): max(C − (t − 1)/t · G_t, 0) + (G_t − G_1), with G_t = Σ t · gemm(M/t, N, K) and
+    G_1 = Σ gemm(M, N, K) (:func:`meshplan.cost.kernel_time.gemm_time`) over the GEMMs (M, N, K) that
     consume the gathered tensor, or the one that produces the scattered one; every chunk of an
     all-gather feeds all its consumers (``_fused_all_gather_matmul`` takes a list of B operands).
     ``e`` is the output's bytes per element, ``operand_bytes`` the operands' (``e`` unless given)."""
     ge = e if operand_bytes is None else operand_bytes
-    whole = sum(float(gemm_time(m, n, k, gpu, cal, peak, ge, e)) for m, n, k in gemms)
-    chunks = sum(tp * float(gemm_time(m / tp, n, k, gpu, cal, peak, ge, e)) for m, n, k in gemms)
+    whole = sum(float(gemm_time(M, N, K, gpu, cal, peak, ge, e)) for M, N, K in gemms)
+    chunks = sum(tp * float(gemm_time(M / tp, N, K, gpu, cal, peak, ge, e)) for M, N, K in gemms)
     return exposed(comm, chunks * (tp - 1) / tp) + (chunks - whole)
 
 
@@ -122,7 +122,7 @@ def micro_pipeline_tp_times(
 
     def half(mlp: bool) -> tuple[float, float]:
         out = outputs[mlp][0]
-        # the input-gradient GEMM (m, k, n) of the row-parallel projection consumes the gathered gradient
+        # the input-gradient GEMM (M, K, N) of the row-parallel projection consumes the gathered gradient
         return (fused(all_gather, inputs[mlp]) + fused(reduce_scatter, [out]) + reduce,
                 fused(all_gather, [(out[0], out[2], out[1])]) + reduce_scatter)
 

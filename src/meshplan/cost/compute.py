@@ -66,13 +66,14 @@ class OpTimes:
         return self.bwd_gemm + self.bwd_attention + self.bwd_memory
 
 
-def _gemm_fwd_bwd(m: float, n: float, k: float, gpu: GPUSpec, cal: Calibration, peak: float, e: int,
+def _gemm_fwd_bwd(M: float, N: float, K: float, gpu: GPUSpec, cal: Calibration, peak: float, e: int,
                   out_bytes: int | None = None) -> tuple[float, float, float]:
-    """Forward (m,n,k); input gradient (m,k,n); weight gradient (k,n,m)."""
+    """Seconds of an (M × K)·(K × N) GEMM forward, its input gradient (M, K, N) and its weight
+    gradient (K, N, M)."""
     def t(a, b, c):
         return float(gemm_time(a, b, c, gpu, cal, peak, e, out_bytes))
 
-    return t(m, n, k), t(m, k, n), t(k, n, m)
+    return t(M, N, K), t(M, K, N), t(K, N, M)
 
 
 #: Element-wise kernels a layer's forward launches in PyTorch eager (torchtitan's Llama block:
@@ -81,7 +82,7 @@ EAGER_LAYER_KERNELS = 24
 
 
 def dense_gemm_shapes(model: ModelSpec, tokens: float, tp: int) -> list[tuple[float, float, float]]:
-    """The (m, n, k) forward GEMMs of a dense layer on one TP rank, n tokens: the fused QKV
+    """The (M, N, K) forward GEMMs of a dense layer on one TP rank, n tokens: the fused QKV
     projection (n, (a/t + 2·g_r)·d, h), the attention output projection (n, h, a/t·d), the MLP
     input (n, 2f/t or f/t, h: gate and up fused when gated) and the MLP output (n, h, f/t)."""
     h, f, d = model.hidden, model.ffn_hidden, model.head_dim
@@ -102,7 +103,7 @@ INPUT_PROJECTIONS = frozenset({"qkv", "q", "k", "v", "q_a", "kv_a", "mlp_in", "g
 
 
 def projection_gemms(model: ModelSpec, tokens: float, tp: int, kernels: str = "fused") -> list[tuple[str, tuple[float, float, float]]]:
-    """The forward GEMMs (m, n, k) of a layer's weights on one TP rank, n = ``tokens``, named and
+    """The forward GEMMs (M, N, K) of a layer's weights on one TP rank, n = ``tokens``, named and
     in forward order, as the software stack launches them:
 
     * ``fused`` (Megatron-Core, Transformer Engine): one QKV GEMM and one gate|up GEMM, the
@@ -305,17 +306,17 @@ def layer_op_times(
 
 def _gemm_times(gemms: list, grouped: list, gpu: GPUSpec, cal: Calibration, cal_g: Calibration, peak: float, ge: float,
                 e: int) -> tuple[float, float, float]:
-    """(forward, input-gradient, weight-gradient) seconds of a layer's GEMMs ``gemms`` (m, n, k)
-    and of its grouped expert GEMMs ``grouped`` (m, n, k, count: one launch for the local experts,
+    """(forward, input-gradient, weight-gradient) seconds of a layer's GEMMs ``gemms`` (M, N, K)
+    and of its grouped expert GEMMs ``grouped`` (M, N, K, count: one launch for the local experts,
     one kernel overhead)."""
     fg = bi = bw = 0.0
-    for m_, n_, k_ in gemms:
-        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal_g, peak, ge, e)
+    for M, N, K in gemms:
+        a, b, w = _gemm_fwd_bwd(M, N, K, gpu, cal_g, peak, ge, e)
         fg += a
         bi += b
         bw += w
-    for m_, n_, k_, count in grouped:  # one grouped-GEMM launch for the local experts
-        a, b, w = _gemm_fwd_bwd(m_, n_, k_, gpu, cal_g, peak, ge, e)
+    for M, N, K, count in grouped:  # one grouped-GEMM launch for the local experts
+        a, b, w = _gemm_fwd_bwd(M, N, K, gpu, cal_g, peak, ge, e)
         o = cal.kernel_overhead
         fg += (a - o) * count + o
         bi += (b - o) * count + o
@@ -445,12 +446,12 @@ def repeat_kv_bytes(tokens: float, heads: int, kv_heads: int, d: float, e: int) 
 
 
 def moe_mlp_gemms(model: ModelSpec, tokens: float, tp: int, ep: int) -> list[tuple[float, float, float, float]]:
-    """A mixture-of-experts MLP on one GPU as (m, n, k, count) GEMMs: the router (n × E × h), the
+    """A mixture-of-experts MLP on one GPU as (M, N, K, count) GEMMs: the router (n × E × h), the
     shared expert (n tokens through f_s/t), and the E/ep local experts, each receiving
-    ``m_e = n·k·ep/E`` tokens on average — each GPU of the EP group sends n·k token copies and,
+    ``M_e = n·k·ep/E`` tokens on average — each GPU of the EP group sends n·k token copies and,
     with balanced routing (dropless, as Megatron-Core and DeepSeek-V3 train), receives as many
     (Lepikhin et al. 2021, GShard, Sec. 2.2; Megatron-Core MoE docs). The experts run as one
-    grouped GEMM, so a small ``m_e`` costs efficiency: fine-grained experts (DeepSeek's E = 256)
+    grouped GEMM, so a small ``M_e`` costs efficiency: fine-grained experts (DeepSeek's E = 256)
     run slower per FLOP than Mixtral's eight."""
     h, n_in = model.hidden, (2 if model.gated_mlp else 1)
     out: list[tuple[float, float, float, float]] = [(tokens, model.n_experts, h, 1)]
@@ -458,31 +459,31 @@ def moe_mlp_gemms(model: ModelSpec, tokens: float, tp: int, ep: int) -> list[tup
         f_s = model.shared_expert_ffn_hidden // tp
         out += [(tokens, n_in * f_s, h, 1), (tokens, h, f_s, 1)]
     local = model.n_experts // ep
-    m_e = tokens * model.experts_per_token / local
+    M_e = tokens * model.experts_per_token / local
     f_e = model.expert_ffn_hidden // tp
-    return out + [(m_e, n_in * f_e, h, local), (m_e, h, f_e, local)]
+    return out + [(M_e, n_in * f_e, h, local), (M_e, h, f_e, local)]
 
 
 def fp8_cast_bytes(gemms: list[tuple[float, float, float, float]], e: int) -> tuple[float, float, float, float]:
-    """HBM traffic of Transformer Engine's FP8 casts for ``count`` GEMMs (m, n, k) each whose
+    """HBM traffic of Transformer Engine's FP8 casts for ``count`` GEMMs (M, N, K) each whose
     operands live in ``e``-byte precision, as (activations forward, activations backward, weights
     forward, weights backward). Each operand cast to FP8 is read once for its absolute maximum and
-    once more to write one byte per element, e + e + 1 bytes per element — the input (m·k) and the
-    weight (k·n) forward, the output gradient (m·n) backward — and the two backward GEMMs read FP8
+    once more to write one byte per element, e + e + 1 bytes per element — the input (M·K) and the
+    weight (K·N) forward, the output gradient (M·N) backward — and the two backward GEMMs read FP8
     transposes of input and weight, 2 bytes per element each (Micikevicius et al. 2022, "FP8
     Formats for Deep Learning", Sec. 4):
 
-        activations: fwd (2e + 1)·m·k,  bwd (2e + 1)·m·n + 2·m·k
-        weights:     fwd (2e + 1)·k·n,  bwd 2·k·n
+        activations: fwd (2e + 1)·M·K,  bwd (2e + 1)·M·N + 2·M·K
+        weights:     fwd (2e + 1)·K·N,  bwd 2·K·N
 
     per GEMM. Whether the weights' part is paid every micro-batch or once per step is the stack's
     (:func:`fp8_weight_cast_per_step`). torchao's Float8Linear (``compiled``/``eager``) makes one
     more pass, the output gradient's column-major copy: :mod:`meshplan.cost.float8`."""
     per = 2 * e + 1
-    act_f = sum(c * per * m * k for m, n, k, c in gemms)
-    act_b = sum(c * (per * m * n + 2 * m * k) for m, n, k, c in gemms)  # grad cast; input transpose
-    weight_f = sum(c * per * k * n for m, n, k, c in gemms)
-    weight_b = sum(c * 2 * k * n for m, n, k, c in gemms)  # the weight's FP8 transpose
+    act_f = sum(c * per * M * K for M, N, K, c in gemms)
+    act_b = sum(c * (per * M * N + 2 * M * K) for M, N, K, c in gemms)  # grad cast; input transpose
+    weight_f = sum(c * per * K * N for M, N, K, c in gemms)
+    weight_b = sum(c * 2 * K * N for M, N, K, c in gemms)  # the weight's FP8 transpose
     return act_f, act_b, weight_f, weight_b
 
 

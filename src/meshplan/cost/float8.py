@@ -32,11 +32,11 @@ lets the input's and the gradient's amax fuse into the kernels that produce them
 block several producers are extern kernels Inductor cannot fuse into (SDPA's output feeds wo,
 the GEMMs' input gradients feed the previous linears), and which of the others (norm, SwiGLU)
 fuse was not settled from source, so meshplan charges the amax read for every tensor.
-For a GEMM (m, n, k) — input m·k, weight k·n, output gradient m·n elements:
+For a GEMM (M, N, K) — input M·K, weight K·N, output gradient M·N elements:
 
-    bytes_fwd = (2e + 1)·(m·k + k·n),   bytes_bwd = (2e + 3)·m·n + 2·(m·k + k·n)
+    bytes_fwd = (2e + 1)·(M·K + K·N),   bytes_bwd = (2e + 3)·M·N + 2·(M·K + K·N)
 
-``fp8_cast_bytes``'s count plus the output gradient's column-major copy, ``2·m·n``, the pass that
+``fp8_cast_bytes``'s count plus the output gradient's column-major copy, ``2·M·N``, the pass that
 model lacks.
 A Llama layer's wq, wk, wv (and w1, w3) share one input: AOTAutograd de-duplicates identical
 nodes of the joint graph (functorch's ``cse``), so the fused shapes of
@@ -48,7 +48,7 @@ the SDPA kernels, ``reduce_scatter_tensor`` and ``aten.max``, "the absolute maxi
 compute the scaling factor") keeps the amax but not the FP8 tensors, which are recomputed for the
 backward GEMMs: the cast of every input and weight again,
 
-    bytes_recompute = (e + 1)·(m·k + k·n)
+    bytes_recompute = (e + 1)·(M·K + K·N)
 
 one kernel per tensor. Full checkpointing recomputes the whole forward, casts included.
 
@@ -64,7 +64,7 @@ forward an already-cast weight (``cast_weight_to_float8_t`` returns a weight tha
 stream, off the compute stream. The weight's amax and cast leave the forward and the recompute; its column-major copy for
 the input-gradient GEMM stays:
 
-    bytes_fwd = (2e + 1)·m·k,   bytes_recompute = (e + 1)·m·k
+    bytes_fwd = (2e + 1)·M·K,   bytes_recompute = (e + 1)·M·K
 
 with one cast (three kernels) per GEMM forward and one recomputed.
 """
@@ -90,13 +90,13 @@ class Float8Passes:
 
 
 def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int, weights_in_fp8: bool = False) -> Float8Passes:
-    """The passes of the module docstring for GEMMs (m, n, k) with ``e``-byte operands;
+    """The passes of the module docstring for GEMMs (M, N, K) with ``e``-byte operands;
     ``weights_in_fp8``: the weights arrive cast (FSDP2's FP8 all-gather)."""
     cast, copy = 2 * e + 1, 2  # amax read + cast read and write; FP8 read and write
-    inputs = sum(m * k for m, _, k in gemms)
-    operands = sum(m * k + k * n for m, n, k in gemms)
+    inputs = sum(M * K for M, _, K in gemms)
+    operands = sum(M * K + K * N for M, N, K in gemms)
     cast_operands = inputs if weights_in_fp8 else operands
-    grads = sum(m * n for m, n, _ in gemms)
+    grads = sum(M * N for M, N, _ in gemms)
     g = len(gemms)
     casts = 1 if weights_in_fp8 else 2  # per GEMM forward: the input, and the weight unless gathered cast
     return Float8Passes(

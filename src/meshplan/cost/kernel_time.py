@@ -2,17 +2,18 @@
 
 GEMMs take
 
-    t = max(2·m·n·k / (F·η(m, n, k)),  (m·k + k·n + m·n)·e / (W·η_hbm)) + t_kernel
+    t = max(2·M·N·K / (F·η(M, N, K)),  (M·K + K·N + M·N)·e / (W·η_hbm)) + t_kernel
 
-with F the dense peak for the compute dtype, W the HBM bandwidth and the shape-dependent
-efficiency η = η_max · q(m, n) · k/(k + k½):
+for an (M × K)·(K × N) GEMM (capitals: m is the micro-batch count, n a micro-batch's tokens, k a
+stage elsewhere), with F the dense peak for the compute dtype, W the HBM bandwidth and the shape-dependent
+efficiency η = η_max · q(M, N) · K/(K + K½):
 
 * η_max — what a large GEMM reaches (calibration, per GPU generation);
-* q(m, n) — tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide",
+* q(M, N) — tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide",
   Sec. 2.2–2.3): the output is cut into tiles of T_m × T_n run in waves over the SMs, so
-  q = m·n / (⌈tiles / SMs⌉ · SMs · T_m · T_n); the library picks the best of the tile shapes below,
+  q = M·N / (⌈tiles / SMs⌉ · SMs · T_m · T_n); the library picks the best of the tile shapes below,
   smaller tiles paying a reuse penalty;
-* k/(k + k½) — short reductions do not fill the pipeline of a tile (k½ from the calibration).
+* K/(K + K½) — short reductions do not fill the pipeline of a tile (K½ from the calibration).
 
 A memory-bound kernel moving B bytes takes B / (W·η_hbm) + t_kernel.
 """
@@ -43,35 +44,35 @@ def _ceil_max(*xs):
     return np.ceil, np.maximum
 
 
-def gemm_efficiency(m, n, k, gpu: GPUSpec, cal: Calibration):
-    """η(m, n, k) of the module docstring; works on scalars and numpy arrays alike."""
-    ceil, maximum = _ceil_max(m, n, k)
+def gemm_efficiency(M, N, K, gpu: GPUSpec, cal: Calibration):
+    """η(M, N, K) of the module docstring; works on scalars and numpy arrays alike."""
+    ceil, maximum = _ceil_max(M, N, K)
     sms = gpu.sm_count
     best = 0.0
     for tm, tn, rel in GEMM_TILES:
-        tiles = ceil(m / tm) * ceil(n / tn)
+        tiles = ceil(M / tm) * ceil(N / tn)
         waves = ceil(tiles / sms)
-        q = m * n / (waves * sms * tm * tn)
+        q = M * N / (waves * sms * tm * tn)
         best = maximum(best, rel * q)
-    return cal.gemm_efficiency * best * (k / (k + cal.gemm_k_half))
+    return cal.gemm_efficiency * best * (K / (K + cal.gemm_k_half))
 
 
-def gemm_bounds(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
-    """The two bounds of an (m × k)·(k × n) GEMM, seconds: compute 2·m·n·k / (F·η(m, n, k)) and
-    memory ((m·k + k·n)·e + m·n·e_out) / (W·η_hbm) (module docstring), e the operands' bytes per
+def gemm_bounds(M, N, K, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
+    """The two bounds of an (M × K)·(K × N) GEMM, seconds: compute 2·M·N·K / (F·η(M, N, K)) and
+    memory ((M·K + K·N)·e + M·N·e_out) / (W·η_hbm) (module docstring), e the operands' bytes per
     element and e_out the output's (e unless given: an FP8 GEMM reads 1-byte operands and writes
     a 16-bit output); scalars or numpy arrays."""
     e_out = elem_bytes if out_bytes is None else out_bytes
-    t_flop = 2.0 * (m * n * k) / (peak * gemm_efficiency(m, n, k, gpu, cal))
-    t_mem = ((m * k + k * n) * elem_bytes + m * n * e_out) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
+    t_flop = 2.0 * (M * N * K) / (peak * gemm_efficiency(M, N, K, gpu, cal))
+    t_mem = ((M * K + K * N) * elem_bytes + M * N * e_out) / (gpu.hbm_bandwidth * cal.hbm_efficiency)
     return t_flop, t_mem
 
 
-def gemm_time(m, n, k, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
-    """Seconds for an (m × k)·(k × n) GEMM: the larger of :func:`gemm_bounds` plus t_kernel;
+def gemm_time(M, N, K, gpu: GPUSpec, cal: Calibration, peak: float, elem_bytes: int = 2, out_bytes: int | None = None):
+    """Seconds for an (M × K)·(K × N) GEMM: the larger of :func:`gemm_bounds` plus t_kernel;
     scalars or numpy arrays."""
-    _, maximum = _ceil_max(m, n, k)
-    return maximum(*gemm_bounds(m, n, k, gpu, cal, peak, elem_bytes, out_bytes)) + cal.kernel_overhead
+    _, maximum = _ceil_max(M, N, K)
+    return maximum(*gemm_bounds(M, N, K, gpu, cal, peak, elem_bytes, out_bytes)) + cal.kernel_overhead
 
 
 def gemm_operand_bytes(compute_dtype: str, act_bytes: int) -> int:

@@ -15,25 +15,28 @@ def optimizer_step_bytes(recipe, kernels: str = "fused") -> int:
       ``recipe.optimizer_step_bytes`` (30 for bf16 weights, fp32 gradients, master and Adam).
     * ``compiled``/``eager`` (torch; torchtitan builds AdamW with ``foreach = not fused`` and
       ``fused`` off by default): torch's multi-tensor step, one pass per ``_foreach`` op over the
-      fp32 parameter p (the master copy, or the weights when there is none), each moment s and
-      the gradient γ (``torch/optim/adam.py``, ``_multi_tensor_adam``, decoupled weight decay):
-      ``mul_`` of p by 1 − lr·λ (2p), ``lerp_`` of m to g (2s + γ), ``mul_`` of v by β₂ (2s),
-      ``addcmul_`` of g·g into v (2s + γ), ``sqrt`` of v into a new d (2s), ``div_`` and ``add_``
-      of d (2s each), ``addcdiv_`` of m/d into p (2p + 2s): 4p + 14s + 2γ; SGD with momentum
-      (``_multi_tensor_sgd``: ``mul_`` and ``add_`` of the buffer, ``add_`` into p) 2p + 5s + γ.
+      fp32 parameter, w_p bytes (the master copy, or the weights when there is none), each
+      moment, w_s bytes, and the gradient, γ bytes (``torch/optim/adam.py``,
+      ``_multi_tensor_adam``, decoupled weight decay): ``mul_`` of the parameter by 1 − lr·λ
+      (2w_p), ``lerp_`` of the first moment to the gradient (2w_s + γ), ``mul_`` of the second by
+      β₂ (2w_s), ``addcmul_`` of the gradient's square into it (2w_s + γ), ``sqrt`` of it into a
+      new denominator (2w_s), ``div_`` and ``add_`` of that (2w_s each), ``addcdiv_`` of their
+      ratio into the parameter (2w_p + 2w_s): 4w_p + 14w_s + 2γ; SGD with momentum
+      (``_multi_tensor_sgd``: ``mul_`` and ``add_`` of the buffer, ``add_`` into the parameter)
+      2w_p + 5w_s + γ.
       Before it ``clip_grad_norm_`` (torchtitan's ``max_norm``, foreach): the gradients' norms
       read and the gradients scaled in place, 3γ. torchtitan's recipe (fp32 parameters, moments
       and gradients): 16 + 56 + 8 + 12 = 92 bytes.
     """
     if kernels == "fused":
         return recipe.optimizer_step_bytes
-    p = recipe.master_bytes or recipe.weight_bytes
+    w_p = recipe.master_bytes or recipe.weight_bytes
     g = recipe.grad_bytes + recipe.grad_copy_bytes
     if recipe.optimizer == "adam":
-        s = recipe.state_bytes // 2
-        step = 4 * p + 14 * s + 2 * g
+        w_s = recipe.state_bytes // 2
+        step = 4 * w_p + 14 * w_s + 2 * g
     else:
-        step = 2 * p + 5 * recipe.state_bytes + g
+        step = 2 * w_p + 5 * recipe.state_bytes + g
     return step + 3 * g
 
 

@@ -218,11 +218,11 @@ def layer_params(model: ModelSpec, moe: bool = False) -> LayerParams:
     n_in = 2 if model.gated_mlp else 1
     norms = model.norms_per_layer * _norm_params(model) + _attention_norms(model)
     if moe:
-        n_m, e = _mlp_matrices(model), model.n_experts
-        router = h * e + (h if model.shared_expert_gate else 0)
+        n_m, E = _mlp_matrices(model), model.n_experts
+        router = h * E + (h if model.shared_expert_gate else 0)
         experts = n_m * h * model.expert_ffn_hidden
         return LayerParams(attn_w, attn_b, n_m * h * model.shared_expert_ffn_hidden, 0, norms,
-                           router, e * experts, model.experts_per_token * experts)
+                           router, E * experts, model.experts_per_token * experts)
     mlp_w = (n_in + 1) * h * f
     mlp_b = (n_in * f + h) if model.linear_bias else 0
     return LayerParams(attn_w, attn_b, mlp_w, mlp_b, norms)

@@ -192,7 +192,7 @@ class Terms:
     def kernel(self, t: int, c: int, b: int, sp: bool, mode: str, g8: bool) -> KernelTerms:
         """A layer's op times and activations, the embedding's and the head's, of micro-batch b
         under recompute ``mode``; ``g8``: the weights arrive cast by FSDP2's FP8 all-gather."""
-        m, s, e, st = self.model, self.base.seq_len, self.e, self.stack
+        model, s, e, st = self.model, self.base.seq_len, self.e, self.stack
         sp = bool(sp)
         ops, emb, head = self.ops(t, c, b, sp, g8), self.emb_ops(t, c, b), self.head_ops(t, c, b)
         la = self.activations(t, c, b, sp, mode)
@@ -200,11 +200,11 @@ class Terms:
         return KernelTerms(
             ops.fwd, ops.bwd, ops.bwd_weight, ops.fwd_gemm, ops.bwd_gemm, ops.fwd_attention, ops.bwd_attention,
             recompute_time(ops, mode), emb.fwd, emb.bwd, emb.bwd_weight, head.fwd, head.bwd, head.bwd_weight,
-            la.stored, la.working, embedding_activation_bytes(m, b, s, t, c, sp),
-            head_activation_bytes(m, b, s, t, c, sp, e, st.loss_kernels, st.kernels),
+            la.stored, la.working, embedding_activation_bytes(model, b, s, t, c, sp),
+            head_activation_bytes(model, b, s, t, c, sp, e, st.loss_kernels, st.kernels),
             self.p2p_bytes(t, c, b, sp) if kept else 0.0,
-            logits_output_bytes(m, b, s, t, c, e) if kept else 0.0,
-            held_logits_bytes(m, b, s, t, c, e, st.loss_kernels) if kept else 0.0,
+            logits_output_bytes(model, b, s, t, c, e) if kept else 0.0,
+            held_logits_bytes(model, b, s, t, c, e, st.loss_kernels) if kept else 0.0,
         )
 
     @_cached
@@ -232,17 +232,17 @@ class Terms:
         """The collectives of one micro-batch. They use the TP, CP and PP groups only, which sit
         where they do whatever the HSDP shard group (:func:`meshplan.cost.comm.placements`), so the
         placements of d_s = d serve."""
-        m, cluster, cal, e, st = self.model, self.cluster, self.cal, self.e, self.stack
+        model, cluster, cal, e, st = self.model, self.cluster, self.cal, self.e, self.stack
         pl = self.place(t, c, p, d, d)
         tokens = b * self.base.seq_len / c
-        act_msg = tokens * m.hidden * e  # one activation tensor n·h·e
+        act_msg = tokens * model.hidden * e  # one activation tensor n·h·e
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
-        cp_kv, cp_dkv = cp_exchange_collectives(m, tokens, t, e, st.kernels, c, pl.cp, cluster, cal)
+        cp_kv, cp_dkv = cp_exchange_collectives(model, tokens, t, e, st.kernels, c, pl.cp, cluster, cal)
         p2p_bytes = self.p2p_bytes(t, c, b, sp)
         p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
-        micro = (micro_pipeline_tp_times(m, tokens, t, bool(sp), pl.tp, cluster, cal, self.rec.compute_dtype, e, st.kernels)
+        micro = (micro_pipeline_tp_times(model, tokens, t, bool(sp), pl.tp, cluster, cal, self.rec.compute_dtype, e, st.kernels)
                  if st.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
-        expert_tp = expert_tp_time(m, tokens, pl.tp, e, cluster, cal) if m.is_moe else 0.0
+        expert_tp = expert_tp_time(model, tokens, pl.tp, e, cluster, cal) if model.is_moe else 0.0
         return MicroBatchComm(tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp)
 
     @_cached

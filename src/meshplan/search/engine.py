@@ -228,21 +228,21 @@ class Engine:
         self.terms = Terms(model, cluster, base, self.stack)
 
     # ---- one pipeline shape -------------------------------------------------------------------
-    def _group(self, pp: int, v: int, style: str, T: PlanTable, pre: TableTerms, idx: slice) -> tuple:
-        """The plans ``idx`` (a slice of ``T``, sorted by shape) of one pipeline shape: its stage
+    def _group(self, pp: int, v: int, style: str, table: PlanTable, pre: TableTerms, idx: slice) -> tuple:
+        """The plans ``idx`` (a slice of ``table``, sorted by shape) of one pipeline shape: its stage
         times and activations (:meth:`_shape`), its classes of ranks (:meth:`_classes`), their
         model state, optimizer step and buffers, then each plan's peak and worst rank
         (:meth:`_peaks`) and its step lower bound (:meth:`_lower_bound`)."""
-        g = self._shape(pp, v, style, T, pre, idx)
+        g = self._shape(pp, v, style, table, pre, idx)
         cls = self._classes(g, pre)
         # the classes' model state and optimizer step per mesh row, over (classes × mesh rows)
-        fixed, opt = self._model_state(T, pre.mesh_where[g.mesh_s], cls.params, cls.experts)
-        buffers = self._buffers(g, cls, T, pre)
+        fixed, opt = self._model_state(table, pre.mesh_where[g.mesh_s], cls.params, cls.experts)
+        buffers = self._buffers(g, cls, table, pre)
         peak, worst = self._peaks(g, cls, pre, fixed, buffers)
         opt_pg = np.take(opt, g.mesh_inv, axis=1) + cls.pg  # the optimizer step + the exposed weight gather
         return peak, worst, self._lower_bound(g, cls, pre, opt_pg)
 
-    def _shape(self, pp: int, v: int, style: str, T: PlanTable, pre: TableTerms, idx: slice) -> "_Shape":
+    def _shape(self, pp: int, v: int, style: str, table: PlanTable, pre: TableTerms, idx: slice) -> "_Shape":
         """What the plans ``idx`` of one pipeline shape share: stage times per layer-time row of
         their pp, stage activations per kernel row (MoE layers' own added per stage, as
         ``estimate`` does), their mesh rows and state rows."""
@@ -265,8 +265,8 @@ class Engine:
             add_moe_layers(st, moe_stage, _take(pre.layer, lt_rows), _take(pre.layer_moe, lt_rows), (a2a[:, 0], a2a[:, 1]))
             act_mat = act_mat + np.asarray(moe_stage) * (kmu["act_stored"] - ku["act_stored"])[:, None]
         mesh_s = pre.mesh_pp[pp]  # the mesh rows of the shape's pp (a slice of them)
-        g = _Shape(pp=pp, v=v, style=style, idx=idx, m=T.global_batch[idx] // (T.micro_batch[idx] * T.dp[idx]),
-                   schedule=T.schedule[idx], kid=pre.kid[idx], lt_rows=lt_rows, lt_inv=pre.lt_inv[idx] - lt_rows.start,
+        g = _Shape(pp=pp, v=v, style=style, idx=idx, m=table.global_batch[idx] // (table.micro_batch[idx] * table.dp[idx]),
+                   schedule=table.schedule[idx], kid=pre.kid[idx], lt_rows=lt_rows, lt_inv=pre.lt_inv[idx] - lt_rows.start,
                    split=split, st=st, act_mat=act_mat, moe_stage=moe_stage, mesh_s=mesh_s,
                    mesh_inv=pre.mesh_inv[idx] - mesh_s.start, mesh_rows=pre.mesh_rows[mesh_s].tolist(),
                    batch=None if pre.batch is None else (pre.batch[0][idx], pre.batch[1]))
@@ -347,7 +347,7 @@ class Engine:
         cls.busy[ci] = g.m * (last_bwd + first_fwd)
         cls.after[ci], cls.pg[ci], cls.head[ci] = after, pg, holds_head
 
-    def _buffers(self, g: "_Shape", cls: "_Classes", T: PlanTable, pre: TableTerms) -> tuple:
+    def _buffers(self, g: "_Shape", cls: "_Classes", table: PlanTable, pre: TableTerms) -> tuple:
         """The classes' other items (buffers): once per buffer row, a distinct (mesh row, kernel row:
         the backward working set, which decides the peak's moment, depends on the recompute mode
         too), in one call over (classes × buffer rows), or for many rows one for the classes
@@ -372,7 +372,7 @@ class Engine:
         for rows_ in [np.arange(n_cls)] if len(buf_where) * n_cls <= _RUN else [np.flatnonzero(~cls.head), np.flatnonzero(cls.head)]:
             if len(rows_):
                 other_buf[rows_], merged = self._rank_other(
-                    T, pre, at, te, k_at, cm_at, pp, cls.head[rows_], params_b[rows_],
+                    table, pre, at, te, k_at, cm_at, pp, cls.head[rows_], params_b[rows_],
                     messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans], pool_b[rows_], cls.layers[rows_])
                 if returns:
                     merged_buf[rows_] = merged
@@ -456,16 +456,16 @@ class Engine:
         sharded = np.array([zz == 3 and ss * cc > 1 for tt, cc, dd, ss, ee, zz in mesh_rows])[mesh_inv]
         return (np.where(sharded, after + copies[mesh_inv, 0], after), np.where(sharded, pg + copies[mesh_inv, 1], pg))
 
-    def _model_state(self, T: PlanTable, at: np.ndarray, params: np.ndarray, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For the plans ``at`` (indices into ``T``) and the classes of ranks holding ``params``
+    def _model_state(self, table: PlanTable, at: np.ndarray, params: np.ndarray, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For the plans ``at`` (indices into ``table``) and the classes of ranks holding ``params``
         parameters, of which ``experts`` routed-expert ones ((classes × plans)): the model state
         w + g + o and the optimizer step, through the functions ``estimate`` uses, elementwise."""
         model, rec = self.model, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
-        zero, shard, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.cp)
+        zero, shard, c = row(table.zero), row(table.dp_shard) * row(table.cp), row(table.cp)
         fsdp2 = (zero == 3) & runs_fsdp2(3, self.stack.kernels)  # FSDP2's fp32 shards are the master copy
         if model.is_moe:  # as estimate: expert weights E/ep per GPU, their state sharded over N_e
-            expert_shard = row(T.dp) // row(T.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
+            expert_shard = row(table.dp) // row(table.ep) * c  # N_e = dp·cp/ep (:func:`meshplan.cost.moe.expert_shard_degree`)
             state = model_state_bytes(params - experts, rec, zero, shard, fsdp2)
             ex = model_state_bytes(experts, rec, zero, expert_shard, fsdp2)
             state = ModelState(state.weights + ex.weights, state.gradients + ex.gradients, state.optimizer + ex.optimizer)
@@ -477,10 +477,10 @@ class Engine:
         # the per-rank total is ((weights + gradients + optimizer) + activations) + other items
         return state.weights + state.gradients + state.optimizer, optimizer_step_time(local, rec, self.cluster.gpu, self.cal, self.stack.kernels)
 
-    def _rank_other(self, T: PlanTable, pre: TableTerms, at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
+    def _rank_other(self, table: PlanTable, pre: TableTerms, at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
                     head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray, pool: np.ndarray,
                     layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For the plans ``at`` (indices into ``T``) of one shape, with their (tp, ep) rows ``te``
+        """For the plans ``at`` (indices into ``table``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
         columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``head_output``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
@@ -497,9 +497,9 @@ class Engine:
         larger of its backward and that moment."""
         model, base, rec = self.model, self.base, self.rec
         row = lambda x: x[at][None, :]  # noqa: E731
-        zero, shard, t, c = row(T.zero), row(T.dp_shard) * row(T.cp), row(T.tp), row(T.cp)
+        zero, shard, t, c = row(table.zero), row(table.dp_shard) * row(table.cp), row(table.tp), row(table.cp)
         per_tp = np.array([self.terms.per_tp(x, y, pp) for x, y in pre.te_vals], dtype=np.int64).reshape(-1, 7).T.take(te, axis=1)
-        tokens = row(T.micro_batch) * base.seq_len / c
+        tokens = row(table.micro_batch) * base.seq_len / c
         logits_grad, logits_block = tokens * per_tp[:1], tokens * per_tp[5:6]
         head_act, head_params = k["head_act"][None, :], per_tp[2:3]
         if self.stack.pp_buffers == "per-micro-batch" and pp > 1:  # torch's schedule holds the logits: no freed block
@@ -539,54 +539,54 @@ class Engine:
                 merged = np.where(head_rows[:, None], np.broadcast_to(end, shape), -np.inf)
         return np.broadcast_to(total_of(other), shape), merged
 
-    def evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
-        """Peak memory, worst rank and step lower bound of every plan of ``T``; ``progress`` is
+    def evaluate(self, table: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
+        """Peak memory, worst rank and step lower bound of every plan of ``table``; ``progress`` is
         called with the number of plans done after each pipeline shape. Plans are evaluated in
         groups that share the stack as it applies to them (:meth:`_parts`)."""
-        parts = self._parts(T)
+        parts = self._parts(table)
         if len(parts) == 1:
-            return parts[0][1]._evaluate(T, progress)
-        screen = Screen(np.empty(len(T)), np.empty(len(T), dtype=np.int64), np.empty(len(T)))
+            return parts[0][1]._evaluate(table, progress)
+        screen = Screen(np.empty(len(table)), np.empty(len(table), dtype=np.int64), np.empty(len(table)))
         for rows, engine in parts:
-            part = engine._evaluate(T.take(rows), progress)
+            part = engine._evaluate(table.take(rows), progress)
             screen.peak_bytes[rows], screen.worst_rank[rows], screen.step_lower_bound[rows] = (
                 part.peak_bytes, part.worst_rank, part.step_lower_bound)
         return screen
 
-    def _parts(self, T: PlanTable) -> list[tuple[np.ndarray, "Engine"]]:
-        """The plans of ``T`` grouped by the stack as it applies to them
+    def _parts(self, table: PlanTable) -> list[tuple[np.ndarray, "Engine"]]:
+        """The plans of ``table`` grouped by the stack as it applies to them
         (:func:`meshplan.specs.stack.applied`, its rules read a plan's ZeRO stage, pp, tp, schedule,
         TP overlap and whether ZeRO shards over more than one rank among the searched fields), less
         the fields the engine applies plan by plan itself (:data:`_PER_ROW`), which keep the
         requested values: per group, its plans and an engine of that stack."""
-        sharded = (T.dp_shard * T.cp > 1).astype(np.int64)
-        where, inverse = distinct_rows([T.zero, T.pp, T.tp, T.schedule, T.tpo.astype(np.int64), sharded])
+        sharded = (table.dp_shard * table.cp > 1).astype(np.int64)
+        where, inverse = distinct_rows([table.zero, table.pp, table.tp, table.schedule, table.tpo.astype(np.int64), sharded])
         keys: dict[tuple, int] = {}
         part_of = np.empty(len(where), dtype=np.int64)
         for j, i in enumerate(where.tolist()):
-            stack = TrainingPlan.of(**{**self.base.model_dump(), "stack": self.stack, **T.row(i)}).stack
+            stack = TrainingPlan.of(**{**self.base.model_dump(), "stack": self.stack, **table.row(i)}).stack
             aside = tuple((f, getattr(stack, f)) for f in BEHAVIOUR_FIELDS
                           if f not in _PER_ROW and getattr(stack, f) != getattr(self.stack, f))
             part_of[j] = keys.setdefault(aside, len(keys))
         engines = [Engine(self.model, self.cluster, self.base, self.stack.model_copy(update=dict(aside))) if aside else self
                    for aside in keys]
         if len(engines) == 1:
-            return [(np.arange(len(T)), engines[0])]
+            return [(np.arange(len(table)), engines[0])]
         plan_part = part_of[inverse]
         return [(np.flatnonzero(plan_part == k), engine) for k, engine in enumerate(engines)]
 
-    def _evaluate(self, T: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
+    def _evaluate(self, table: PlanTable, progress: Optional[Callable[[int], None]] = None) -> Screen:
         """:meth:`evaluate` of plans that share one stack."""
-        n = len(T)
+        n = len(table)
         peak, worst, lb = np.empty(n), np.empty(n, dtype=np.int64), np.empty(n)
         # one shape per (pp, vpp, stage placement): the schedules that place stages alike share it
         v_style = np.array([stage_style(name) == "v" for name in SCHEDULE_NAMES], dtype=np.int64)
-        key = (T.pp * 64 + T.vpp) * 2 + v_style[T.schedule]
+        key = (table.pp * 64 + table.vpp) * 2 + v_style[table.schedule]
         # within a shape by schedule: each schedule's plans are a slice of the shape's
-        order = np.argsort(key * len(SCHEDULE_NAMES) + T.schedule, kind="stable")
+        order = np.argsort(key * len(SCHEDULE_NAMES) + table.schedule, kind="stable")
         if not n:
             return Screen(peak, worst, lb)
-        S = T.take(order)  # sorted by shape: each shape's plans are a slice
+        S = table.take(order)  # sorted by shape: each shape's plans are a slice
         pre = table_terms(S, self.terms, (self.nccl_share, self.tp_share))
         for sub in slices_by(key.take(order)).values():
             style = stage_style(SCHEDULE_NAMES[int(S.schedule[sub.start])])

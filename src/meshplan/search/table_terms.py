@@ -56,8 +56,8 @@ class TableTerms:
     moe_kernel_ep1: Optional[np.ndarray] = None  # the MoE layer's terms with ep = 1 on the kernel rows
 
 
-def table_terms(T: PlanTable, terms: Terms, shares: tuple[float, float]) -> TableTerms:
-    """The per-argument terms of every plan of ``T`` (:class:`meshplan.cost.terms.Terms` of one
+def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, float]) -> TableTerms:
+    """The per-argument terms of every plan of ``table`` (:class:`meshplan.cost.terms.Terms` of one
     model, cluster, base plan and stack), each computed once per distinct argument over the whole
     table (not per pipeline shape), and the layer times once per layer-time row; ``shares``: the
     SM shares of hidden NCCL and TP collectives (:mod:`meshplan.cost.contention`)."""
@@ -65,14 +65,14 @@ def table_terms(T: PlanTable, terms: Terms, shares: tuple[float, float]) -> Tabl
     # the recompute mode as its code in the table
     kernel_of = lambda t, c, b, sp, rc, g8: terms.kernel(t, c, b, sp, RECOMPUTE[rc], g8)  # noqa: E731
     moe_kernel_of = lambda t, c, b, sp, rc, ep: terms.moe_kernel(t, c, b, sp, RECOMPUTE[rc], ep)  # noqa: E731
-    t, c, p, d, ds, b, ep = T.tp, T.cp, T.pp, T.dp, T.dp_shard, T.micro_batch, T.ep
-    sp, zero, rc = T.sp.astype(np.int64), T.zero, T.recompute
+    t, c, p, d, ds, b, ep = table.tp, table.cp, table.pp, table.dp, table.dp_shard, table.micro_batch, table.ep
+    sp, zero, rc = table.sp.astype(np.int64), table.zero, table.recompute
     # the shard group of per-layer ZeRO-3 (dp_shard; 0 where weights are not sharded per layer)
     sharded = (zero == 3) & (ds * c > 1)
     fsdp = np.where(sharded & (not stack.fsdp_accumulate_unsharded), ds, 0)
     # where FSDP2 all-gathers the Float8Linear weights in FP8 (a base setting, on the sharded ZeRO-3 plans)
     g8 = (sharded & stack.fsdp_fp8_all_gather).astype(np.int64)
-    D = Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=T.tpo.astype(np.int64)))
+    D = Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=table.tpo.astype(np.int64)))
     # the mesh rows: the distinct (tp, cp, dp, shard group, ep, ZeRO stage), pp first, so that a
     # pp's rows are a slice ((t, c, p) fix d)
     mesh_where, mesh_inv = D.rows("p t c ds ep zero")
@@ -112,27 +112,27 @@ def table_terms(T: PlanTable, terms: Terms, shares: tuple[float, float]) -> Tabl
         # the layer whose backward working set is larger, as estimate takes it, and its stored bytes
         layer_stored = np.where(moe_working > working, moe["kernel"][:, MOE_FIELDS.index("act_stored")], layer_stored)
         working = np.maximum(working, moe_working)
-    lt, lt_moe = _layer_times(T, at, stack, model, row["fsdp"] > 0, k, cm, moe, shares)
+    lt, lt_moe = _layer_times(table, at, stack, model, row["fsdp"] > 0, k, cm, moe, shares)
     return TableTerms(
         kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
         te_vals=mesh[te_where][:, [0, 4]].tolist(), te_of_mesh=te_of_mesh, mesh_rows=mesh, mesh_where=mesh_where,
         mesh_inv=mesh_inv, mesh_pp=slices_by(p[mesh_where]),
-        batch=digit(T.global_batch) if T.global_batch.min(initial=0) != T.global_batch.max(initial=0) else None,
+        batch=digit(table.global_batch) if table.global_batch.min(initial=0) != table.global_batch.max(initial=0) else None,
         layer=lt, layer_moe=lt_moe, tau=cm["p2p"], lt_inv=lt_inv, lt_pp=lt_pp,
         working=working, layer_stored=layer_stored,
         a2a=moe.get("a2a"), moe_kernel_ep1=moe.get("ep1"),
     )
 
-def _layer_times(T: PlanTable, at: np.ndarray, stack: Stack, model: ModelSpec, per_layer: np.ndarray, k: dict, cm: dict, moe: dict,
+def _layer_times(table: PlanTable, at: np.ndarray, stack: Stack, model: ModelSpec, per_layer: np.ndarray, k: dict, cm: dict, moe: dict,
                  shares: tuple[float, float]) -> tuple:
-    """:func:`layer_times` of the plans ``at`` (indices into ``T``), whose weights are sharded
+    """:func:`layer_times` of the plans ``at`` (indices into ``table``), whose weights are sharded
     per layer where ``per_layer``, and of their MoE layers (None for a dense model), from their
     kernel and collective columns ``k``, ``cm`` and the MoE layer's kernel terms and ZeRO-3
     collectives ``moe`` (``kernel``, ``comm``)."""
     lt_args = layer_time_args(
-        stack, k, cm, cm, full_recompute=T.recompute[at] == RECOMPUTE.index("full"), sp=T.sp[at],
-        tp_comm_overlap=T.tpo[at], cp=T.cp[at], fsdp_per_layer=per_layer,
-        embedding_kept=(model.tied_embeddings & (T.pp[at] == 1)) | root_unit_applies(stack.fsdp_head_in_root, T.zero[at], T.pp[at]),
+        stack, k, cm, cm, full_recompute=table.recompute[at] == RECOMPUTE.index("full"), sp=table.sp[at],
+        tp_comm_overlap=table.tpo[at], cp=table.cp[at], fsdp_per_layer=per_layer,
+        embedding_kept=(model.tied_embeddings & (table.pp[at] == 1)) | root_unit_applies(stack.fsdp_head_in_root, table.zero[at], table.pp[at]),
         nccl_share=shares[0], tp_share=shares[1],
     )
     lt = layer_times(**lt_args)
