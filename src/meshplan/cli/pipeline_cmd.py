@@ -44,9 +44,9 @@ from rich.text import Text
 
 from meshplan.catalog import load_stack
 from meshplan.cli import render
-from meshplan.cli.outfile import write_text
 from meshplan.cli.pipeline_runtime import RUNTIME_HELP, check_runtime, lockstep_cost, resolve_runtime
 from meshplan.errors import InputError
+from meshplan.outfile import out_path, write_text
 from meshplan.pipeline import schedules as sched
 from meshplan.pipeline.gantt import KIND_NAMES, fmt_time, rich_gantt, round_columns, svg_gantt, text_axis
 from meshplan.pipeline.simulate import SimResult, simulate, uniform_makespan, zbh1_makespan
@@ -332,18 +332,7 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
 def _out_path(out: Optional[str]) -> Optional[Path]:
     """The picture file ``--out`` names, checked before any work: an .svg or .png in an existing
     directory, and not an existing file (meshplan never overwrites what the user wrote)."""
-    if out is None:
-        return None
-    path = Path(out).expanduser()
-    if path.suffix.lower() not in (".svg", ".png"):
-        raise InputError("out", f"must be a .svg or .png file (got '{out}')")
-    if path.is_dir():
-        raise InputError("out", f"'{out}' is a directory; give a file name ending in .svg or .png")
-    if not path.parent.is_dir():
-        raise InputError("out", f"directory '{path.parent}' does not exist")
-    if path.exists():
-        raise InputError("out", f"'{out}' already exists; meshplan does not overwrite files: choose another name")
-    return path
+    return None if out is None else out_path(out, (".svg", ".png"))
 
 
 def pipeline(
