@@ -48,11 +48,14 @@ def model_from_mapping(fields: dict[str, Any], name: str, where: str = "model") 
     f.setdefault("name", name)
     try:
         if "head_dim" not in f and "hidden" in f and "n_heads" in f:
-            if int(f["hidden"]) % int(f["n_heads"]):
+            hidden, heads = int(f["hidden"]), int(f["n_heads"])
+            if hidden < 1 or heads < 1:
+                raise ValueError("not positive")
+            if hidden % heads:
                 raise InputError(f"{where}.head_dim", "give head_dim: hidden is not a multiple of n_heads")
-            f["head_dim"] = int(f["hidden"]) // int(f["n_heads"])
+            f["head_dim"] = hidden // heads
         f.setdefault("n_kv_heads", f.get("n_heads"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"{where}.n_heads", "hidden and n_heads must be positive integers") from None
     return ModelSpec.build(where=where, **f)
 
