@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from meshplan.bounded_parse import check_file_size, load_json, load_yaml
 from meshplan.errors import InputError
 from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import GPUSpec, PeakFlops
@@ -90,20 +91,21 @@ def load_model_file(path: Path) -> ModelSpec:
         is_file = False
     if not is_file:
         raise InputError("model", f"no such file: {path}")
+    check_file_size(path, "model")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError("model", f"cannot read {path}: {exc.__class__.__name__}") from None
     if path.suffix.lower() == ".json":
         try:
-            config = json.loads(text)
+            config = load_json(text, "model")
         except json.JSONDecodeError as exc:
             raise InputError("model", f"{path.name} is not valid JSON (line {exc.lineno})") from None
         from meshplan.catalog.hf_config import model_from_hf_config
 
         return model_from_hf_config(config, name=path.parent.name or path.stem)
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, "model")
     except yaml.YAMLError:
         raise InputError("model", f"{path.name} is not valid YAML") from None
     if isinstance(data, dict) and "model_type" in data:
