@@ -93,3 +93,12 @@ def test_pipeline_json_start_times_are_never_negative():
     assert code == 0, err
     starts = [s for r in json.loads(out)["ranks"] for _, s, _ in r["timeline"]]
     assert min(starts) >= 0
+
+
+@pytest.mark.parametrize("args,line", [
+    (["calc", "failures", "--work", "1h", "--checkpoint-time", "98s", "--mtbf", "24h", "--seed", "-1"], "error: seed: must be at least 0"),
+    (["calc", "loss-scale", "--synthetic", "--seed", "-5"], "error: seed: must be at least 0"),
+    (["calc", "failures", "--work", "1e308", "--checkpoint-time", "98s", "--mtbf", "24h"], "error: interval: the run would have more than"),
+])
+def test_found_by_the_fuzz(args, line):
+    assert one_error_line(*run_main(args)).startswith(line)

@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from meshplan.calc.checkpoint import daly_interval, first_order_waste, young_interval
-from meshplan.calc.inputs import count, positive
+from meshplan.calc.inputs import count, positive, seed as check_seed
 from meshplan.calc.result import CalcResult, derive, num, pct, secs
 from meshplan.errors import InputError
 
@@ -83,6 +83,8 @@ class Scenario:
 
 def segments(work: float, tau: float, C: float) -> tuple[int, float, float]:
     """(number of full segments, their length τ + C, length of the last partial one or 0)."""
+    if not work / tau <= MAX_SEGMENTS:  # also infinite: a vanishing interval or an endless run
+        raise InputError("interval", f"the run would have more than {MAX_SEGMENTS:,} checkpoint intervals; take a longer interval")
     n_full = int(math.floor(work / tau + 1e-12))
     rest = work - n_full * tau
     if rest <= 1e-9 * tau:
@@ -256,6 +258,7 @@ def failures(work: float, mtbf: float, scenarios: list[Scenario], runs: int = 0,
     M = positive("mtbf", mtbf)
     if runs:
         count("runs", runs, 2, MAX_RUNS)
+    seed = check_seed("seed", seed)
     out, derivs, extra = [], [], {}
     analyses = [analyze(W, M, sc) for sc in scenarios]
     check_work(W, analyses, runs, timeline)
