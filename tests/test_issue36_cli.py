@@ -102,3 +102,13 @@ def test_pipeline_json_start_times_are_never_negative():
 ])
 def test_found_by_the_fuzz(args, line):
     assert one_error_line(*run_main(args)).startswith(line)
+
+
+def test_dp_shard_equal_to_dp_reads_back_with_expert_parallelism():
+    """search --json reports dp_shard = dp (no HSDP); estimate takes it back as the same plan."""
+    base = ["estimate", "--model", "mixtral-8x7b", "--gpus", "32", "--pp", "2", "--ep", "4", "--zero", "2", "--json"]
+    plain, shard = run_main(base), run_main(base + ["--dp-shard", "16"])
+    assert plain[0] == shard[0] == 0, shard[2]
+    assert shard[1] == plain[1]
+    line = one_error_line(*run_main(base + ["--dp-shard", "8"]))
+    assert line.startswith("error: dp_shard: HSDP (dp_shard) with expert parallelism")
