@@ -1,5 +1,5 @@
 """Golden checks: every flag or key meshplan writes is one the engine defines, as published in its
-source (named per engine below), and the settings the issue names are written where they apply.
+source (named per engine below), and the settings a plan uses are written where they apply.
 
 Where the engine's own package installs here, ``test_interop_engines.py`` also parses the exports
 with the engine's parser; these checks need nothing installed.
@@ -128,7 +128,7 @@ def test_torchtitan_schedule_names_are_torchs():
     assert seen <= TORCH_SCHEDULES and {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble", "GPipe"} <= seen
 
 
-# the settings the issue lists, for a plan that uses them all
+# a plan that uses every setting the exports write
 BIG = TrainingPlan(tp=8, pp=4, dp=4, vpp=2, schedule="interleaved", micro_batch=1, global_batch=256,
                    seq_len=8192, recompute="full", zero=1, precision=PrecisionRecipe(precision="bf16"))
 

@@ -87,7 +87,7 @@ def test_batch_range_bad_input(args, field):
 def test_batch_range_bound_that_is_no_number_says_which_value():
     with pytest.raises(InputError) as err:
         SearchArgs(batch_range="x,4M").global_batches(4096)
-    assert str(err.value) == "batch_range: MIN and MAX must be a number such as 16M, 15.6T or 2e12 (got 'x')"
+    assert str(err.value) == "batch_range: MIN and MAX must be a finite number such as 16M, 15.6T or 2e12 (got 'x')"
 
 
 def test_limits_default_and_fixed_axes():

@@ -3,7 +3,10 @@ non-interactive Agg backend, or one ``out`` error naming the extra when it is no
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from meshplan.errors import InputError
+from meshplan.outfile import write_file
 
 
 def pyplot(what: str = "pictures need", alternative: str = ""):
@@ -21,10 +24,11 @@ def pyplot(what: str = "pictures need", alternative: str = ""):
 
 def save_figure(plt, fig, path, **savefig: object) -> None:
     """Write ``fig`` to ``path`` (``savefig``: ``Figure.savefig``'s keywords, e.g. dpi, format) and
-    close it, written or not; an ``out`` error naming the file when it cannot be written."""
+    close it, written or not; an ``out`` error naming the file when it cannot be written. The file
+    is written as every output is (:func:`meshplan.outfile.write_file`: atomically, never over an
+    existing file); the format defaults to the file's ending."""
+    options = {"format": Path(path).suffix.lower().lstrip(".") or "png", **savefig}
     try:
-        fig.savefig(path, **savefig)
-    except OSError as err:
-        raise InputError("out", f"cannot write '{path}': {err.strerror or err}") from None
+        write_file(Path(path), lambda f: fig.savefig(f, **options))
     finally:
         plt.close(fig)

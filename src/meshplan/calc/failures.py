@@ -37,7 +37,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from meshplan.calc.checkpoint import daly_interval, first_order_waste, young_interval
-from meshplan.calc.inputs import count, positive
+from meshplan.calc.inputs import count, positive, seed as check_seed
 from meshplan.calc.result import CalcResult, derive, num, pct, secs
 from meshplan.errors import InputError
 
@@ -46,7 +46,13 @@ MAX_RUNS = 1_000_000
 MAX_SEGMENTS = 10_000_000
 PERCENTILES = (5, 25, 50, 75, 95)
 TIMELINE_SEGMENTS = 2000
-MAX_SIMULATED_FAILURES = 1e6
+MAX_SIMULATED_FAILURES = 20_000  # expected failures of one run: each is a step of the simulation
+#: Monte Carlo work: runs × expected failures per run, summed over the scenarios (the simulation's
+#: steps × the runs each advances): a few seconds of CPU at the bound.
+MAX_MONTE_CARLO_EVENTS = 10_000_000
+#: Bars of the timeline a picture may record for run 0 (checkpoint intervals and failures, two bars
+#: each): about 40 MB; the picture itself draws at most :data:`PICTURE_BINS` per lane.
+MAX_TIMELINE_BARS = 400_000
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class Scenario:
 
 def segments(work: float, tau: float, C: float) -> tuple[int, float, float]:
     """(number of full segments, their length τ + C, length of the last partial one or 0)."""
+    if not work / tau <= MAX_SEGMENTS:  # also infinite: a vanishing interval or an endless run
+        raise InputError("interval", f"the run would have more than {MAX_SEGMENTS:,} checkpoint intervals; take a longer interval")
     n_full = int(math.floor(work / tau + 1e-12))
     rest = work - n_full * tau
     if rest <= 1e-9 * tau:
@@ -213,6 +221,35 @@ def analyze(work: float, M: float, scenario: Scenario) -> dict:
             "expected_failures": ET / M, "expected_goodput": work / ET, "expected_overhead_s": ET - work}
 
 
+def check_work(work: float, analyses: list[dict], runs: int, timeline: bool) -> None:
+    """Refuse, before any simulation, a Monte Carlo over its bounds: failures per run
+    (:data:`MAX_SIMULATED_FAILURES`), runs × failures (:data:`MAX_MONTE_CARLO_EVENTS`) and, when
+    run 0's timeline is kept for a picture, its bars (:data:`MAX_TIMELINE_BARS`)."""
+    if not runs:
+        return
+    per_run = [max(a["expected_failures"], 1.0) for a in analyses]
+    if max(per_run) > MAX_SIMULATED_FAILURES:
+        raise InputError("runs", f"each run would see about {max(per_run):.3g} failures, more than the {MAX_SIMULATED_FAILURES:,} "
+                         "a simulation takes; use the analytic expectation (--runs 0)")
+    if runs * sum(per_run) > MAX_MONTE_CARLO_EVENTS:
+        most = max(2, int(MAX_MONTE_CARLO_EVENTS / sum(per_run)))
+        raise InputError("runs", f"{runs:,} runs × about {sum(per_run):,.0f} failures each (all scenarios) is more than the "
+                         f"{MAX_MONTE_CARLO_EVENTS:,} failure events a Monte Carlo simulates; take at most {most:,} runs")
+    for a in analyses:
+        bars = 2 * (work / a["interval_s"] + a["expected_failures"])
+        if timeline and bars > MAX_TIMELINE_BARS:
+            raise InputError("out", f"the timeline of one run would hold about {bars:,.0f} bars, more than the "
+                             f"{MAX_TIMELINE_BARS:,} a picture records; take a longer --interval or leave out --out")
+
+
+def standard_errors(diff: float, stderr: float) -> str:
+    """``diff`` in standard errors (``+0.42 standard errors``), or that every run took the same
+    time when the standard error is 0 (no failure can hit a run that short)."""
+    if stderr > 0:
+        return f"{diff / stderr:+.2f} standard errors"
+    return "every run took the same time"
+
+
 def failures(work: float, mtbf: float, scenarios: list[Scenario], runs: int = 0, seed: int = 0,
              progress: Callable[[str, float], None] | None = None, timeline: bool = True) -> CalcResult:
     """Analytic expectation for each scenario and, with ``runs`` > 0, the Monte Carlo (with run
@@ -221,9 +258,11 @@ def failures(work: float, mtbf: float, scenarios: list[Scenario], runs: int = 0,
     M = positive("mtbf", mtbf)
     if runs:
         count("runs", runs, 2, MAX_RUNS)
+    seed = check_seed("seed", seed)
     out, derivs, extra = [], [], {}
-    for sc in scenarios:
-        a = analyze(W, M, sc)
+    analyses = [analyze(W, M, sc) for sc in scenarios]
+    check_work(W, analyses, runs, timeline)
+    for sc, a in zip(scenarios, analyses):
         key = f"failures.{sc.name}"
         tau, C, R = a["interval_s"], a["checkpoint_s"], a["recovery_s"]
         derivs += [
@@ -238,9 +277,6 @@ def failures(work: float, mtbf: float, scenarios: list[Scenario], runs: int = 0,
                    [("C", secs(C)), ("τ", secs(tau)), ("R", secs(R)), ("M", secs(M))], pct(a["first_order_waste"]),
                    "Young 1974"),
         ]
-        if runs and a["expected_failures"] > MAX_SIMULATED_FAILURES:
-            raise InputError("runs", f"each run would see about {a['expected_failures']:.3g} failures, too many to simulate; "
-                             "use the analytic expectation (--runs 0)")
         if runs:
             cb = None if progress is None else (lambda f, name=sc.name: progress(name, f))
             mc = simulate(W, tau, C, R, M, runs, seed, cb, keep_timeline=timeline)
@@ -250,7 +286,7 @@ def failures(work: float, mtbf: float, scenarios: list[Scenario], runs: int = 0,
                                  f"mean of {runs:,} simulated runs ± standard error",
                                  [("p5", secs(t["p5"])), ("p50", secs(t["p50"])), ("p95", secs(t["p95"]))],
                                  f"{secs(t['mean'])} ± {secs(t['stderr'])} (analytic {secs(a['expected_time_s'])}, "
-                                 f"{(t['mean'] - a['expected_time_s']) / t['stderr']:+.2f} standard errors)",
+                                 f"{standard_errors(t['mean'] - a['expected_time_s'], t['stderr'])})",
                                  f"event simulation of the same model (numpy, seed {seed})"))
             extra[sc.name] = mc.timeline
         out.append(a)

@@ -68,6 +68,11 @@ def fraction(field: str, x: float, allow_zero: bool = False, allow_one: bool = T
     return float(x)
 
 
+def seed(field: str, x: float) -> int:
+    """A random seed: a whole number in [0, 2^63) (what numpy's generators take)."""
+    return count(field, x, 0, 2**63 - 1)
+
+
 def count(field: str, x: float, minimum: int = 1, maximum: int | None = None) -> int:
     """``x`` as a whole number in [minimum, maximum]."""
     if x is None or not math.isfinite(x) or x != int(x):

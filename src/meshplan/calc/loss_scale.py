@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.calc.formats import get_format
-from meshplan.calc.inputs import count, positive
+from meshplan.calc.inputs import count, positive, seed as check_seed
 from meshplan.calc.result import CalcResult, derive, num, pct
 from meshplan.errors import InputError
 
@@ -111,6 +111,7 @@ def synthetic(steps: int, per_step: int = 1000, median: float = 1e-5, sigma: flo
     if steps * per_step > 50_000_000:
         raise InputError("steps", "steps × per-step gradients must be at most 50,000,000")
     f = get_format(fmt)
+    seed = check_seed("seed", seed)
     peak, logs = synthetic_flags(steps, per_step, positive("median", median), positive("sigma", sigma, allow_zero=True),
                                  positive("spike_prob", spike_prob, allow_zero=True), positive("spike_factor", spike_factor), seed)
     under = np.zeros(steps)

@@ -11,6 +11,53 @@ import numpy as np
 from meshplan.pyplot import pyplot, save_figure
 
 COLORS = {"work": "#4c78a8", "checkpoint": "#f2c14e", "lost": "#e45756", "restart": "#9d755d"}
+#: Most bars a timeline lane draws: a longer timeline is drawn at this resolution (each of as many
+#: equal slices of the run shows the kind that fills most of it), which is finer than the picture.
+PICTURE_BINS = 4000
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Time covered by the sorted, disjoint bars (``starts``, ``ends``) before each edge."""
+    lengths = ends - starts
+    cum = np.concatenate([[0.0], np.cumsum(lengths)])
+    i = np.searchsorted(starts, edges, side="right")  # bars started by each edge
+    j = np.maximum(i - 1, 0)
+    partial = np.where(i > 0, np.clip(edges - starts[j], 0.0, lengths[j]), 0.0)
+    return cum[j] + partial
+
+
+def binned(timeline: list, bins: int = PICTURE_BINS) -> tuple[list, list]:
+    """``(bars, failures)`` of a timeline of ``(start, end, kind)`` as drawn: every bar and the
+    end of every lost stretch (a failure) when there are at most ``bins`` bars; else ``bins``
+    equal slices of the run, each the kind that fills most of it, neighbours of one kind merged,
+    and one failure mark per slice that holds one."""
+    fails = [e for s, e, kind in timeline if kind == "lost"]
+    if len(timeline) <= bins:
+        return list(timeline), fails
+    t0, t1 = min(s for s, _, _ in timeline), max(e for _, e, _ in timeline)
+    edges = np.linspace(t0, t1, bins + 1)
+    kinds = list(COLORS)
+    fill = []
+    for kind in kinds:
+        bars = sorted((s, e) for s, e, k in timeline if k == kind)
+        if not bars:
+            fill.append(np.zeros(bins))
+            continue
+        arr = np.asarray(bars, dtype=float)
+        fill.append(np.diff(_covered(arr[:, 0], arr[:, 1], edges)))
+    fill_arr = np.vstack(fill)
+    top = fill_arr.argmax(axis=0)
+    out: list = []
+    for b in range(bins):
+        if fill_arr[top[b], b] <= 0:
+            continue
+        kind = kinds[top[b]]
+        if out and out[-1][2] == kind and out[-1][1] == edges[b]:
+            out[-1] = (out[-1][0], edges[b + 1], kind)
+        else:
+            out.append((edges[b], edges[b + 1], kind))
+    slots = sorted(set(np.minimum(((np.asarray(fails) - t0) / (t1 - t0) * bins).astype(int), bins - 1).tolist())) if fails else []
+    return out, [edges[k + 1] for k in slots]
 
 
 def _save(fig, plt, path: Path) -> None:
@@ -44,7 +91,8 @@ def plot_schedule(sched, ramp, end_tokens: float | None, path: Path, title: str)
 
 
 def plot_timelines(timelines: dict[str, list], path: Path, title: str, unit: float = 86400.0, unit_name: str = "days") -> None:
-    """One lane per scenario: work, checkpoint writes, lost work and restarts of run 0."""
+    """One lane per scenario: work, checkpoint writes, lost work and restarts of run 0 (at most
+    :data:`PICTURE_BINS` bars a lane: :func:`binned`)."""
     plt = pyplot()
     from matplotlib.patches import Patch
 
@@ -53,11 +101,12 @@ def plot_timelines(timelines: dict[str, list], path: Path, title: str, unit: flo
     for lane, name in enumerate(names):
         y = len(names) - 1 - lane
         by_kind: dict[str, list] = {}
-        for s, e, kind in timelines[name]:
+        drawn, fail_times = binned(timelines[name])
+        for s, e, kind in drawn:
             by_kind.setdefault(kind, []).append((s / unit, (e - s) / unit))
         for kind, bars in by_kind.items():
             ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=COLORS[kind], linewidth=0)
-        fails = [e / unit for s, e, kind in timelines[name] if kind == "lost"]  # the failure ends the lost stretch
+        fails = [e / unit for e in fail_times]  # the failure ends the lost stretch
         ax.plot(fails, [y + 0.42] * len(fails), "v", color="#e45756", markersize=3)
     ax.set_yticks(range(len(names)), list(reversed(names)))
     ax.set_xlabel(f"wall-clock time ({unit_name})")

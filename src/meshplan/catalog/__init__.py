@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from meshplan.bounded_parse import check_file_size, load_json, load_yaml
 from meshplan.errors import InputError
 from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import GPUSpec, PeakFlops
@@ -48,11 +49,14 @@ def model_from_mapping(fields: dict[str, Any], name: str, where: str = "model") 
     f.setdefault("name", name)
     try:
         if "head_dim" not in f and "hidden" in f and "n_heads" in f:
-            if int(f["hidden"]) % int(f["n_heads"]):
+            hidden, heads = int(f["hidden"]), int(f["n_heads"])
+            if hidden < 1 or heads < 1:
+                raise ValueError("not positive")
+            if hidden % heads:
                 raise InputError(f"{where}.head_dim", "give head_dim: hidden is not a multiple of n_heads")
-            f["head_dim"] = int(f["hidden"]) // int(f["n_heads"])
+            f["head_dim"] = hidden // heads
         f.setdefault("n_kv_heads", f.get("n_heads"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"{where}.n_heads", "hidden and n_heads must be positive integers") from None
     return ModelSpec.build(where=where, **f)
 
@@ -87,20 +91,21 @@ def load_model_file(path: Path) -> ModelSpec:
         is_file = False
     if not is_file:
         raise InputError("model", f"no such file: {path}")
+    check_file_size(path, "model")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError("model", f"cannot read {path}: {exc.__class__.__name__}") from None
     if path.suffix.lower() == ".json":
         try:
-            config = json.loads(text)
+            config = load_json(text, "model")
         except json.JSONDecodeError as exc:
             raise InputError("model", f"{path.name} is not valid JSON (line {exc.lineno})") from None
         from meshplan.catalog.hf_config import model_from_hf_config
 
         return model_from_hf_config(config, name=path.parent.name or path.stem)
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, "model")
     except yaml.YAMLError:
         raise InputError("model", f"{path.name} is not valid YAML") from None
     if isinstance(data, dict) and "model_type" in data:

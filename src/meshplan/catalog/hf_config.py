@@ -106,6 +106,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from meshplan.bounded_parse import brief
 from meshplan.errors import InputError
 from meshplan.specs.model import ModelSpec
 
@@ -172,7 +173,7 @@ class _Config:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise InputError(key, f"must be a positive integer (got {value!r})")
+            raise InputError(key, f"must be a positive integer (got {brief(value)})")
         return value
 
     def count(self, key: str) -> int:
@@ -187,7 +188,7 @@ class _Config:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise InputError(key, f"must be true or false (got {value!r})")
+            raise InputError(key, f"must be true or false (got {brief(value)})")
         return value
 
     def probability(self, key: str, default: float) -> float:
@@ -195,7 +196,7 @@ class _Config:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise InputError(key, f"must be a probability between 0 and 1 (got {value!r})")
+            raise InputError(key, f"must be a probability between 0 and 1 (got {brief(value)})")
         return float(value)
 
     def any_positive(self, keys: tuple[str, ...], default: float) -> bool:
@@ -208,7 +209,7 @@ class _Config:
         if value is None:
             value = default
         if not isinstance(value, str) or value not in table:
-            raise InputError(key, f"{value!r} is not supported here (supported: {', '.join(sorted(table))})")
+            raise InputError(key, f"{brief(value)} is not supported here (supported: {', '.join(sorted(table))})")
         return table[value]
 
 
@@ -321,7 +322,7 @@ def _layer_list(cfg: _Config, key: str, n_layers: int) -> list[int]:
     if value is None:
         return []
     if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers for i in value):
-        raise InputError(key, f"must be a list of layer indices between 0 and {n_layers - 1} (got {value!r})")
+        raise InputError(key, f"must be a list of layer indices between 0 and {n_layers - 1} (got {brief(value)})")
     return value
 
 
@@ -434,7 +435,7 @@ def model_from_hf_config(config: Any, name: str) -> ModelSpec:
     if model_type is None:
         raise InputError("model_type", "is required (it names the architecture)")
     if not isinstance(model_type, str):
-        raise InputError("model_type", f"must be a string (got {model_type!r})")
+        raise InputError("model_type", f"must be a string (got {brief(model_type)})")
     if model_type == "gemma3":
         config = _gemma3_text_config(config)
     elif model_type == "gemma3_text":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from contextvars import ContextVar
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -59,6 +60,12 @@ Gpu = Annotated[str, typer.Option("--gpu", help="Catalog GPU (see `meshplan gpus
 Out = Annotated[Optional[str], typer.Option("--out", help="Write the picture to this .svg or .png (needs matplotlib: the 'plot' extra).", show_default=False)]
 
 
+#: Where :func:`emit` hands its JSON text instead of printing it, and where bad input is raised
+#: instead of printed (the web API, :mod:`meshplan.web.calc_api`): one list per request, so that
+#: requests in several threads never share stdout; None (the CLI): print.
+json_sink: ContextVar[Optional[list]] = ContextVar("calc_json_sink", default=None)
+
+
 def _command(name: str):
     """Register a subcommand whose bad input (InputError, pydantic error) becomes one line on
     stderr and exit status 2, also when the sub-app runs on its own (e.g. under CliRunner)."""
@@ -68,6 +75,8 @@ def _command(name: str):
             try:
                 fn(*args, **kwargs)
             except (InputError, ValidationError) as err:
+                if json_sink.get() is not None:
+                    raise
                 text = str(input_error_from(err) if isinstance(err, ValidationError) else err)
                 typer.echo("error: " + " ".join(text.split()), err=True)
                 raise typer.Exit(2) from None
@@ -93,7 +102,12 @@ def emit(result: CalcResult, json_out: bool, explain: bool, extra: Callable[[Con
         d = result.to_dict(explain)
         if notes:
             d["notes"] = list(notes)
-        typer.echo(json.dumps(_jsonable(d), allow_nan=False))
+        text = json.dumps(_jsonable(d), allow_nan=False)
+        sink = json_sink.get()
+        if sink is not None:
+            sink.append(text)
+        else:
+            typer.echo(text)
         return
     out = render.console()
     if explain:

@@ -13,7 +13,6 @@ import json
 import shlex
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import typer
@@ -21,10 +20,10 @@ import typer
 from meshplan import interop
 from meshplan.catalog import load_stack
 from meshplan.cli.options import PlanArgs, plan_options, resolve
-from meshplan.cli.outfile import write_text
 from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.errors import InputError
 from meshplan.interop.common import catalog_match
+from meshplan.outfile import out_path, write_text
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, applied, field_text
 
 Engine = Literal["torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
@@ -46,19 +45,6 @@ def stack_difference(plan, engine: str) -> Optional[str]:
             f"which differs in {', '.join(diff)}: `meshplan estimate --stack {name}` estimates it as the engine runs it")
 
 
-def _out_file(out: str, force: bool) -> Path:
-    if not out.strip():
-        raise InputError("out", "must name a file (got an empty value)")
-    path = Path(out).expanduser()
-    if path.is_dir():
-        raise InputError("out", f"'{out}' is a directory; give a file name")
-    if not path.parent.is_dir():
-        raise InputError("out", f"directory '{path.parent}' does not exist")
-    if path.exists() and not force:
-        raise InputError("out", f"'{out}' exists; pass --force to overwrite it")
-    return path
-
-
 @plan_options
 @search_options(omit=("top",))
 def export(
@@ -70,7 +56,7 @@ def export(
     search: SearchArgs = SearchArgs(),
 ) -> None:
     """Write the plan as an engine's config; settings the engine cannot express are named on stderr (warning: ...), never dropped silently. With --from-search, the best plan of a search."""
-    path = _out_file(out, force) if out is not None else None
+    path = out_path(out, force=force) if out is not None else None
     if from_search:
         model, best, gpus_per_node = _best_of_search(plan, search)
     else:
@@ -81,7 +67,7 @@ def export(
         model, best, gpus_per_node = setup.model, setup.plan, setup.cluster.gpus_per_node
     result = interop.export(to, model, best, gpus_per_node=gpus_per_node)
     if path is not None:
-        write_text(path, result.text, out)
+        write_text(path, result.text, out, replace=force)
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     for line in result.notes:

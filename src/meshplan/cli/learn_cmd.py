@@ -87,6 +87,8 @@ def _ask(out: Console) -> str | None:
         text = out.input("answer> ")
     except EOFError:
         return None
+    except UnicodeDecodeError as err:  # stdin decoded strictly, and the bytes are not its encoding
+        raise InputError("input", f"the answer is not {err.encoding} text (byte {err.object[err.start:err.start + 1]!r} at {err.start})") from None
     if not sys.stdin.isatty():  # piped: show what was read, so the transcript reads as a dialogue
         out.print(text, markup=False, highlight=False)
     return text

@@ -219,10 +219,14 @@ def _finite(field: str, value: Any, lo: float, hi: float, lo_open: bool = False)
 
 
 def _count(field: str, text: Any) -> float:
+    """A count such as 16M (:func:`~meshplan.units.parse_count`), finite; else ``field``'s error."""
     try:
-        return parse_count(text)
+        n = parse_count(text)
     except (TypeError, ValueError, OverflowError):
-        raise InputError(field, f"must be a number such as 16M, 15.6T or 2e12 (got {text!r})") from None
+        n = math.nan
+    if not math.isfinite(n):
+        raise InputError(field, f"must be a finite number such as 16M, 15.6T or 2e12 (got {text!r})")
+    return n
 
 
 _BINARY = {"k": 2**10, "m": 2**20, "g": 2**30}
@@ -238,9 +242,12 @@ def parse_batch_tokens(text: Any) -> float:
         low = low[:-1]
     if low and low[-1] in _BINARY:
         try:
-            return float(low[:-1]) * _BINARY[low[-1]]
+            n = float(low[:-1]) * _BINARY[low[-1]]
         except ValueError:
-            raise InputError("global_batch_tokens", f"must be a number of tokens such as 16M or 4194304 (got {text!r})") from None
+            n = math.nan
+        if not math.isfinite(n):
+            raise InputError("global_batch_tokens", f"must be a finite number of tokens such as 16M or 4194304 (got {text!r})")
+        return n
     return _count("global_batch_tokens", s)
 
 

@@ -44,15 +44,22 @@ from rich.text import Text
 
 from meshplan.catalog import load_stack
 from meshplan.cli import render
-from meshplan.cli.outfile import write_text
 from meshplan.cli.pipeline_runtime import RUNTIME_HELP, check_runtime, lockstep_cost, resolve_runtime
 from meshplan.errors import InputError
+from meshplan.outfile import out_path, write_text
 from meshplan.pipeline import schedules as sched
 from meshplan.pipeline.gantt import KIND_NAMES, fmt_time, rich_gantt, round_columns, svg_gantt, text_axis
 from meshplan.pipeline.simulate import SimResult, simulate, uniform_makespan, zbh1_makespan
 
 CLOSED_FORMS = ("gpipe", "1f1b", "interleaved")
-MAX_PP, MAX_VPP, MAX_M, MAX_ACTIONS = 1024, 64, 100_000, 2_000_000
+#: Most micro-batch stages p·v·m a run simulates (its actions: 2 or 3 per stage): about 5 s and
+#: 350 MB with --json at the bound, for the costliest schedule and runtime.
+MAX_STAGES = 131_072
+MAX_PP, MAX_VPP, MAX_M, MAX_ACTIONS = 1024, 64, 100_000, 3 * MAX_STAGES
+#: Times (any unit) a simulation takes: each positive time within [TIME_MIN, TIME_MAX], and the
+#: largest at most TIME_RANGE times the smallest, so that sums over a step keep the shortest
+#: action's time to about 1e-9 of itself (float64 holds 16 digits).
+TIME_MIN, TIME_MAX, TIME_RANGE = 1e-9, 1e12, 1e6
 
 
 def schedule_names() -> tuple[str, ...]:
@@ -79,6 +86,20 @@ def _time(field: str, value: float, positive: bool = True) -> float:
         rule = "a positive" if positive else "a non-negative"
         raise InputError(field, f"must be {rule} finite number (got {value:g})")
     return float(value)
+
+
+def check_time_range(times: list[tuple[str, list[float]]]) -> None:
+    """Refuse times (by field) the simulation cannot add up faithfully: a positive time outside
+    [:data:`TIME_MIN`, :data:`TIME_MAX`], or a largest over a smallest beyond :data:`TIME_RANGE`.
+    ``times``: (field, its times) pairs."""
+    positive = [(field, x) for field, xs in times for x in xs if x > 0]
+    for field, x in positive:
+        if not TIME_MIN <= x <= TIME_MAX:
+            raise InputError(field, f"must be between {TIME_MIN:g} and {TIME_MAX:g} (got {x:g}); give the times in another unit")
+    lo, hi = min(positive, key=lambda p: p[1]), max(positive, key=lambda p: p[1])
+    if hi[1] > TIME_RANGE * lo[1]:
+        raise InputError(hi[0], f"{hi[1]:g} is more than {TIME_RANGE:g} times the shortest time ({lo[1]:g}, {lo[0]}): "
+                         "the simulation could not add both up faithfully")
 
 
 def parse_stage_times(text: str, n_stages: int) -> tuple[list[float], list[float], list[float] | None]:
@@ -151,8 +172,8 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
     v_asked = vpp if vpp is not None else (2 if name in ("interleaved", "interleaved-zb", "zbv") else 1)
     if actions_file is not None:
         v_asked = max(1, math.ceil((1 + max((a.stage for acts in given for a in acts), default=0)) / pp))
-    if pp * v_asked * m > MAX_ACTIONS // 2:
-        raise InputError("microbatches", f"p·v·m = {pp * v_asked * m:,} is too many micro-batch stages to draw (at most {MAX_ACTIONS // 2:,})")
+    if pp * v_asked * m > MAX_STAGES:
+        raise InputError("microbatches", f"p·v·m = {pp * v_asked * m:,} micro-batch stages is more than the {MAX_STAGES:,} a run simulates")
     transfer = _time("transfer", transfer, positive=False)
     if stage_times is not None and (fwd is not None or bwd is not None or wgrad is not None):
         raise InputError("stage_times", "give either --stage-times (f:b or f:b:w per stage) or --fwd/--bwd/--wgrad, not both")
@@ -172,6 +193,8 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
     else:
         f_st, b_st = [f_rank / v] * n_stages, [b_rank / v] * n_stages
         w_st = None if w_rank is None else [w_rank / v] * n_stages
+    given = "stage_times" if stage_times is not None else None
+    check_time_range([(given or "fwd", f_st), (given or "bwd", b_st), (given or "wgrad", w_st or []), ("transfer", [transfer])])
     kinds = {a.kind for acts in ranks for a in acts}
     ran, grid, words = resolve_runtime(asked, name, pp, m, v, ranks, actions_file is not None)
     try:
@@ -205,7 +228,7 @@ def to_json(run: dict) -> dict:
         ranks.append({
             "rank": r, "busy": res.busy[r], "idle": res.idle[r], "peak_inflight": res.peak_inflight[r],
             "actions": [str(a) for a in acts],
-            "timeline": [[str(a), s, e] for a, s, e in res.timeline[r]],
+            "timeline": [[str(a), max(0.0, s), e] for a, s, e in res.timeline[r]],  # no −1e-12 of rounding
         })
     runtime = {} if "runtime" not in run else {
         "pipeline_runtime": run["runtime"], "pipeline_runtime_requested": run["runtime_asked"],
@@ -332,18 +355,7 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
 def _out_path(out: Optional[str]) -> Optional[Path]:
     """The picture file ``--out`` names, checked before any work: an .svg or .png in an existing
     directory, and not an existing file (meshplan never overwrites what the user wrote)."""
-    if out is None:
-        return None
-    path = Path(out).expanduser()
-    if path.suffix.lower() not in (".svg", ".png"):
-        raise InputError("out", f"must be a .svg or .png file (got '{out}')")
-    if path.is_dir():
-        raise InputError("out", f"'{out}' is a directory; give a file name ending in .svg or .png")
-    if not path.parent.is_dir():
-        raise InputError("out", f"directory '{path.parent}' does not exist")
-    if path.exists():
-        raise InputError("out", f"'{out}' already exists; meshplan does not overwrite files: choose another name")
-    return path
+    return None if out is None else out_path(out, (".svg", ".png"))
 
 
 def pipeline(

@@ -69,6 +69,9 @@ def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan
                 fields[key] = int(value)
             except ValueError:
                 raise InputError("baseline", f"{key} must be a whole number (got '{value}')") from None
+            least = 0 if key == "zero" else 1
+            if fields[key] < least:
+                raise InputError("baseline", f"{key} must be at least {least} (got {fields[key]})")
     if fields.get("vpp", 1) > 1 and "schedule" not in fields:
         fields["schedule"] = "interleaved"
     if fields.get("schedule") in ("interleaved", "interleaved-zb", "zbv") and "vpp" not in fields:

@@ -38,7 +38,7 @@ from meshplan.accuracy import RUN_SETS, published_runs, runs_of, validate_runs
 from meshplan.accuracy.heldout import HELDOUT_SOURCES
 from meshplan.accuracy.mapping import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
-from meshplan.cli.outfile import write_text
+from meshplan.outfile import write_text
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot, save_figure

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from meshplan.bounded_parse import check_file_size
 from meshplan.catalog import stack_names, stack_overrides
 from meshplan.errors import InputError
 from meshplan.interop import deepspeed, megatron, meshplan_json, nanotron, torchtitan
@@ -71,6 +72,7 @@ def read_config(path: str, where: str = "plan") -> str:
         raise InputError(where, f"{path} is a directory, not a config file")
     if not is_file:
         raise InputError(where, f"no such file: {path}")
+    check_file_size(p, where)
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError:

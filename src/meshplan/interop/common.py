@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from meshplan.bounded_parse import brief
 from meshplan.errors import InputError
 from meshplan.pipeline.lockstep import runs_lockstep
 from meshplan.pipeline.stages import default_layer_split
@@ -230,7 +231,7 @@ def single_values(pairs: Iterable[tuple[str, Optional[str]]], fmt: str) -> dict[
     out: dict[str, Optional[str]] = {}
     for name, value in pairs:
         if name in out and out[name] != value:
-            raise InputError(name.lstrip("-"), f"given twice with different values ({out[name]!r}, {value!r}) in the {fmt} config")
+            raise InputError(name.lstrip("-"), f"given twice with different values ({brief(out[name])}, {brief(value)}) in the {fmt} config")
         out[name] = value
     return out
 
@@ -238,7 +239,7 @@ def single_values(pairs: Iterable[tuple[str, Optional[str]]], fmt: str) -> dict[
 def as_int(name: str, value: Any, lo: int = 1) -> int:
     """A whole number at least ``lo``; anything else names the engine's key."""
     if isinstance(value, bool):
-        raise InputError(name, f"must be an integer (got {value!r})")
+        raise InputError(name, f"must be an integer (got {brief(value)})")
     try:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
@@ -246,7 +247,7 @@ def as_int(name: str, value: Any, lo: int = 1) -> int:
     except (TypeError, ValueError):
         n = None
     if n is None:
-        raise InputError(name, f"must be an integer (got {value!r})")
+        raise InputError(name, f"must be an integer (got {brief(value)})")
     if n < lo:
         raise InputError(name, f"must be at least {lo} (got {n})")
     return n
@@ -260,7 +261,7 @@ def as_bool(name: str, value: Any) -> bool:
         return True
     if text in ("false", "0", "no", "off"):
         return False
-    raise InputError(name, f"must be true or false (got {value!r})")
+    raise InputError(name, f"must be true or false (got {brief(value)})")
 
 
 def choice(name: str, value: Any, table: dict[str, Any]) -> Any:
@@ -269,7 +270,7 @@ def choice(name: str, value: Any, table: dict[str, Any]) -> Any:
     for k, v in table.items():
         if k.lower() == key.lower():
             return v
-    raise InputError(name, f"unsupported value {value!r} (one of {', '.join(table)})")
+    raise InputError(name, f"unsupported value {brief(value)} (one of {', '.join(table)})")
 
 
 def divide(name: str, total: int, part: int, what: str) -> int:

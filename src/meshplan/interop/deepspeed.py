@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from meshplan.bounded_parse import load_json
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, attention_kernel, choice, dependency_pipeline, fp8_all_gather, fsdp_root_unit,
@@ -205,7 +206,7 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
 
 def parse(text: str) -> ParseResult:
     try:
-        cfg = json.loads(text)
+        cfg = load_json(text, "plan")
     except json.JSONDecodeError as exc:
         raise InputError("plan", f"not valid JSON (line {exc.lineno})") from None
     if not isinstance(cfg, dict):

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from meshplan.bounded_parse import load_json, load_toml, load_yaml
 from meshplan.errors import InputError
 from meshplan.interop.meshplan_json import is_meshplan_json
 
@@ -32,7 +33,7 @@ def detect(text: str, where: str = "plan") -> str:
         raise InputError(where, "the file is empty")
     if body.startswith("{"):
         try:
-            data: Any = json.loads(body)
+            data: Any = load_json(body, where)
         except json.JSONDecodeError as exc:
             raise InputError(where, f"looks like JSON but does not parse (line {exc.lineno})") from None
         if isinstance(data, dict) and any(k in data for k in DEEPSPEED_KEYS):
@@ -48,13 +49,13 @@ def detect(text: str, where: str = "plan") -> str:
     if any(w.split("=")[0] in MEGATRON_HINTS for w in words):
         return "megatron"
     try:
-        toml = tomllib.loads(body)
+        toml = load_toml(body, where)
     except tomllib.TOMLDecodeError:
         toml = None
     if isinstance(toml, dict) and any(isinstance(toml.get(s), dict) for s in ("parallelism", "training", "activation_checkpoint")):
         return "torchtitan-toml"
     try:
-        data = yaml.safe_load(body)
+        data = load_yaml(body, where)
     except yaml.YAMLError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("parallelism"), dict) and any(k in data["parallelism"] for k in ("dp", "tp", "pp")):

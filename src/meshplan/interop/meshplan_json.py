@@ -9,9 +9,9 @@ published run's power-capped part) cannot be named by an option and is refused b
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from meshplan.bounded_parse import load_json
 from meshplan.catalog import load_model, model_names
 from meshplan.errors import InputError
 from meshplan.interop.common import ParseResult
@@ -30,7 +30,7 @@ def is_meshplan_json(data: Any) -> bool:
 
 
 def parse(text: str) -> ParseResult:
-    data = json.loads(text)
+    data = load_json(text, "plan")
     plan, cluster = data["plan"], data.get("cluster") or {}
     try:
         fields: dict[str, Any] = {k: plan[k] for k in PLAN_KEYS}

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from meshplan.bounded_parse import brief, load_yaml
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, attention_kernel, catalog_match, choice, dependency_pipeline, fp8_all_gather,
@@ -185,7 +186,7 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     f["zero"] = zero
     dtype = DTYPES.get(str(mdl.get("dtype", "bfloat16")).replace("torch.", ""))
     if dtype is None:
-        raise InputError("model.dtype", f"unsupported value {mdl.get('dtype')!r} (one of {', '.join(DTYPES)})")
+        raise InputError("model.dtype", f"unsupported value {brief(mdl.get('dtype'))} (one of {', '.join(DTYPES)})")
     fp32_grads = as_bool("optimizer.accumulate_grad_in_fp32", opt.get("accumulate_grad_in_fp32", True))
     prec: dict[str, Any] = {"precision": dtype, "grad_dtype": "fp32" if (fp32_grads or dtype == "fp32") else dtype}
     factory = opt.get("optimizer_factory")
@@ -225,7 +226,7 @@ def _model(mc: Any) -> ModelSpec:
 
 def parse(text: str) -> ParseResult:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, "plan")
     except yaml.YAMLError:
         raise InputError("plan", "not valid YAML") from None
     if not isinstance(data, dict):

@@ -57,6 +57,7 @@ import math
 import tomllib
 from typing import Any, Optional
 
+from meshplan.bounded_parse import brief, load_toml
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_bool, as_int, catalog_match,
@@ -296,14 +297,14 @@ def flag_sections(text: str) -> dict[str, dict[str, Any]]:
                 key, value = key[3:], False
         d = out.setdefault(sec, {})
         if key in d and d[key] != value:
-            raise InputError(f"{sec}.{key}", f"given twice with different values ({d[key]!r}, {value!r}) in the torchtitan config")
+            raise InputError(f"{sec}.{key}", f"given twice with different values ({brief(d[key])}, {brief(value)}) in the torchtitan config")
         d[key] = value
     return out
 
 
 def toml_sections(text: str) -> dict[str, dict[str, Any]]:
     try:
-        data = tomllib.loads(text)
+        data = load_toml(text, "plan")
     except tomllib.TOMLDecodeError as exc:
         raise InputError("plan", f"not valid TOML ({exc})") from None
     return {k: v for k, v in data.items() if isinstance(v, dict)}
@@ -475,11 +476,11 @@ def _read_kernels(s: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, A
         on = as_bool("compile.enable", comp.get("enable", False))
         raw = comp.get("components", list(COMPONENTS))
         if not isinstance(raw, (str, list)):
-            raise InputError("compile.components", f"must be a list of {' and '.join(COMPONENTS)} (got {raw!r})")
+            raise InputError("compile.components", f"must be a list of {' and '.join(COMPONENTS)} (got {brief(raw)})")
         parts = [c.strip() for c in raw.split(",") if c.strip()] if isinstance(raw, str) else [str(c) for c in raw]
         for c in parts:
             if c not in COMPONENTS:
-                raise InputError("compile.components", f"unsupported value {c!r} (one of {', '.join(COMPONENTS)})")
+                raise InputError("compile.components", f"unsupported value {brief(c)} (one of {', '.join(COMPONENTS)})")
         blocks, loss = on and "model" in parts, on and "loss" in parts
         said = f"compile.enable = {str(on).lower()}, components {','.join(parts) or 'none'}"
     elif "compile" in tr:

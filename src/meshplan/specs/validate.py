@@ -28,7 +28,7 @@ def _check_moe(model: ModelSpec, plan: TrainingPlan) -> None:
         raise InputError("tp", f"tp ({t}) must divide the expert MLP hidden size ({model.expert_ffn_hidden})")
     if model.shared_expert_ffn_hidden % t:
         raise InputError("tp", f"tp ({t}) must divide the shared expert's MLP hidden size ({model.shared_expert_ffn_hidden})")
-    if ep > 1 and plan.dp_shard is not None:
+    if ep > 1 and plan.dp_shard not in (None, plan.dp):  # a shard group of all dp is plain sharding
         raise InputError("dp_shard", "HSDP (dp_shard) with expert parallelism (ep > 1) is not modelled; use one or the other")
     if ep > 1 and t > 1 and not plan.sequence_parallel:
         raise InputError("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism (as in Megatron-Core)")

@@ -8,15 +8,19 @@ from fastapi import FastAPI
 
 from meshplan.web import calc_api, errors, learn_api, pipeline_api, plan_api, search_api, views
 from meshplan.web.estimate_cache import CachedEstimates
+from meshplan.web.heavy import HeavySlots
 from meshplan.web.search_api import Searches
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Work one request may cause: plans a search may evaluate and seconds it may run."""
+    """Work one request may cause: plans a search may evaluate and seconds it may run; heavy
+    requests running at once and how long one waits for a slot (:mod:`meshplan.web.heavy`)."""
 
     max_search_plans: int = 1_000_000
     search_seconds: float = 60.0
+    heavy_slots: int = 2
+    heavy_wait_s: float = 30.0
 
 
 def create_app(limits: Limits = Limits()) -> FastAPI:
@@ -31,6 +35,7 @@ def create_app(limits: Limits = Limits()) -> FastAPI:
     )
     app.state.limits = limits
     app.state.searches = Searches(limits.max_search_plans, limits.search_seconds)
+    app.state.heavy = HeavySlots(limits.heavy_slots, limits.heavy_wait_s)
     errors.install(app)
     for module in (plan_api, search_api, pipeline_api, calc_api, learn_api):
         app.include_router(module.router)

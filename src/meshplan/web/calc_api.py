@@ -7,24 +7,25 @@ is a repeated option. ``GET /api/calc`` lists every calculator with its options 
 default, help), from the same declarations; the Calculators view builds its forms from it.
 
 Bounded work: besides the library's own caps, a web request may ask for at most the values of
-:data:`WEB_CAPS` (Monte Carlo runs, simulated steps and elements).
+:data:`WEB_CAPS` (Monte Carlo runs, simulated steps and elements). A calculator runs in one of the
+server's heavy slots (:mod:`meshplan.web.heavy`) and hands its JSON back through
+:data:`~meshplan.cli.calc_cmd.json_sink`, not stdout, so several run at once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import threading
+from contextlib import nullcontext
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from fastapi import APIRouter, Request
 
-from meshplan.cli.calc_cmd import calc_app
+from meshplan.cli.calc_cmd import calc_app, json_sink
 from meshplan.cli.options import PLAN_OPTIONS
 from meshplan.errors import InputError
+from meshplan.web.heavy import HeavySlots
 
 #: (calculator, option) -> the most a web request may ask for.
 WEB_CAPS: dict[tuple[str, str], int] = {
@@ -38,8 +39,6 @@ _HIDDEN = {"out", "json_out", "explain", "progress", "help"}
 
 #: the plan options a calculator's form offers: a preset, or a model on GPUs, and the recipe
 PLAN_LISTED = {"preset", "model", "gpu", "gpus", "tokens", "price", "precision", "grad_dtype", "master_weights"}
-
-_lock = threading.Lock()  # the commands print their JSON on stdout: one at a time
 
 
 @lru_cache(maxsize=1)
@@ -125,23 +124,25 @@ def argv_of(name: str, items: list[tuple[str, str]]) -> list[str]:
     return args + ["--json", "--explain"] + (["--"] + positional if positional else [])
 
 
-def run_calculator(name: str, items: list[tuple[str, str]]) -> dict[str, Any]:
-    """Run ``meshplan calc NAME ... --json --explain``; its JSON, or its error as InputError."""
+def run_calculator(name: str, items: list[tuple[str, str]], slots: Optional[HeavySlots] = None) -> dict[str, Any]:
+    """Run ``meshplan calc NAME ... --json --explain`` (in one of ``slots`` when given); its JSON,
+    or its bad input raised (InputError, pydantic's ValidationError)."""
     args = argv_of(name, items)
     cmd = _commands()[name]
-    out, err = io.StringIO(), io.StringIO()
-    with _lock, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cmd.main(args=args, prog_name=f"meshplan calc {name}", standalone_mode=False)
-        except typer.TyperException as exc:  # click's own checks: a missing option, a bad number
-            param = getattr(exc, "param", None)
-            field = param.name if param is not None else "input"
-            raise InputError(field, " ".join(exc.format_message().split())) from None
-    if code not in (None, 0):
-        line = " ".join(err.getvalue().split()).removeprefix("error: ")
-        field, _, rule = line.partition(": ")
-        raise InputError(field or "input", rule or line or f"exit status {code}")
-    return json.loads(out.getvalue())
+    sink: list[str] = []
+    token = json_sink.set(sink)
+    try:
+        with slots.slot() if slots is not None else nullcontext():
+            cmd.main(args=args, prog_name=f"meshplan calc {name}", standalone_mode=False)
+    except typer.TyperException as exc:  # click's own checks: a missing option, a bad number
+        param = getattr(exc, "param", None)
+        field = param.name if param is not None else "input"
+        raise InputError(field, " ".join(exc.format_message().split())) from None
+    finally:
+        json_sink.reset(token)
+    if len(sink) != 1:
+        raise InputError("calculator", f"the {name} calculator gave no JSON")
+    return json.loads(sink[0])
 
 
 router = APIRouter(prefix="/api")
@@ -155,4 +156,4 @@ def api_calculators() -> list[dict[str, Any]]:
 @router.get("/calc/{name}", tags=["calc"],
             summary="Run one calculator: query parameters are its options (GET /api/calc); the JSON of `meshplan calc NAME --json --explain`")
 def api_calc(name: str, request: Request) -> dict[str, Any]:
-    return run_calculator(name, list(request.query_params.multi_items()))
+    return run_calculator(name, list(request.query_params.multi_items()), request.app.state.heavy)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from meshplan.cli.pipeline_cmd import closed_form_lines, run_pipeline, schedule_names, to_json
 from meshplan.cli.pipeline_runtime import RUNTIME_HELP
@@ -45,18 +45,20 @@ Runtime = Query(None, description=RUNTIME_HELP)
 
 
 @router.get("/pipeline", tags=["pipeline"], summary="Simulate a pipeline schedule (the schema of `meshplan pipeline --json`)")
-def api_pipeline(schedule: Optional[str] = Schedule, pp: int = Pp, microbatches: int = M, vpp: Optional[int] = Vpp,
+def api_pipeline(request: Request, schedule: Optional[str] = Schedule, pp: int = Pp, microbatches: int = M, vpp: Optional[int] = Vpp,
                  fwd: Optional[float] = Fwd, bwd: Optional[float] = Bwd, wgrad: Optional[float] = Wgrad,
                  transfer: float = Transfer, stage_times: Optional[str] = StageTimes,
                  pipeline_runtime: Optional[str] = Runtime) -> dict[str, Any]:
-    return to_json(_run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime))
+    with request.app.state.heavy.slot():
+        return to_json(_run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime))
 
 
 @router.get("/view/pipeline", tags=["views"], summary="What the Pipeline view draws: the simulation and the closed-form check")
-def api_view_pipeline(schedule: Optional[str] = Schedule, pp: int = Pp, microbatches: int = M, vpp: Optional[int] = Vpp,
+def api_view_pipeline(request: Request, schedule: Optional[str] = Schedule, pp: int = Pp, microbatches: int = M, vpp: Optional[int] = Vpp,
                       fwd: Optional[float] = Fwd, bwd: Optional[float] = Bwd, wgrad: Optional[float] = Wgrad,
                       transfer: float = Transfer, stage_times: Optional[str] = StageTimes,
                       pipeline_runtime: Optional[str] = Runtime) -> dict[str, Any]:
-    run = _run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime)
+    with request.app.state.heavy.slot():
+        run = _run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime)
     return {"pipeline": to_json(run), "closed_form": closed_form_lines(run, "units"),
             "per_stage": {"fwd": run["fwd"], "bwd": run["bwd"], "wgt": run["wgt"]}}

@@ -32,8 +32,12 @@ from meshplan.specs.model import ModelSpec
 from meshplan.units import GBPS, TFLOPS
 from meshplan.web.estimate_cache import EstimateCache
 
-#: Most pipeline actions the Plan view's Gantt receives; larger plans are summarised without it.
+#: Most pipeline actions the Plan view's Gantt receives; larger plans are summarised without it
+#: (and their timeline is not kept while estimating).
 MAX_GANTT_ACTIONS = 20_000
+#: Most micro-batch stages (micro-batches × pp × vpp) a request's estimate simulates: under a second
+#: and 100 MB. More (a huge global batch on few GPUs) is refused before any work.
+MAX_WEB_PLAN_STAGES = 131_072
 #: Estimates kept as JSON for repeated requests of ``/api/estimate`` (by canonical options and by
 #: raw query string: :mod:`meshplan.web.estimate_cache`).
 ESTIMATE_CACHE = 1024
@@ -72,8 +76,26 @@ def plan_args(values: dict[str, Any]) -> PlanArgs:
     return PlanArgs(**args, set_fields=sets or None)
 
 
+def bounded_setup(values: dict[str, Any]) -> Setup:
+    """The CLI's resolution of plan options ``values``, refused (InputError on ``global_batch``)
+    when its pipeline has more than :data:`MAX_WEB_PLAN_STAGES` micro-batch stages."""
+    setup = resolve(plan_args(values))
+    p = setup.plan
+    stages = p.num_microbatches * p.pp * p.vpp
+    if stages > MAX_WEB_PLAN_STAGES:
+        raise InputError("global_batch", f"{p.num_microbatches:,} micro-batches × pp {p.pp} × vpp {p.vpp} = {stages:,} micro-batch "
+                         f"stages, more than the {MAX_WEB_PLAN_STAGES:,} the web explorer simulates; take a smaller batch or more GPUs")
+    return setup
+
+
 def setup_of(query: Any) -> Setup:
-    return resolve(plan_args(query.model_dump(exclude_none=True)))
+    return bounded_setup(query.model_dump(exclude_none=True))
+
+
+def gantt_fits(setup: Setup) -> bool:
+    """Whether the plan's pipeline (at most 3 actions a micro-batch stage) fits the Gantt."""
+    p = setup.plan
+    return 3 * p.num_microbatches * p.pp * p.vpp <= MAX_GANTT_ACTIONS
 
 
 def run_estimate(setup: Setup, keep_timeline: bool = False) -> Estimate:
@@ -172,8 +194,8 @@ def query_key(query_string: bytes) -> Optional[tuple]:
 def estimate_json(key: tuple) -> bytes:
     """The body of ``/api/estimate`` for canonical options ``key``: ``meshplan estimate --json``
     (with its run with failures and its advice: :mod:`meshplan.estimate_report`)."""
-    args = plan_args(dict(key))
-    return json.dumps(full_json(run_estimate(resolve(args)), args), allow_nan=False).encode()
+    values = dict(key)
+    return json.dumps(full_json(run_estimate(bounded_setup(values)), plan_args(values)), allow_nan=False).encode()
 
 
 def full_json(est: Estimate, args: PlanArgs) -> dict[str, Any]:
@@ -195,14 +217,17 @@ async def api_estimate(request: Request, q: PlanParams) -> Response:
 
 
 @router.get("/explain", tags=["plan"], summary="The derivation of each figure (what `meshplan explain` prints)")
-def api_explain(q: PlanParams) -> dict[str, Any]:
-    return {"derivations": derivations(run_estimate(setup_of(q)))}
+def api_explain(q: PlanParams, request: Request) -> dict[str, Any]:
+    setup = setup_of(q)
+    with request.app.state.heavy.slot():
+        return {"derivations": derivations(run_estimate(setup))}
 
 
 @router.get("/view/plan", tags=["views"], summary="Everything the Plan view draws: estimate, derivations, assumptions, pipeline")
-def api_view_plan(q: PlanParams) -> dict[str, Any]:
+def api_view_plan(q: PlanParams, request: Request) -> dict[str, Any]:
     setup = setup_of(q)
-    est = run_estimate(setup, keep_timeline=True)
+    with request.app.state.heavy.slot():
+        est = run_estimate(setup, keep_timeline=gantt_fits(setup))
     return {
         "estimate": full_json(est, plan_args(q.model_dump(exclude_none=True))),
         "derivations": derivations(est),
