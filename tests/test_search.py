@@ -15,7 +15,8 @@ from meshplan.pipeline.schedules import compile_schedule, rounds_of
 from meshplan.search.engine import Engine
 from meshplan.search.peaks import memory_microbatches
 from meshplan.search.run import plan_of, search
-from meshplan.search.space import REASONS, SearchLimits, enumerate_plans
+from meshplan.search.space import SearchLimits, enumerate_plans
+from meshplan.specs.rules import REASONS
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 from meshplan.specs.validate import check_plan

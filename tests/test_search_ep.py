@@ -14,7 +14,8 @@ from meshplan.errors import InputError
 from meshplan.estimate import estimate
 from meshplan.search.engine import Engine
 from meshplan.search.run import search
-from meshplan.search.space import REASONS, SearchLimits, enumerate_plans
+from meshplan.search.space import SearchLimits, enumerate_plans
+from meshplan.specs.rules import REASONS
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan

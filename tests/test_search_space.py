@@ -12,8 +12,9 @@ import pytest
 
 from meshplan.catalog import load_model
 from meshplan.pipeline.schedules import SCHEDULES
-from meshplan.search.space import COLUMNS, RECOMPUTE, REASONS, SCHEDULE_NAMES, SearchLimits, enumerate_plans
-from meshplan.specs.validate import MAX_PIPELINE_CHUNKS
+from meshplan.search.space import COLUMNS, RECOMPUTE, SCHEDULE_NAMES, SearchLimits, enumerate_plans
+from meshplan.specs.rules import REASONS
+from meshplan.specs.rules import MAX_PIPELINE_CHUNKS
 
 
 def _divisors(n: int) -> list[int]:

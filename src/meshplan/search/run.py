@@ -24,7 +24,8 @@ from meshplan.catalog import requested_stack
 from meshplan.errors import InputError
 from meshplan.estimate import Budget, Estimate, estimate
 from meshplan.search.engine import Engine, Screen
-from meshplan.search.space import REASONS, PlanTable, SearchLimits, enumerate_plans
+from meshplan.search.space import PlanTable, SearchLimits, enumerate_plans
+from meshplan.specs.rules import REASONS
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan

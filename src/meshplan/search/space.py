@@ -18,7 +18,7 @@ ZeRO stage         0 .. 3; with ``hsdp`` also every shard group 1 < dp_shard < d
 
 restricted by the user's limits and fixed axes. Structural rules reject plans before they are
 evaluated, each counted under its reason (the first rule a plan breaks, in the order of
-:data:`REASONS`); the rest are evaluated (:mod:`meshplan.search.engine`), and those whose peak
+:data:`meshplan.specs.rules.REASONS`); the rest are evaluated (:mod:`meshplan.search.engine`), and those whose peak
 memory exceeds the usable HBM are rejected for memory.
 """
 
@@ -32,25 +32,15 @@ import numpy as np
 
 from meshplan.errors import InputError
 from meshplan.pipeline.schedules import SCHEDULES
-from meshplan.pipeline.stages import EMPTY_END_STAGES, STAGES_RULE
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.validate import MAX_PIPELINE_CHUNKS
+from meshplan.specs.rules import (
+    batch_breaks, cp_breaks, ep_hsdp_breaks, ep_sp_breaks, op_recompute_breaks, pipeline_size_breaks, rounds_break,
+    sp_breaks, stages_break, tp_breaks,
+)
 
 RECOMPUTE = ("none", "selective", "op", "full")
 SCHEDULE_NAMES = tuple(SCHEDULES)  # index = schedule code in the plan table
 
-REASONS = {
-    "tp_heads": "tp must divide the attention heads, the KV heads (or be a multiple of them) and the MLP width",
-    "cp_seq": "seq_len must be divisible by 2 x cp (load-balanced causal context parallelism)",
-    "stages_layers": f"pp x vpp {STAGES_RULE}",
-    "batch_divisible": "micro_batch x dp must divide the global batch",
-    "interleaved_rounds": "interleaved schedules need the micro-batches in equal rounds of pp",
-    "pipeline_size": f"micro-batches x pp x vpp must not exceed {MAX_PIPELINE_CHUNKS:,} (simulation limit)",
-    "sp_seq": "sequence parallelism needs seq_len / cp divisible by tp",
-    "ep_sp": "expert parallelism (ep > 1) with tp > 1 needs sequence parallelism",
-    "ep_hsdp": "HSDP shard groups with expert parallelism (ep > 1) are not modelled",
-    "memory": "peak memory per GPU above the usable HBM",
-}
 
 
 @dataclass(frozen=True)
@@ -166,12 +156,6 @@ def _schedule_options(pp: int, lim: SearchLimits) -> list[tuple[int, int]]:
     return out
 
 
-def _tp_ok(model: ModelSpec, t: int) -> bool:
-    g = model.n_kv_heads
-    experts_ok = model.expert_ffn_hidden % t == 0 and model.shared_expert_ffn_hidden % t == 0  # 0 when dense
-    return model.n_heads % t == 0 and (g % t == 0 or t % g == 0) and model.ffn_hidden % t == 0 and experts_ok
-
-
 def _ep_values(model: ModelSpec, d: int, lim: SearchLimits) -> list[int]:
     """Expert-parallel sizes for dp = d: every divisor of gcd(E, d) up to ``max_ep`` (the fixed
     ``ep`` only, when it divides d); 1 for a dense model."""
@@ -204,27 +188,20 @@ def _inner_combos(
     number of combinations in all."""
     sp_opts = list(lim.sequence_parallel) if t > 1 else [False]  # no SP without TP
     tpo_opts = list(lim.tp_comm_overlap) if t > 1 else [False]  # nothing to overlap without TP
-    rows: list[tuple[int, int, int, int, int, int]] = []
+    combos = np.array([(ep, o, r, sp, z, sh) for ep in eps for o in tpo_opts for r in rec_codes for sp in sp_opts
+                       for z, sh in zero_opts], dtype=np.int64).reshape(-1, len(_INNER))
+    ep, sp, sh = combos[:, 0], combos[:, 3].astype(bool), combos[:, 5]
+    left = np.ones(len(combos), dtype=bool)
     bad: dict[str, int] = {}
-    total = 0
-    for ep in eps:
-        for o in tpo_opts:
-            for r in rec_codes:
-                for sp in sp_opts:
-                    for z, sh in zero_opts:
-                        total += 1
-                        if sp and t > 1 and (seq_len // c) % t:
-                            reason = "sp_seq"
-                        elif ep > 1 and t > 1 and not sp:
-                            reason = "ep_sp"
-                        elif ep > 1 and sh != d:
-                            reason = "ep_hsdp"
-                        else:
-                            rows.append((ep, o, r, sp, z, sh))
-                            continue
-                        bad[reason] = bad.get(reason, 0) + 1
-    arr = np.array(rows, dtype=np.int64).reshape(len(rows), len(_INNER))
-    cols = {name: arr[:, j].astype(bool) if name in _BOOL_COLUMNS else arr[:, j] for j, name in enumerate(_INNER)}
+    for reason, broken in (("sp_seq", sp_breaks(seq_len, c, t, sp)), ("ep_sp", ep_sp_breaks(ep, t, sp)),
+                           ("ep_hsdp", ep_hsdp_breaks(ep, sh != d))):
+        hit = int(np.count_nonzero(left & broken))  # counted by the first rule they break
+        if hit:
+            bad[reason] = hit
+        left &= ~broken
+    total = len(combos)
+    rows = combos[left]
+    cols = {name: rows[:, j].astype(bool) if name in _BOOL_COLUMNS else rows[:, j] for j, name in enumerate(_INNER)}
     return cols, bad, total
 
 
@@ -250,7 +227,7 @@ def enumerate_plans(
     reject: dict[str, int] = {}
     kept = _Kept()
     # op-level selective recompute is modelled for dense attention + MLP layers only
-    modes = [r for r in lim.recompute if not (r == "op" and (model.is_moe or model.is_mla))]
+    modes = [r for r in lim.recompute if not op_recompute_breaks(model, r)]
     rec_codes = [RECOMPUTE.index(r) for r in modes]
 
     def add(reason: str, count: int) -> None:
@@ -274,16 +251,14 @@ def enumerate_plans(
                 inner_cols, inner_bad, inner = _inner_combos(t, c, d, seq_len, lim, eps, rec_codes, zero_opts)
                 per_mesh = inner * len(mbs) * len(global_batches)
                 sv = _schedule_options(p, lim)
-                if not _tp_ok(model, t):
+                if tp_breaks(model, t):
                     add("tp_heads", per_mesh * len(sv))
                     continue
-                if c > 1 and seq_len % (2 * c):
+                if cp_breaks(seq_len, c):
                     add("cp_seq", per_mesh * len(sv))
                     continue
-                # the first and last stages may hold only the embedding and the LM head
-                # (:mod:`meshplan.pipeline.stages`): pp·vpp ≤ layers + 2
-                add("stages_layers", per_mesh * sum(p * v > model.n_layers + EMPTY_END_STAGES for _, v in sv))
-                sv = [(x, v) for x, v in sv if p * v <= model.n_layers + EMPTY_END_STAGES]
+                add("stages_layers", per_mesh * sum(stages_break(model, p, v) for _, v in sv))
+                sv = [(x, v) for x, v in sv if not stages_break(model, p, v)]
                 if not sv:
                     continue
                 code, v, si, gi, bi = _batch_combos(sv, gbs, bs, d, p, inner, add)
@@ -308,10 +283,10 @@ def _batch_combos(sv: list[tuple[int, int]], gbs: np.ndarray, bs: np.ndarray, d:
     code = np.array([x for x, _ in sv], dtype=np.int64)
     v = np.array([y for _, y in sv], dtype=np.int64)
     looped = np.array([x in _INTERLEAVED for x, _ in sv])[:, None, None]
-    ok = np.broadcast_to(gbs[:, None] % (bs * d) == 0, (len(sv), len(gbs), len(bs)))
+    ok = np.broadcast_to(~batch_breaks(gbs[:, None], bs, d), (len(sv), len(gbs), len(bs)))
     m = gbs[:, None] // (bs * d)
-    rounds = ~looped | (m % np.maximum(1, m // p) == 0)  # equal rounds (schedules.rounds_of)
-    fits = m * p * v[:, None, None] <= MAX_PIPELINE_CHUNKS
+    rounds = ~rounds_break(looped, m, p)  # equal rounds (schedules.rounds_of)
+    fits = ~pipeline_size_breaks(m, p, v[:, None, None])
     add("batch_divisible", inner * int(np.count_nonzero(~ok)))
     add("interleaved_rounds", inner * int(np.count_nonzero(ok & ~rounds)))
     ok = ok & rounds

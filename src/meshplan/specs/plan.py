@@ -30,6 +30,7 @@ from pydantic import Field, model_validator
 
 from meshplan.pipeline.stages import split_problem
 from meshplan.specs.base import Spec
+from meshplan.specs.rules import batch_breaks
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack, applied, fp8_library_of  # noqa: F401 (fp8_library_of re-exported)
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -147,7 +148,7 @@ class TrainingPlan(Spec):
             check_vpp(self.schedule, self.vpp)
         except ValueError as exc:  # InputError is a ValueError: pydantic reports it by field
             raise ValueError(str(exc).split(": ", 1)[-1]) from None
-        if self.global_batch % (self.micro_batch * self.dp):
+        if batch_breaks(self.global_batch, self.micro_batch, self.dp):
             raise ValueError(
                 f"global batch ({self.global_batch} sequences) must be divisible by "
                 f"micro_batch x dp ({self.micro_batch} x {self.dp})"
