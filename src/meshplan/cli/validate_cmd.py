@@ -39,6 +39,7 @@ from meshplan.accuracy.heldout import HELDOUT_SOURCES
 from meshplan.accuracy.mapping import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
 from meshplan.cli.outfile import write_text
+from meshplan.cli.validate_bias import breakdown_markdown, breakdown_tables, bucket_line
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot, save_figure
@@ -173,7 +174,7 @@ def summary_table(report: ValidationReport) -> Table:
     for g in list(report.groups.values()) + [report.overall]:
         bold = "bold" if g is report.overall else None
         t.add_row(g.group, "" if g is report.overall else names.get(g.group, ""), str(g.rows), str(g.supported),
-                  _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False), str(g.mem_rows),
+                  _pct(g.mape, False), _pct(g.bias), _pct(g.max_abs_error, False), str(g.mem_rows),
                   _pct(g.mem_mape, False), style=bold)
     return t
 
@@ -183,7 +184,7 @@ def _precision_rows(report: ValidationReport) -> list[list[str]]:
     that ran several (label, predicted rows, step MAPE, bias, max |error|)."""
     labelled = [(f"all {p}", g) for p, g in report.precisions.items()]
     labelled += [(key.replace("/", " "), g) for key, g in report.source_precisions.items()]
-    return [[label, str(g.supported), _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False)]
+    return [[label, str(g.supported), _pct(g.mape, False), _pct(g.bias), _pct(g.max_abs_error, False)]
             for label, g in labelled]
 
 
@@ -220,6 +221,8 @@ def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
     out.print(summary_table(report))
     if len(report.precisions) > 1:
         out.print(precision_table(report))
+    for table in breakdown_tables(report):
+        out.print(table)
     if report.worst:
         out.print()
         out.print("Largest step-time errors:", markup=False)
@@ -270,13 +273,14 @@ def markdown(report: ValidationReport) -> str:
     for g in list(report.groups.values()) + [report.overall]:
         label = "**overall**" if g is report.overall else g.group
         rows.append([label, "" if g is report.overall else names.get(g.group, ""), str(g.rows), str(g.supported),
-                     _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False), str(g.mem_rows),
+                     _pct(g.mape, False), _pct(g.bias), _pct(g.max_abs_error, False), str(g.mem_rows),
                      _pct(g.mem_mape, False)])
     lines += _md_table(["source", "publication", "rows", "predicted", "step MAPE", "bias", "max \\|error\\|",
                         "memory rows", "memory MAPE"], rows, {2, 3, 4, 5, 6, 7, 8})
     if len(report.precisions) > 1:
         lines += ["", f"### {PRECISION_TITLE}", ""]
         lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"], _precision_rows(report), {1, 2, 3, 4})
+    lines += breakdown_markdown(report, _md_table)
     if report.worst:
         lines += ["", "### Largest step-time errors", ""]
         for r in report.worst:
@@ -319,10 +323,12 @@ def _decades(points: list[RunResult]) -> tuple[float, float]:
     return 10.0 ** lo, 10.0 ** hi
 
 
-def _title(report: ValidationReport, n: int) -> tuple[str, str]:
+def _title(report: ValidationReport, n: int) -> tuple[str, str, str]:
+    """(title, subtitle, the bias per scale bucket)."""
     ov = report.overall
     return ("meshplan: predicted vs published step time",
-            f"{n} runs; step MAPE {_pct(ov.mape, False)}, bias {_pct(ov.mean_error)}; line y = x, band ±{100 * BAND:g}%")
+            f"{n} runs; step MAPE {_pct(ov.mape, False)}, bias {_pct(ov.bias)}; line y = x, band ±{100 * BAND:g}%",
+            bucket_line(report))
 
 
 def _legend_label(g: GroupSummary) -> str:
@@ -362,7 +368,7 @@ def svg_scatter(report: ValidationReport) -> str:
     points = plot_points(report)
     lo, hi = _decades(points)
     styles = _styles(report)
-    L, T, S = 90.0, 70.0, 520.0  # plot area: left, top, side (square, so y = x is the diagonal)
+    L, T, S = 90.0, 80.0, 520.0  # plot area: left, top, side (square, so y = x is the diagonal)
     W, H = L + S + 300.0, T + S + 70.0
     span = math.log10(hi) - math.log10(lo)
 
@@ -372,7 +378,7 @@ def svg_scatter(report: ValidationReport) -> str:
     def py(v: float) -> float:
         return T + S - (math.log10(v) - math.log10(lo)) / span * S
 
-    title, subtitle = _title(report, len(points))
+    title, subtitle, buckets = _title(report, len(points))
     o = [
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:.0f}" height="{H:.0f}" viewBox="0 0 {W:.0f} {H:.0f}" '
@@ -382,6 +388,7 @@ def svg_scatter(report: ValidationReport) -> str:
         f'<rect x="0" y="0" width="{W:.0f}" height="{H:.0f}" fill="white"/>',
         f'<text x="{L}" y="26" font-size="16" font-weight="bold">{escape(title)}</text>',
         f'<text x="{L}" y="46" fill="#444">{escape(subtitle)}</text>',
+        f'<text class="bias" x="{L}" y="62" fill="#444">{escape(buckets)}</text>',
         f'<rect x="{L}" y="{T}" width="{S}" height="{S}" fill="none" stroke="#333"/>',
     ]
     # grid and ticks: a labelled line per decade, light lines at 2..9
@@ -472,8 +479,8 @@ def write_png_scatter(report: ValidationReport, path: Path, dpi: int = 150) -> N
         ax.grid(True, which="minor", color="#e6e6e6", linewidth=0.5)
         ax.set_xlabel("published step time (s, log scale)")
         ax.set_ylabel("predicted step time (s, log scale)")
-        title, subtitle = _title(report, len(points))
-        ax.set_title(f"{title}\n{subtitle}", fontsize=10, loc="left")
+        title, subtitle, buckets = _title(report, len(points))
+        ax.set_title(f"{title}\n{subtitle}\n{buckets}", fontsize=10, loc="left")
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=8,
                   title="source (runs, step MAPE)", title_fontsize=8)
         fig.tight_layout()
