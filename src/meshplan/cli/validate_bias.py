@@ -74,7 +74,7 @@ def coverage_lines(cov: dict) -> list[str]:
     level = f"{100 * cov['level']:g}%"
     out = [f"Prediction interval ({level}, split-conformal on measured/predicted ratios; `estimate --interval`):"]
     for m in cov["methods"]:
-        out.append(f"  {m['name']}: {m['covered']} of {m['runs']} held-out runs inside ({_pct(m['coverage'], False)}); "
+        out.append(f"  {m['name']}: {m['covered']} of {m['runs']} {m['rows']} runs inside ({_pct(m['coverage'], False)}); "
                    f"median width {_pct(m['median_width'], False)} of the step — {m['how']}")
     return out
 

@@ -39,7 +39,9 @@ from meshplan.accuracy.heldout import HELDOUT_SOURCES
 from meshplan.accuracy.mapping import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
 from meshplan.cli.outfile import write_text
-from meshplan.cli.validate_bias import breakdown_markdown, breakdown_tables, bucket_line
+from meshplan.accuracy.coverage import coverage
+from meshplan.accuracy.interval import LEVEL, check_level, residuals_json, residuals_of
+from meshplan.cli.validate_bias import breakdown_markdown, breakdown_tables, bucket_line, coverage_lines
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot, save_figure
@@ -201,7 +203,7 @@ def precision_table(report: ValidationReport) -> Table:
     return t
 
 
-def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
+def print_human(report: ValidationReport, wrote: Optional[Path], cov: dict) -> None:
     out = _console()
     for line in _headline(report):
         out.print(line, markup=False)
@@ -223,6 +225,8 @@ def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
         out.print(precision_table(report))
     for table in breakdown_tables(report):
         out.print(table)
+    for line in coverage_lines(cov):
+        out.print(line, markup=False)
     if report.worst:
         out.print()
         out.print("Largest step-time errors:", markup=False)
@@ -254,7 +258,7 @@ def _md_table(header: list[str], rows: list[list[str]], right: set[int]) -> list
     return lines
 
 
-def markdown(report: ValidationReport) -> str:
+def markdown(report: ValidationReport, cov: Optional[dict] = None) -> str:
     """The report as Markdown: per-run table, MAPE per source, largest errors, unsupported runs."""
     names = _sources(report)
     head = _headline(report)
@@ -281,6 +285,8 @@ def markdown(report: ValidationReport) -> str:
         lines += ["", f"### {PRECISION_TITLE}", ""]
         lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"], _precision_rows(report), {1, 2, 3, 4})
     lines += breakdown_markdown(report, _md_table)
+    if cov is not None:
+        lines += ["", "### Prediction interval coverage", ""] + [_md(line.strip()) for line in coverage_lines(cov)]
     if report.worst:
         lines += ["", "### Largest step-time errors", ""]
         for r in report.worst:
@@ -509,6 +515,8 @@ def validate(
     markdown_out: Annotated[bool, typer.Option("--markdown", help="Print the report as Markdown tables (per run, MAPE per source, unsupported runs) and nothing else.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (the report: rows, groups, overall, worst) and nothing else.")] = False,
     run_set: Annotated[str, typer.Option("--set", help="Which runs: visible (the ground truth the calibration was checked against), held-out (published runs no constant was set from), or all.")] = "visible",
+    interval: Annotated[float, typer.Option("--interval", help="Level of the step-time prediction interval whose coverage on the held-out runs is reported.")] = LEVEL,
+    write_residuals: Annotated[Optional[str], typer.Option("--write-residuals", help="Also write every validated run's predicted and published step (the residuals estimate's interval reads) to this .json file, e.g. src/meshplan/catalog/data/residuals.json.", show_default=False)] = None,
 ) -> None:
     """Compare meshplan with published training runs: step time and peak memory per run, MAPE per source and overall, the largest errors, and the runs meshplan cannot express (with why).
 
@@ -523,17 +531,42 @@ def validate(
         missing = [g for g in sources if g not in in_set]
         if missing:
             raise InputError("source", f"{', '.join(missing)} has no run in the {run_set} set (use --set all)")
-    path = _out_path(out)
+    path, level = _out_path(out), check_level(interval)
+    residuals_path = _residuals_path(write_residuals)
     report = build_report(sources, run_set)
+    rows = report.rows if run_set == "all" and sources is None else all_rows()
+    cov = coverage(residuals_of(rows), level)
+    if residuals_path is not None:
+        write_text(residuals_path, residuals_json(rows))
     if path is not None:
         write_plot(report, path)
     if json_out:
-        typer.echo(json.dumps(report.to_dict(), allow_nan=False))
+        typer.echo(json.dumps({**report.to_dict(), "interval_coverage": cov}, allow_nan=False))
         return
     if markdown_out:
-        typer.echo(markdown(report))
+        typer.echo(markdown(report, cov))
         return
-    print_human(report, path)
+    print_human(report, path, cov)
+    if residuals_path is not None:
+        typer.echo(f"wrote {residuals_path} ({len(residuals_of(rows))} runs)")
+
+
+def all_rows() -> list[RunResult]:
+    """Every validated run (``--set all``): the coverage and the residuals are over all of them,
+    whatever ``--set`` and ``--source`` show."""
+    return validate_runs(run_set="all").rows
+
+
+def _residuals_path(value: Optional[str]) -> Optional[Path]:
+    """``--write-residuals``: a .json file in an existing directory (replaced: it is generated)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.suffix.lower() != ".json" or path.is_dir():
+        raise InputError("write-residuals", f"must be a .json file (got '{value}')")
+    if not path.parent.is_dir():
+        raise InputError("write-residuals", f"directory '{path.parent}' does not exist")
+    return path
 
 
 __all__ = ["validate", "build_report", "markdown", "parse_sources", "source_names", "svg_scatter", "write_png_scatter"]
