@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.accuracy.interval import estimate_interval
+from meshplan.estimate_report import add_interval
+
 from meshplan.advice import advise
 from meshplan.calc.run_length import for_estimate
 from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
@@ -111,6 +114,14 @@ def test_schema_doc_lists_every_plan_key():
     assert sorted(f"plan.{k}" for k in d["plan"] if f"plan.{k}" not in _schema_keys()) == []
 
 
+def test_schema_doc_lists_the_interval_keys():
+    d = run_json("--tokens", "1e12", "--price", "2")
+    keys = [f"time.{k}" for k in ("step_s_interval", "interval_level", "interval_basis")] + [
+        "throughput.mfu_interval", "run.days_interval", "run.gpu_hours_interval", "run.dollars_interval"]
+    assert all(k.split(".")[1] in d[k.split(".")[0]] for k in keys)
+    assert [k for k in keys if k not in _schema_keys()] == []
+
+
 def test_default_plan():
     """8 GPUs, dp = 8, sequences of 4,096, a 4M-token batch: 1,024 sequences = 128 per DP rank."""
     p = run_json()["plan"]
@@ -131,7 +142,9 @@ def test_json_equals_the_library_for_the_same_plan():
                   rank_order=("tp", "cp", "pp", "dp"))
     failures = d["run"].pop("failures")  # the CLI's run with failures (meshplan.calc.run_length)
     tips = d.pop("advice")  # and its advice (meshplan.advice)
-    assert d == roundtrip(est.to_dict())
+    want = est.to_dict()
+    add_interval(want, estimate_interval(est))  # the step's prediction interval (meshplan.accuracy.interval)
+    assert d == roundtrip(want)
     assert failures == roundtrip(for_estimate(est))
     assert tips == roundtrip([a.to_dict() for a in advise(est.model, est.cluster, est.plan, est, est.budget)])
     assert d["plan"]["schedule"] == "interleaved"  # --vpp 2 selects it
