@@ -64,7 +64,7 @@ def test_bad_interval_is_one_error_line(bad):
 
 
 def test_a_level_needing_more_runs_than_known_is_one_error_line():
-    assert_one_error(*cli("estimate", "--interval", "0.999"), "interval: a 99.9 % interval needs at least 1999 validated runs")
+    assert_one_error(*cli("estimate", "--interval", "0.999"), "interval: the 99.9 % interval needs at least 1999 validated runs")
 
 
 def test_fallback_is_stated_for_a_group_without_runs():
@@ -74,7 +74,7 @@ def test_fallback_is_stated_for_a_group_without_runs():
     plan = TrainingPlan.of(dp=8, global_batch=8, seq_len=4096)
     iv = plan_interval(plan, ClusterSpec.of(load_gpu("b200"), 8), 2.0)
     assert iv.group == "fused stacks" and iv.runs == 137
-    assert iv.note == "0 runs of fused stacks on B200 at <=128 GPUs; 0 runs of fused stacks on B200 (a 80 % interval needs 9)"
+    assert iv.note == "only 0 runs of fused stacks on B200 at <=128 GPUs; 0 runs of fused stacks on B200: the 80 % interval needs 9"
 
 
 def test_overlaps_and_the_line():

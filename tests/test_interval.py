@@ -46,11 +46,11 @@ def test_the_narrowest_group_with_enough_runs_is_used_and_the_fallback_said():
     assert (iv.low, iv.high, iv.runs, iv.group, iv.note) == (10.0, 10.8, 9, "fused stacks on H100 at >2048 GPUs", "")
     iv = interval_for(10.0, "fused", "H100", 8192, 0.9, near + far)  # 90 % needs 19: falls back twice
     assert (iv.runs, iv.group) == (29, "fused stacks")
-    assert iv.note == "9 runs of fused stacks on H100 at >2048 GPUs; 9 runs of fused stacks on H100 (a 90 % interval needs 19)"
+    assert iv.note == "only 9 runs of fused stacks on H100 at >2048 GPUs; 9 runs of fused stacks on H100: the 90 % interval needs 19"
     # k_lo = floor(30·0.05) = 1 (ratio 1.00), k_hi = ceil(30·0.95) = 29 (ratio 2.19, the largest)
     assert iv.low == pytest.approx(10.0) and iv.high == pytest.approx(21.9)
     assert iv.scaled(20.0) == pytest.approx((20.0, 43.8))
-    with pytest.raises(InputError, match="needs at least 39 validated runs; 29 are known"):
+    with pytest.raises(InputError, match="the 95 % interval needs at least 39 validated runs; 29 are known"):
         interval_for(10.0, "fused", "H100", 64, 0.95, near + far)
 
 

@@ -133,10 +133,10 @@ def interval_for(step_s: float, family: str, generation: str, num_gpus: int, lev
         group = [r for r in pool if all(getattr(r, k) == want[k] for k in keys)]
         bounds = conformal_ratios([r.ratio for r in group], level)
         if bounds is not None:
-            note = (f"{'; '.join(skipped)} (a {100 * level:g} % interval needs {need})") if skipped else ""
+            note = f"only {'; '.join(skipped)}: the {100 * level:g} % interval needs {need}" if skipped else ""
             return StepInterval(step_s, step_s * bounds[0], step_s * bounds[1], level, _describe(keys, want), len(group), note)
         skipped.append(f"{len(group)} runs of {_describe(keys, want)}")
-    raise InputError("interval", f"a {100 * level:g} % interval needs at least {need} validated runs; {len(pool)} are known")
+    raise InputError("interval", f"the {100 * level:g} % interval needs at least {need} validated runs; {len(pool)} are known")
 
 
 def plan_interval(plan, cluster, step_s: float, level: float = LEVEL) -> StepInterval:

@@ -213,9 +213,10 @@ def summaries_by(rows: list[RunResult], key) -> dict[str, GroupSummary]:
 
 def breakdowns(rows: list[RunResult]) -> dict[str, dict[str, GroupSummary]]:
     """Bias and MAPE of the predicted rows per scale bucket (in increasing GPU count), per GPU
-    generation and per stack profile (first seen first): :data:`BREAKDOWNS`."""
+    generation (by name) and per stack profile (first seen first): :data:`BREAKDOWNS`."""
     out = {name: summaries_by(rows, key) for name, key in BREAKDOWNS.items()}
     out["buckets"] = {b: out["buckets"][b] for b in bucket_order(out["buckets"])}
+    out["generations"] = dict(sorted(out["generations"].items()))
     return out
 
 

@@ -191,10 +191,9 @@ def interval_words(iv) -> str:
 
 def interval_line(iv) -> str:
     """The step with its interval and where the interval comes from (meshplan.accuracy.interval)."""
-    basis = f"{iv.runs} validated runs of {iv.group}" if iv.runs else iv.group
-    note = f"; {iv.note}, so broader" if iv.note else ""
+    note = f" ({iv.note})" if iv.note else ""
     return (f"step {interval_words(iv)}: the measured step's prediction interval, split-conformal from the "
-            f"residuals of {basis}{note}")
+            f"residuals of {iv.runs} validated runs of {iv.group}{note}")
 
 
 def bubble_line(est: Estimate) -> str:

@@ -286,7 +286,8 @@ def markdown(report: ValidationReport, cov: Optional[dict] = None) -> str:
         lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"], _precision_rows(report), {1, 2, 3, 4})
     lines += breakdown_markdown(report, _md_table)
     if cov is not None:
-        lines += ["", "### Prediction interval coverage", ""] + [_md(line.strip()) for line in coverage_lines(cov)]
+        head, *methods = coverage_lines(cov)
+        lines += ["", "### Prediction interval coverage", "", _md(head), ""] + [f"- {_md(m.strip())}" for m in methods]
     if report.worst:
         lines += ["", "### Largest step-time errors", ""]
         for r in report.worst:
