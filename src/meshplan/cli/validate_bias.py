@@ -25,7 +25,8 @@ TITLES = {
 HEADER = ["predicted", "step MAPE", "bias", "max |error|"]
 
 
-def _pct(x: Optional[float], signed: bool = True) -> str:
+def pct(x: Optional[float], signed: bool = True) -> str:
+    """A fraction as a percentage with one decimal (signed unless ``signed`` is False); — for None."""
     if x is None:
         return "—"
     return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
@@ -33,7 +34,7 @@ def _pct(x: Optional[float], signed: bool = True) -> str:
 
 def cells(g: GroupSummary) -> list[str]:
     """A group's cells under :data:`HEADER`."""
-    return [str(g.supported), _pct(g.mape, False), _pct(g.bias), _pct(g.max_abs_error, False)]
+    return [str(g.supported), pct(g.mape, False), pct(g.bias), pct(g.max_abs_error, False)]
 
 
 def breakdown_tables(report: ValidationReport) -> list[Table]:
@@ -66,7 +67,7 @@ def breakdown_markdown(report: ValidationReport, md_table) -> list[str]:
 
 def bucket_line(report: ValidationReport) -> str:
     """The bias per scale bucket in one line (the plot's caption)."""
-    return "bias by GPU count: " + ", ".join(f"{label} {_pct(g.bias)} ({g.supported})" for label, g in report.buckets.items())
+    return "bias by GPU count: " + ", ".join(f"{label} {pct(g.bias)} ({g.supported})" for label, g in report.buckets.items())
 
 
 def coverage_lines(cov: dict) -> list[str]:
@@ -74,9 +75,9 @@ def coverage_lines(cov: dict) -> list[str]:
     level = f"{100 * cov['level']:g}%"
     out = [f"Prediction interval ({level}, split-conformal on measured/predicted ratios; `estimate --interval`):"]
     for m in cov["methods"]:
-        out.append(f"  {m['name']}: {m['covered']} of {m['runs']} {m['rows']} runs inside ({_pct(m['coverage'], False)}); "
-                   f"median width {_pct(m['median_width'], False)} of the step — {m['how']}")
+        out.append(f"  {m['name']}: {m['covered']} of {m['runs']} {m['rows']} runs inside ({pct(m['coverage'], False)}); "
+                   f"median width {pct(m['median_width'], False)} of the step — {m['how']}")
     return out
 
 
-__all__ = ["breakdown_markdown", "breakdown_tables", "bucket_line", "coverage_lines"]
+__all__ = ["breakdown_markdown", "breakdown_tables", "bucket_line", "coverage_lines", "pct"]

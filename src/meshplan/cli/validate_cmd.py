@@ -41,7 +41,7 @@ from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
 from meshplan.cli.outfile import write_text
 from meshplan.accuracy.coverage import coverage
 from meshplan.accuracy.interval import LEVEL, check_level, residuals_json, residuals_of
-from meshplan.cli.validate_bias import breakdown_markdown, breakdown_tables, bucket_line, coverage_lines
+from meshplan.cli.validate_bias import breakdown_markdown, breakdown_tables, bucket_line, coverage_lines, pct as _pct
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot, save_figure
@@ -100,12 +100,6 @@ def build_report(sources: Optional[list[str]] = None, run_set: str = "visible") 
 
 
 # ---- formatting ---------------------------------------------------------------------------------
-
-
-def _pct(x: Optional[float], signed: bool = True) -> str:
-    if x is None:
-        return "—"
-    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
 
 
 def _num(x: Optional[float], fmt: str = ",.3f") -> str:
@@ -372,12 +366,10 @@ def _marker_svg(shape: str, x: float, y: float, r: float) -> tuple[str, str]:
 
 def svg_scatter(report: ValidationReport) -> str:
     """Predicted vs published step time as a standalone SVG (log–log, one marker per run)."""
-    points = plot_points(report)
+    points, styles = plot_points(report), _styles(report)
     lo, hi = _decades(points)
-    styles = _styles(report)
     L, T, S = 90.0, 80.0, 520.0  # plot area: left, top, side (square, so y = x is the diagonal)
-    W, H = L + S + 300.0, T + S + 70.0
-    span = math.log10(hi) - math.log10(lo)
+    W, H, span = L + S + 300.0, T + S + 70.0, math.log10(hi) - math.log10(lo)
 
     def px(v: float) -> float:
         return L + (math.log10(v) - math.log10(lo)) / span * S
