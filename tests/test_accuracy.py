@@ -175,7 +175,7 @@ def test_summary_numbers_are_consistent(report):
         assert g.rows == sum(r.group == name for r in report.rows)
         if errs:
             assert g.mape == pytest.approx(sum(abs(e) for e in errs) / len(errs))
-            assert g.mean_error == pytest.approx(sum(errs) / len(errs))
+            assert g.bias == pytest.approx(sum(errs) / len(errs))
             assert g.max_abs_error == max(abs(e) for e in errs)
         else:
             assert g.mape is None

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.accuracy.interval import estimate_interval
+from meshplan.estimate_report import add_interval
+
 from meshplan.advice import advise
 from meshplan.calc.run_length import for_estimate
 from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
@@ -44,15 +47,22 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 
 def run_json(*args: str, whole: bool = False) -> dict:
     """``estimate --json``'s object; unless ``whole``, without the CLI's own additions to the
-    library's ``Estimate.to_dict()``, ``advice`` and ``run.failures`` (tests/test_advice.py,
-    tests/test_run_length.py, and test_json_equals_the_library_for_the_same_plan below)."""
+    library's ``Estimate.to_dict()`` (:mod:`meshplan.estimate_report`): ``advice``,
+    ``run.failures`` and the step time's interval with the ranges that follow from it
+    (tests/test_advice.py, tests/test_run_length.py, tests/test_estimate_interval.py, and
+    test_json_equals_the_library_for_the_same_plan below)."""
     code, out, err = run_cli("estimate", "--json", *args)
     assert (code, err) == (0, ""), err
     d = json.loads(out)
     if not whole:
         d.pop("advice")
+        for key in ("step_s_interval", "interval_level", "interval_basis"):
+            d["time"].pop(key)
+        d["throughput"].pop("mfu_interval")
         if d["run"]:
-            d["run"].pop("failures")
+            d["run"].pop("failures", None)
+            for key in ("days_interval", "gpu_hours_interval", "dollars_interval"):
+                d["run"].pop(key, None)
     return d
 
 
@@ -111,6 +121,14 @@ def test_schema_doc_lists_every_plan_key():
     assert sorted(f"plan.{k}" for k in d["plan"] if f"plan.{k}" not in _schema_keys()) == []
 
 
+def test_schema_doc_lists_the_interval_keys():
+    d = run_json("--tokens", "1e12", "--price", "2", whole=True)
+    keys = [f"time.{k}" for k in ("step_s_interval", "interval_level", "interval_basis")] + [
+        "throughput.mfu_interval", "run.days_interval", "run.gpu_hours_interval", "run.dollars_interval"]
+    assert all(k.split(".")[1] in d[k.split(".")[0]] for k in keys)
+    assert [k for k in keys if k not in _schema_keys()] == []
+
+
 def test_default_plan():
     """8 GPUs, dp = 8, sequences of 4,096, a 4M-token batch: 1,024 sequences = 128 per DP rank."""
     p = run_json()["plan"]
@@ -131,7 +149,9 @@ def test_json_equals_the_library_for_the_same_plan():
                   rank_order=("tp", "cp", "pp", "dp"))
     failures = d["run"].pop("failures")  # the CLI's run with failures (meshplan.calc.run_length)
     tips = d.pop("advice")  # and its advice (meshplan.advice)
-    assert d == roundtrip(est.to_dict())
+    want = est.to_dict()
+    add_interval(want, estimate_interval(est))  # the step's prediction interval (meshplan.accuracy.interval)
+    assert d == roundtrip(want)
     assert failures == roundtrip(for_estimate(est))
     assert tips == roundtrip([a.to_dict() for a in advise(est.model, est.cluster, est.plan, est, est.budget)])
     assert d["plan"]["schedule"] == "interleaved"  # --vpp 2 selects it

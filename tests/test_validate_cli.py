@@ -66,7 +66,7 @@ def test_json_is_the_library_report(report):
     assert (code, err) == (0, "")
     assert out.count("\n") == 1
     d = json.loads(out)
-    assert set(d) == {"set", "rows", "groups", "overall", "precisions", "source_precisions", "worst"} and d["set"] == "visible"
+    assert set(d) == {"set", "rows", "groups", "overall", "precisions", "source_precisions", "buckets", "generations", "stacks", "worst", "interval_coverage"} and d["set"] == "visible"
     assert [r["id"] for r in d["rows"]] == [r.id for r in report.rows]
     assert len(d["rows"]) == 55
     for row, lib in zip(d["rows"], report.rows):
@@ -91,14 +91,14 @@ def test_json_is_the_library_report(report):
         assert g["supported"] == len(errs)
         if errs:
             assert g["mape"] == pytest.approx(_mean([abs(e) for e in errs]), rel=1e-12)
-            assert g["mean_error"] == pytest.approx(_mean(errs), rel=1e-12)
+            assert g["bias"] == pytest.approx(_mean(errs), rel=1e-12)
             assert g["mape"] == pytest.approx(report.groups[name].mape, rel=1e-12)
         else:
             assert g["mape"] is None and report.groups[name].mape is None
     errs = [r["error"] for r in d["rows"] if r["error"] is not None]
     assert d["overall"]["supported"] == len(errs) == 53
     assert d["overall"]["mape"] == pytest.approx(_mean([abs(e) for e in errs]), rel=1e-12)
-    assert d["overall"]["mean_error"] == pytest.approx(_mean(errs), rel=1e-12)
+    assert d["overall"]["bias"] == pytest.approx(_mean(errs), rel=1e-12)
     ranked = sorted((r for r in d["rows"] if r["error"] is not None), key=lambda r: abs(r["error"]), reverse=True)
     assert d["worst"] == [r["id"] for r in ranked[:5]] == [r.id for r in report.worst]
     # by compute precision: every precision over all rows, and each source that ran several
@@ -109,7 +109,7 @@ def test_json_is_the_library_report(report):
     assert sum(g["supported"] for g in d["precisions"].values()) == 53
     assert list(d["source_precisions"]) == ["torchtitan/bf16", "torchtitan/fp8"]
     tt = [r for r in d["rows"] if r["group"] == "torchtitan" and r["precision"] == "fp8"]
-    assert d["source_precisions"]["torchtitan/fp8"]["mean_error"] == pytest.approx(_mean([r["error"] for r in tt]), rel=1e-12)
+    assert d["source_precisions"]["torchtitan/fp8"]["bias"] == pytest.approx(_mean([r["error"] for r in tt]), rel=1e-12)
 
 
 def test_source_filter_keeps_only_those_rows_with_the_same_predictions(report):
@@ -143,7 +143,7 @@ def test_markdown_has_the_tables_and_every_run(cached):
     for r in cached.unsupported():
         assert f"- `{r.id}` ({r.group}): {r.reason}" in unsupported
     ov = cached.overall
-    assert f"| **overall** |  | 55 | 53 | {100 * ov.mape:.1f}% | {100 * ov.mean_error:+.1f}% |" in out
+    assert f"| **overall** |  | 55 | 53 | {100 * ov.mape:.1f}% | {100 * ov.bias:+.1f}% |" in out
     kt = cached.groups["korthikanti22"]
     assert f"| korthikanti22 | Korthikanti et al. 2022, Tables 3/5 | 9 | 9 | {100 * kt.mape:.1f}% |" in out
 

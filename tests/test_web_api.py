@@ -42,6 +42,9 @@ def test_estimate_is_the_cli_json_for_the_405b_preset(client, capsys):
     plan = got.json()["plan"]
     assert (plan["tp"], plan["cp"], plan["pp"], plan["dp"], plan["vpp"]) == (8, 1, 16, 128, 8)
     assert plan["global_batch_tokens"] == 16 * 2**20
+    t = got.json()["time"]  # the Plan view's step card shows the interval (static/plan.js)
+    assert t["interval_level"] == 0.8 and t["step_s_interval"][0] < t["step_s_interval"][1]
+    assert t["interval_basis"]["group"] == "fused stacks on H100"  # 16,384 GPUs: too few runs above 2,048 (8)
 
 
 def test_estimate_with_flags_is_the_cli_json(client, capsys):

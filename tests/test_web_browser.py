@@ -48,6 +48,8 @@ def test_405b_preset_shows_its_mfu(server, page):
     assert page.text_content("#verdict-text") == "fits"
     assert page.input_value("#in-tp") == "8" and page.input_value("#in-pp") == "16" and page.input_value("#in-gpus") == "16384"
     assert "TP8 CP1 PP16 DP128" in page.text_content("#summary")
+    lo, hi = est["time"]["step_s_interval"]  # the step card's prediction interval (meshplan.accuracy.interval)
+    assert page.text_content("#kpi-step-sub").startswith(f"{lo:.3f}–{hi:.3f} s (80 % interval) · bubble ")
     bars = page.evaluate("document.getElementById('chart-memory').data.length")
     assert bars == 5  # weights, gradients, optimizer, activations, other
     ranks = page.evaluate("document.getElementById('chart-memory').data[0].x.length")

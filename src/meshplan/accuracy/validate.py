@@ -13,6 +13,11 @@ a slower step, or more memory). MAPE is the mean of ``|error|`` over a group's s
 (a fraction; 0.057 = 5.7 %), per source group and over all supported rows, and by the plans'
 compute precision: over all rows, and within each source that ran more than one (a BF16 row and
 an FP8 row of the same layout differ only in the GEMMs' format, so their split isolates it).
+
+The signed bias of a group G of predicted rows is the mean signed error,
+``bias(G) = (1/|G|) · Σ_{i∈G} (ŷ_i − y_i) / y_i`` (ŷ the predicted step, y the published one), beside
+``MAPE(G) = (1/|G|) · Σ |ŷ_i − y_i| / y_i``; both are given per source, overall, per scale bucket,
+per GPU generation and per stack profile (:mod:`meshplan.accuracy.groups` defines the groups).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
+from meshplan.accuracy.groups import bucket_order, gpu_generation, scale_bucket, stack_family
 from meshplan.accuracy.mapping import map_runs
 from meshplan.accuracy.runs import MappedRun
 from meshplan.estimate import estimate
@@ -45,6 +51,10 @@ class RunResult:
     predicted_mfu: Optional[float] = None
     fits: Optional[bool] = None  # predicted peak within the GPU's memory
     precision: Optional[str] = None  # the plan's compute precision (bf16, fp16, fp8, fp32)
+    stack: Optional[str] = None  # the plan's stack profile (plan.stack.name)
+    family: Optional[str] = None  # its stack family (meshplan.accuracy.groups.stack_family)
+    generation: Optional[str] = None  # the GPU generation (A100, H100, H200, ...)
+    run_set: str = "visible"  # the set the run belongs to: visible | held-out
     breakdown: dict[str, float] = field(default_factory=dict)  # predicted step, seconds by part
     assumptions: list[str] = field(default_factory=list)
     formula: str = ""
@@ -56,7 +66,7 @@ class GroupSummary:
     rows: int  # all rows of the group
     supported: int
     mape: Optional[float]  # mean |error| of step time over supported rows
-    mean_error: Optional[float]  # mean signed error (bias)
+    bias: Optional[float]  # mean signed error of step time
     max_abs_error: Optional[float]
     mem_rows: int
     mem_mape: Optional[float]
@@ -71,6 +81,9 @@ class ValidationReport:
     run_set: str = "visible"  # visible | held-out | all
     precisions: dict[str, GroupSummary] = field(default_factory=dict)  # all rows, by compute precision
     source_precisions: dict[str, GroupSummary] = field(default_factory=dict)  # "source/precision", mixed sources only
+    buckets: dict[str, GroupSummary] = field(default_factory=dict)  # predicted rows by scale bucket (GPU count)
+    generations: dict[str, GroupSummary] = field(default_factory=dict)  # predicted rows by GPU generation
+    stacks: dict[str, GroupSummary] = field(default_factory=dict)  # predicted rows by stack profile
 
     def supported(self) -> list[RunResult]:
         return [r for r in self.rows if r.status == "ok"]
@@ -92,6 +105,7 @@ class ValidationReport:
             "overall": asdict(self.overall),
             "precisions": {k: asdict(g) for k, g in self.precisions.items()},
             "source_precisions": {k: asdict(g) for k, g in self.source_precisions.items()},
+            **{name: {k: asdict(g) for k, g in getattr(self, name).items()} for name in BREAKDOWNS},
             "worst": [r.id for r in self.worst],
         }
 
@@ -108,7 +122,7 @@ def summarize(group: str, rows: list[RunResult]) -> GroupSummary:
         rows=len(rows),
         supported=sum(r.status == "ok" for r in rows),
         mape=_mean([abs(e) for e in errs]),
-        mean_error=_mean(errs),
+        bias=_mean(errs),
         max_abs_error=max((abs(e) for e in errs), default=None),
         mem_rows=len(mems),
         mem_mape=_mean([abs(e) for e in mems]),
@@ -126,6 +140,8 @@ def predict(run: MappedRun) -> RunResult:
         return res
     est = estimate(run.model, run.cluster, run.plan)
     res.precision = run.plan.precision.precision
+    res.stack, res.family = run.plan.stack.name, stack_family(run.plan.stack)
+    res.generation = gpu_generation(run.cluster.gpu.name)
     res.predicted_step_s = est.time.step_s
     res.predicted_mem_gib = est.peak_bytes / GiB
     res.predicted_mfu = est.mfu
@@ -156,12 +172,17 @@ def runs_of(run_set: str = "visible") -> list[MappedRun]:
     return out
 
 
+
 def validate_runs(
     runs: Optional[Iterable[MappedRun]] = None, *, worst: int = 5, run_set: str = "visible"
 ) -> ValidationReport:
     """Predict every run of ``run_set`` (or ``runs``, labelled ``run_set``) and summarize the
     errors by source group."""
     rows = [predict(r) for r in (runs_of(run_set) if runs is None else runs)]
+    from meshplan.accuracy.heldout import HELDOUT_SOURCES
+
+    for r in rows:
+        r.run_set = "held-out" if r.group in HELDOUT_SOURCES else "visible"
     by_group: dict[str, list[RunResult]] = {}
     for r in rows:
         by_group.setdefault(r.group, []).append(r)
@@ -169,18 +190,41 @@ def validate_runs(
     ranked = sorted((r for r in rows if r.error is not None), key=lambda r: abs(r.error), reverse=True)
     precisions, source_precisions = precision_summaries(rows)
     return ValidationReport(rows=rows, groups=groups, overall=summarize("overall", rows), worst=ranked[:worst],
-                            run_set=run_set, precisions=precisions, source_precisions=source_precisions)
+                            run_set=run_set, precisions=precisions, source_precisions=source_precisions,
+                            **breakdowns(rows))
+
+
+#: the report's breakdowns beyond source and precision: its field → the row's label, in the order shown
+BREAKDOWNS = {
+    "buckets": lambda r: scale_bucket(r.gpus),
+    "generations": lambda r: r.generation,
+    "stacks": lambda r: r.stack,
+}
+
+
+def summaries_by(rows: list[RunResult], key) -> dict[str, GroupSummary]:
+    """The predicted rows (``status == "ok"``) summarized by ``key(row)``, in first-seen order."""
+    by: dict[str, list[RunResult]] = {}
+    for r in rows:
+        if r.status == "ok":
+            by.setdefault(key(r), []).append(r)
+    return {k: summarize(k, rs) for k, rs in by.items()}
+
+
+def breakdowns(rows: list[RunResult]) -> dict[str, dict[str, GroupSummary]]:
+    """Bias and MAPE of the predicted rows per scale bucket (in increasing GPU count), per GPU
+    generation (by name) and per stack profile (first seen first): :data:`BREAKDOWNS`."""
+    out = {name: summaries_by(rows, key) for name, key in BREAKDOWNS.items()}
+    out["buckets"] = {b: out["buckets"][b] for b in bucket_order(out["buckets"])}
+    out["generations"] = dict(sorted(out["generations"].items()))
+    return out
 
 
 def precision_summaries(rows: list[RunResult]) -> tuple[dict[str, GroupSummary], dict[str, GroupSummary]]:
     """(all supported rows by compute precision, and by ``source/precision`` within each source
     whose rows ran more than one precision), in first-seen order."""
-    by_precision: dict[str, list[RunResult]] = {}
-    by_source: dict[str, dict[str, list[RunResult]]] = {}
-    for r in rows:
-        if r.status == "ok" and r.precision:
-            by_precision.setdefault(r.precision, []).append(r)
-            by_source.setdefault(r.group, {}).setdefault(r.precision, []).append(r)
-    precisions = {p: summarize(p, rs) for p, rs in by_precision.items()}
-    mixed = {f"{g}/{p}": summarize(f"{g}/{p}", rs) for g, ps in by_source.items() if len(ps) > 1 for p, rs in ps.items()}
+    ran = [r for r in rows if r.precision]
+    precisions = summaries_by(ran, lambda r: r.precision)
+    mixed_sources = {g for g in {r.group for r in ran} if len({r.precision for r in ran if r.group == g}) > 1}
+    mixed = summaries_by([r for r in ran if r.group in mixed_sources], lambda r: f"{r.group}/{r.precision}")
     return precisions, mixed

@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli import render
-from meshplan.cli.options import PlanArgs, failure_model, plan_options, resolve
+from meshplan.accuracy.interval import LEVEL, check_level, estimate_interval
+from meshplan.cli.options import IntervalOpt, PlanArgs, failure_model, plan_options, resolve
 from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
 from meshplan.cli.stacks_cmd import stacks as stacks_command
 from meshplan.cli.search_cmd import search as search_command
@@ -66,19 +67,21 @@ def estimate(
     ckpt_fs_bw: Annotated[Optional[float], _run_opt("--ckpt-fs-bw", "GB/s the filesystem takes in total; 0: no cap. (default: 2000, Llama 3's Tectonic)")] = None,
     restart: Annotated[Optional[str], _run_opt("--restart", "Restart after a failure: detect, reschedule, reload. (default: 5min)")] = None,
     no_advice: Annotated[bool, typer.Option("--no-advice", help="Leave out the advice: the best changes of one or two settings when the plan does not fit or a change is faster by more than the estimate's error.")] = False,
+    interval: IntervalOpt = LEVEL,
 ) -> None:
     """Estimate one plan: memory per pipeline rank, step time and where it goes, throughput, MFU, FLOPs per step, and the cost of a token budget (--tokens).
 
     Defaults: llama3-8b on 8 h100-sxm-80gb, dp = gpus / (tp·cp·pp), sequences of 4,096 tokens, and a global batch of about 4M tokens (micro_batch·dp·m sequences with m = round(4,194,304 / (seq_len·micro_batch·dp)) micro-batches per DP rank, between 1 and 1,024, a multiple of pp when interleaved)."""
+    level = check_level(interval)
     setup = resolve(plan)
     print_plan_notes(plan.plan_file)
     est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
     fm = failure_model(failure_rate, mtbf, ckpt_write_bw, ckpt_fs_bw, restart)
     failures, tips = extras(est, fm, not no_advice, "--global-batch-tokens" if plan.global_batch_tokens else "--global-batch")
     if json_out:
-        typer.echo(json.dumps(report_json(est, failures, tips), allow_nan=False))
+        typer.echo(json.dumps(report_json(est, failures, tips, level), allow_nan=False))
         return
-    render.print_estimate(est, setup.preset, unit, setup.stack, failures, tips)
+    render.print_estimate(est, setup.preset, unit, setup.stack, failures, tips, estimate_interval(est, level))
 
 
 @app.command()

@@ -61,6 +61,9 @@ P_NET = "Network"
 P_RUN = "Run budget"
 P_STACK = "Software stack"
 
+#: ``--interval``: the level of the step time's prediction interval (meshplan.accuracy.interval)
+IntervalOpt = Annotated[float, typer.Option("--interval", help="Level of the step time's prediction interval (split-conformal, from the residuals of validated runs like the plan), e.g. 0.9.")]
+
 
 def _opt(decl: str, help: str, panel: str, **kw: Any) -> typer.models.OptionInfo:
     return typer.Option(decl, help=help, rich_help_panel=panel, show_default=False, **kw)

@@ -179,6 +179,23 @@ def time_table(est: Estimate) -> Table:
     return t
 
 
+def secs(x: float) -> str:
+    """Seconds at about three significant figures: 5.80, 45.8, 1,234."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def interval_words(iv) -> str:
+    """``5.80 s (5.52–6.40 s, 80 %)``: a step time and its prediction interval."""
+    return f"{secs(iv.step_s)} s ({secs(iv.low)}–{secs(iv.high)} s, {100 * iv.level:g} %)"
+
+
+def interval_line(iv) -> str:
+    """The step with its interval and where the interval comes from (meshplan.accuracy.interval)."""
+    note = f" ({iv.note})" if iv.note else ""
+    return (f"step {interval_words(iv)}: the measured step's prediction interval, split-conformal from the "
+            f"residuals of {iv.runs} validated runs of {iv.group}{note}")
+
+
 def bubble_line(est: Estimate) -> str:
     tm = est.time
     return (f"pipeline bubble over all ranks: fraction {tm.bubble_fraction:.3f} (idle share of the step), "
@@ -216,7 +233,7 @@ def flops_table(est: Estimate) -> Table:
     return t
 
 
-def run_table(est: Estimate, failures: Optional[dict[str, Any]] = None) -> Optional[Table]:
+def run_table(est: Estimate, failures: Optional[dict[str, Any]] = None, iv=None) -> Optional[Table]:
     run = est.run_cost()
     if not run:
         return None
@@ -225,11 +242,15 @@ def run_table(est: Estimate, failures: Optional[dict[str, Any]] = None) -> Optio
     t.add_column("value", justify="right")
     t.add_row("optimizer steps", f"{run['steps']:,.0f}")
     t.add_row("wall-clock (days), step time only" if failures else "wall-clock (days)", f"{run['days']:,.2f}")
+    if iv is not None:
+        t.add_row(f"  {100 * iv.level:g} % interval (from the step's)", "{:,.2f}–{:,.2f}".format(*iv.scaled(run["days"])))
     if failures:
         _failure_rows(t, failures)
     t.add_row("GPU-hours", f"{run['gpu_hours']:,.0f}")
     if "dollars" in run:
         t.add_row(f"cost ($, at ${est.budget.price_per_gpu_hour:g} per GPU-hour)", f"{run['dollars']:,.0f}")
+        if iv is not None:
+            t.add_row(f"  {100 * iv.level:g} % interval", "{:,.0f}–{:,.0f}".format(*iv.scaled(run["dollars"])))
     t.add_row(f"energy (MWh, GPU TDP {est.cluster.gpu.tdp_watts:g} W x PUE {est.budget.pue:g})", f"{run['energy_mwh']:,.1f}")
     return t
 
@@ -314,7 +335,7 @@ def advice_lines(est: Estimate, advice: list) -> list[str]:
 
 
 def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested: Optional[Stack] = None,
-                   failures: Optional[dict[str, Any]] = None, advice: Optional[list] = None) -> None:
+                   failures: Optional[dict[str, Any]] = None, advice: Optional[list] = None, iv=None) -> None:
     out = console()
     for line in header(est, preset, requested):
         out.print(line)
@@ -325,6 +346,8 @@ def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested
         out.print(line, markup=False, highlight=False, soft_wrap=True)
     out.print()
     out.print(time_table(est))
+    if iv is not None:
+        out.print(interval_line(iv), markup=False, highlight=False, soft_wrap=True)
     out.print(bubble_line(est))
     out.print()
     out.print(throughput_table(est))
@@ -341,7 +364,7 @@ def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested
                 out.print(f"note: {note}")
     out.print()
     out.print(flops_table(est))
-    rt = run_table(est, failures)
+    rt = run_table(est, failures, iv)
     if rt is not None:
         out.print()
         out.print(rt)

@@ -17,16 +17,18 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 from rich.table import Table
 
+from meshplan.accuracy.interval import LEVEL, check_level
 from meshplan.catalog import stack_names, stack_recompute, stack_schedules
 from meshplan.cli import render
-from meshplan.cli.options import PlanArgs, plan_options, resolve
+from meshplan.cli.options import IntervalOpt, PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 from meshplan.cli.search_options import SearchArgs, search_options
-from meshplan.cli.search_report import impossible_line, plan_row, save_plot, search_stack_line
+from meshplan.cli.search_report import impossible_line, overlap_line, overlaps, plan_row, save_plot, search_stack_line, top_intervals
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot
 from meshplan.estimate import Budget, Estimate
+from meshplan.estimate_report import add_interval
 from meshplan.search.fleet import FleetPoint, gpu_front, parse_gpu_counts
 from meshplan.search.run import SearchResult, describe_rejections, search as run_search
 from meshplan.search.space import SCHEDULE_NAMES, SearchLimits
@@ -117,18 +119,19 @@ class _Progress:
             self.bar.stop()
 
 
-def _top_table(result: SearchResult, budget_tokens: bool, priced: bool) -> Table:
+def _top_table(result: SearchResult, budget_tokens: bool, priced: bool, ivs: list) -> Table:
     t = Table(title=f"Top {len(result.top)} plans by {result.objective}", title_justify="left")
-    for col in ("#", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "bubble", "exposed comm", "MFU", "tok/s/GPU"):
+    level = f"{100 * ivs[0].level:g} %" if ivs else ""
+    for col in ("#", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", f"step {level}", "bubble", "exposed comm", "MFU", "tok/s/GPU"):
         t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
     if budget_tokens:
         t.add_column("days", justify="right")
     if priced:
         t.add_column("$M", justify="right")
-    for i, r in enumerate(result.top, 1):
+    for i, (r, iv) in enumerate(zip(result.top, ivs), 1):
         row = plan_row(r.estimate)
         cells = [str(i), row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}",
-                 f"{row['step']:.3f}", f"{row['bubble']:.1%}", f"{row['comm']:.1%}", f"{row['mfu']:.1%}", f"{row['tok']:,.0f}"]
+                 f"{row['step']:.3f}", f"{render.secs(iv.low)}–{render.secs(iv.high)}", f"{row['bubble']:.1%}", f"{row['comm']:.1%}", f"{row['mfu']:.1%}", f"{row['tok']:,.0f}"]
         run = r.estimate.run_cost()
         if budget_tokens:
             cells.append(f"{run['days']:.1f}" if run else "-")
@@ -149,7 +152,7 @@ def _why(best: Estimate, other: Estimate) -> list[str]:
     return [f"{names[k]} {d:+.3f} s" for d, k in diffs if abs(d) >= 0.005 * best.time.step_s][:4]
 
 
-def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: int) -> None:
+def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: int, level: float = LEVEL) -> None:
     con = render.console()
     if not result.top:
         con.print(impossible_line(result, num_gpus))
@@ -164,7 +167,9 @@ def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: in
         f"{rej:,} rejected; {result.simulated:,} simulated exactly; {result.seconds:.2f} s"
     )
     if result.top:
-        con.print(_top_table(result, budget_tokens, priced))
+        ivs = top_intervals(result, level)
+        con.print(_top_table(result, budget_tokens, priced, ivs))
+        con.print(overlap_line(ivs), markup=False, highlight=False, soft_wrap=True)
         best = result.top[0].estimate
         for i, r in enumerate(result.top[1:4], 2):
             why = _why(best, r.estimate)
@@ -196,7 +201,7 @@ def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: in
                   f"{result.pareto[0].estimate.peak_bytes / GIB:.1f} to {result.pareto[-1].estimate.peak_bytes / GIB:.1f} GiB")
 
 
-def _json(result: SearchResult, num_gpus: int) -> dict[str, Any]:
+def _json(result: SearchResult, num_gpus: int, level: float = LEVEL) -> dict[str, Any]:
     out: dict[str, Any] = {
         "evaluated": result.evaluated,
         "feasible": result.feasible,
@@ -206,7 +211,12 @@ def _json(result: SearchResult, num_gpus: int) -> dict[str, Any]:
         "objective": result.objective,
         "stack": None if result.stack is None else result.stack.model_dump(),
         "top": [{"rank": i, "score": r.score, **r.estimate.to_dict()} for i, r in enumerate(result.top, 1)],
+        "interval_level": level,
     }
+    ivs = top_intervals(result, level)
+    for entry, iv, near in zip(out["top"], ivs, overlaps(ivs)):
+        add_interval(entry, iv)
+        entry["interval_overlaps"] = near
     if not result.top:
         out["message"] = impossible_line(result, num_gpus)
     if result.closest:
@@ -331,14 +341,16 @@ def search(
     out: Annotated[Optional[str], typer.Option("--out", help="Write the front (or the top plans) as a picture: .svg or .png.", show_default=False)] = None,
     stacks: Annotated[Optional[str], typer.Option("--stacks", help="Compare stacks: search for each of these profiles (comma-separated, e.g. megatron-core,torchtitan) and print the best plan of each.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
+    interval: IntervalOpt = LEVEL,
 ) -> None:
     """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs (and ep for mixture-of-experts models) with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism, TP communication overlap and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
 
     Layout flags (--tp, --pp, --schedule, --zero, ...) fix that axis. With --preset the preset's model, GPUs, batch and network are used and its plan is the baseline."""
     _out_path(out)  # checked before any work: a new .svg or .png file
+    level = check_level(interval)
     progress = _Progress(not json_out)
     if stacks is not None:
-        _compare_stacks(plan, search, stacks, json_out, progress)
+        _compare_stacks(plan, search, stacks, json_out, progress, level)
         return
     if gpus_range is not None:
         try:
@@ -361,14 +373,14 @@ def search(
     if out is not None:
         _write_front(result, out)
     if json_out:
-        typer.echo(json.dumps(_json(result, cluster.num_gpus), allow_nan=False))
+        typer.echo(json.dumps(_json(result, cluster.num_gpus, level), allow_nan=False))
     else:
-        _print(result, bool(budget.tokens), budget.price_per_gpu_hour is not None, cluster.num_gpus)
+        _print(result, bool(budget.tokens), budget.price_per_gpu_hour is not None, cluster.num_gpus, level)
     if not result.top:
         raise typer.Exit(1)
 
 
-def _compare_stacks(plan: PlanArgs, search: SearchArgs, names: str, json_out: bool, progress) -> None:
+def _compare_stacks(plan: PlanArgs, search: SearchArgs, names: str, json_out: bool, progress, level: float = LEVEL) -> None:
     """``--stacks a,b``: the same search for each stack, and the best plan of each side by side."""
     wanted = [n.strip().lower() for n in names.split(",") if n.strip()]
     if not wanted:
@@ -383,7 +395,7 @@ def _compare_stacks(plan: PlanArgs, search: SearchArgs, names: str, json_out: bo
     finally:
         progress.close()
     if json_out:
-        typer.echo(json.dumps({"stacks": [_json(r, c.num_gpus) for _, r, c, _ in results]}, allow_nan=False))
+        typer.echo(json.dumps({"stacks": [_json(r, c.num_gpus, level) for _, r, c, _ in results]}, allow_nan=False))
     else:
         t = Table(title="Best plan for each stack", title_justify="left")
         for col in ("stack", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "MFU", "tok/s/GPU", "fit"):

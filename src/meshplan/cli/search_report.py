@@ -1,10 +1,12 @@
 """What the outputs of ``meshplan search`` share: a plan's row of figures, the line saying why no
-plan was found, and writing a figure (the top plans' front and the GPUs-vs-days front alike)."""
+plan was found, writing a figure (the top plans' front and the GPUs-vs-days front alike), and the
+top plans' step-time prediction intervals with which of them overlap."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from meshplan.accuracy.interval import estimate_interval
 from meshplan.catalog import stack_names, stack_overrides, stack_recompute, stack_schedules
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.render import stack_words
@@ -61,3 +63,35 @@ def search_stack_line(stack: Stack) -> str:
         return words
     runs = ", ".join(stack_schedules(stack.name)) or "none (no pipeline parallelism)"
     return words + f"; pipeline schedules it runs: {runs}; recompute: {', '.join(stack_recompute(stack.name))}"
+
+
+# ---- the top plans' prediction intervals ---------------------------------------------------------
+
+
+def top_intervals(result: SearchResult, level: float) -> list:
+    """Each top plan's step-time interval at ``level`` (:func:`meshplan.accuracy.interval.estimate_interval`)."""
+    return [estimate_interval(r.estimate, level) for r in result.top]
+
+
+def overlaps(ivs: list) -> list[list[int]]:
+    """For each plan (rank i, from 1), the ranks of the other plans whose interval overlaps its own:
+    [low_i, high_i] ∩ [low_j, high_j] ≠ ∅ — their measured steps could come in either order."""
+    return [[j for j, b in enumerate(ivs, 1) if j != i and a.low <= b.high and b.low <= a.high]
+            for i, a in enumerate(ivs, 1)]
+
+
+def overlap_line(ivs: list) -> str:
+    """One line saying which top plans lie within each other's interval (or that none do)."""
+    if not ivs:
+        return ""
+    level = f"{100 * ivs[0].level:g} %"
+    near = overlaps(ivs)
+    if len(ivs) > 1 and all(len(js) == len(ivs) - 1 for js in near):
+        return (f"All {len(ivs)} top plans lie within each other's {level} step-time interval: the ranking between them "
+                "is within meshplan's error.")
+    pairs = [f"#{i} with " + ", ".join(f"#{j}" for j in js if j > i)
+             for i, js in enumerate(near, 1) if any(j > i for j in js)]
+    if not pairs:
+        return f"No two top plans' {level} step-time intervals overlap: the ranking holds beyond meshplan's error."
+    return (f"Within each other's {level} step-time interval (the ranking between them is within meshplan's error): "
+            + "; ".join(pairs))

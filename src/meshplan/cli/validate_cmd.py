@@ -39,6 +39,9 @@ from meshplan.accuracy.heldout import HELDOUT_SOURCES
 from meshplan.accuracy.mapping import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
 from meshplan.outfile import write_text
+from meshplan.accuracy.coverage import coverage
+from meshplan.accuracy.interval import LEVEL, check_level, residuals_json, residuals_of
+from meshplan.cli.validate_bias import breakdown_markdown, breakdown_tables, bucket_line, coverage_lines, pct as _pct
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot, save_figure
@@ -97,12 +100,6 @@ def build_report(sources: Optional[list[str]] = None, run_set: str = "visible") 
 
 
 # ---- formatting ---------------------------------------------------------------------------------
-
-
-def _pct(x: Optional[float], signed: bool = True) -> str:
-    if x is None:
-        return "—"
-    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
 
 
 def _num(x: Optional[float], fmt: str = ",.3f") -> str:
@@ -173,7 +170,7 @@ def summary_table(report: ValidationReport) -> Table:
     for g in list(report.groups.values()) + [report.overall]:
         bold = "bold" if g is report.overall else None
         t.add_row(g.group, "" if g is report.overall else names.get(g.group, ""), str(g.rows), str(g.supported),
-                  _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False), str(g.mem_rows),
+                  _pct(g.mape, False), _pct(g.bias), _pct(g.max_abs_error, False), str(g.mem_rows),
                   _pct(g.mem_mape, False), style=bold)
     return t
 
@@ -183,7 +180,7 @@ def _precision_rows(report: ValidationReport) -> list[list[str]]:
     that ran several (label, predicted rows, step MAPE, bias, max |error|)."""
     labelled = [(f"all {p}", g) for p, g in report.precisions.items()]
     labelled += [(key.replace("/", " "), g) for key, g in report.source_precisions.items()]
-    return [[label, str(g.supported), _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False)]
+    return [[label, str(g.supported), _pct(g.mape, False), _pct(g.bias), _pct(g.max_abs_error, False)]
             for label, g in labelled]
 
 
@@ -200,7 +197,7 @@ def precision_table(report: ValidationReport) -> Table:
     return t
 
 
-def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
+def print_human(report: ValidationReport, wrote: Optional[Path], cov: dict) -> None:
     out = _console()
     for line in _headline(report):
         out.print(line, markup=False)
@@ -220,6 +217,10 @@ def print_human(report: ValidationReport, wrote: Optional[Path]) -> None:
     out.print(summary_table(report))
     if len(report.precisions) > 1:
         out.print(precision_table(report))
+    for table in breakdown_tables(report):
+        out.print(table)
+    for line in coverage_lines(cov):
+        out.print(line, markup=False)
     if report.worst:
         out.print()
         out.print("Largest step-time errors:", markup=False)
@@ -251,7 +252,7 @@ def _md_table(header: list[str], rows: list[list[str]], right: set[int]) -> list
     return lines
 
 
-def markdown(report: ValidationReport) -> str:
+def markdown(report: ValidationReport, cov: Optional[dict] = None) -> str:
     """The report as Markdown: per-run table, MAPE per source, largest errors, unsupported runs."""
     names = _sources(report)
     head = _headline(report)
@@ -270,13 +271,17 @@ def markdown(report: ValidationReport) -> str:
     for g in list(report.groups.values()) + [report.overall]:
         label = "**overall**" if g is report.overall else g.group
         rows.append([label, "" if g is report.overall else names.get(g.group, ""), str(g.rows), str(g.supported),
-                     _pct(g.mape, False), _pct(g.mean_error), _pct(g.max_abs_error, False), str(g.mem_rows),
+                     _pct(g.mape, False), _pct(g.bias), _pct(g.max_abs_error, False), str(g.mem_rows),
                      _pct(g.mem_mape, False)])
     lines += _md_table(["source", "publication", "rows", "predicted", "step MAPE", "bias", "max \\|error\\|",
                         "memory rows", "memory MAPE"], rows, {2, 3, 4, 5, 6, 7, 8})
     if len(report.precisions) > 1:
         lines += ["", f"### {PRECISION_TITLE}", ""]
         lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"], _precision_rows(report), {1, 2, 3, 4})
+    lines += breakdown_markdown(report, _md_table)
+    if cov is not None:
+        head, *methods = coverage_lines(cov)
+        lines += ["", "### Prediction interval coverage", "", _md(head), ""] + [f"- {_md(m.strip())}" for m in methods]
     if report.worst:
         lines += ["", "### Largest step-time errors", ""]
         for r in report.worst:
@@ -319,10 +324,12 @@ def _decades(points: list[RunResult]) -> tuple[float, float]:
     return 10.0 ** lo, 10.0 ** hi
 
 
-def _title(report: ValidationReport, n: int) -> tuple[str, str]:
+def _title(report: ValidationReport, n: int) -> tuple[str, str, str]:
+    """(title, subtitle, the bias per scale bucket)."""
     ov = report.overall
     return ("meshplan: predicted vs published step time",
-            f"{n} runs; step MAPE {_pct(ov.mape, False)}, bias {_pct(ov.mean_error)}; line y = x, band ±{100 * BAND:g}%")
+            f"{n} runs; step MAPE {_pct(ov.mape, False)}, bias {_pct(ov.bias)}; line y = x, band ±{100 * BAND:g}%",
+            bucket_line(report))
 
 
 def _legend_label(g: GroupSummary) -> str:
@@ -359,12 +366,10 @@ def _marker_svg(shape: str, x: float, y: float, r: float) -> tuple[str, str]:
 
 def svg_scatter(report: ValidationReport) -> str:
     """Predicted vs published step time as a standalone SVG (log–log, one marker per run)."""
-    points = plot_points(report)
+    points, styles = plot_points(report), _styles(report)
     lo, hi = _decades(points)
-    styles = _styles(report)
-    L, T, S = 90.0, 70.0, 520.0  # plot area: left, top, side (square, so y = x is the diagonal)
-    W, H = L + S + 300.0, T + S + 70.0
-    span = math.log10(hi) - math.log10(lo)
+    L, T, S = 90.0, 80.0, 520.0  # plot area: left, top, side (square, so y = x is the diagonal)
+    W, H, span = L + S + 300.0, T + S + 70.0, math.log10(hi) - math.log10(lo)
 
     def px(v: float) -> float:
         return L + (math.log10(v) - math.log10(lo)) / span * S
@@ -372,7 +377,7 @@ def svg_scatter(report: ValidationReport) -> str:
     def py(v: float) -> float:
         return T + S - (math.log10(v) - math.log10(lo)) / span * S
 
-    title, subtitle = _title(report, len(points))
+    title, subtitle, buckets = _title(report, len(points))
     o = [
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:.0f}" height="{H:.0f}" viewBox="0 0 {W:.0f} {H:.0f}" '
@@ -382,6 +387,7 @@ def svg_scatter(report: ValidationReport) -> str:
         f'<rect x="0" y="0" width="{W:.0f}" height="{H:.0f}" fill="white"/>',
         f'<text x="{L}" y="26" font-size="16" font-weight="bold">{escape(title)}</text>',
         f'<text x="{L}" y="46" fill="#444">{escape(subtitle)}</text>',
+        f'<text class="bias" x="{L}" y="62" fill="#444">{escape(buckets)}</text>',
         f'<rect x="{L}" y="{T}" width="{S}" height="{S}" fill="none" stroke="#333"/>',
     ]
     # grid and ticks: a labelled line per decade, light lines at 2..9
@@ -472,8 +478,8 @@ def write_png_scatter(report: ValidationReport, path: Path, dpi: int = 150) -> N
         ax.grid(True, which="minor", color="#e6e6e6", linewidth=0.5)
         ax.set_xlabel("published step time (s, log scale)")
         ax.set_ylabel("predicted step time (s, log scale)")
-        title, subtitle = _title(report, len(points))
-        ax.set_title(f"{title}\n{subtitle}", fontsize=10, loc="left")
+        title, subtitle, buckets = _title(report, len(points))
+        ax.set_title(f"{title}\n{subtitle}\n{buckets}", fontsize=10, loc="left")
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=8,
                   title="source (runs, step MAPE)", title_fontsize=8)
         fig.tight_layout()
@@ -502,6 +508,8 @@ def validate(
     markdown_out: Annotated[bool, typer.Option("--markdown", help="Print the report as Markdown tables (per run, MAPE per source, unsupported runs) and nothing else.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (the report: rows, groups, overall, worst) and nothing else.")] = False,
     run_set: Annotated[str, typer.Option("--set", help="Which runs: visible (the ground truth the calibration was checked against), held-out (published runs no constant was set from), or all.")] = "visible",
+    interval: Annotated[float, typer.Option("--interval", help="Level of the step-time prediction interval whose coverage on the held-out runs is reported.")] = LEVEL,
+    write_residuals: Annotated[Optional[str], typer.Option("--write-residuals", help="Also write every validated run's predicted and published step (the residuals estimate's interval reads) to this .json file, e.g. src/meshplan/catalog/data/residuals.json.", show_default=False)] = None,
 ) -> None:
     """Compare meshplan with published training runs: step time and peak memory per run, MAPE per source and overall, the largest errors, and the runs meshplan cannot express (with why).
 
@@ -516,17 +524,42 @@ def validate(
         missing = [g for g in sources if g not in in_set]
         if missing:
             raise InputError("source", f"{', '.join(missing)} has no run in the {run_set} set (use --set all)")
-    path = _out_path(out)
+    path, level = _out_path(out), check_level(interval)
+    residuals_path = _residuals_path(write_residuals)
     report = build_report(sources, run_set)
+    rows = report.rows if run_set == "all" and sources is None else all_rows()
+    cov = coverage(residuals_of(rows), level)
+    if residuals_path is not None:
+        write_text(residuals_path, residuals_json(rows), replace=True)
     if path is not None:
         write_plot(report, path)
     if json_out:
-        typer.echo(json.dumps(report.to_dict(), allow_nan=False))
+        typer.echo(json.dumps({**report.to_dict(), "interval_coverage": cov}, allow_nan=False))
         return
     if markdown_out:
-        typer.echo(markdown(report))
+        typer.echo(markdown(report, cov))
         return
-    print_human(report, path)
+    print_human(report, path, cov)
+    if residuals_path is not None:
+        typer.echo(f"wrote {residuals_path} ({len(residuals_of(rows))} runs)")
+
+
+def all_rows() -> list[RunResult]:
+    """Every validated run (``--set all``): the coverage and the residuals are over all of them,
+    whatever ``--set`` and ``--source`` show."""
+    return validate_runs(run_set="all").rows
+
+
+def _residuals_path(value: Optional[str]) -> Optional[Path]:
+    """``--write-residuals``: a .json file in an existing directory (replaced: it is generated)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.suffix.lower() != ".json" or path.is_dir():
+        raise InputError("write-residuals", f"must be a .json file (got '{value}')")
+    if not path.parent.is_dir():
+        raise InputError("write-residuals", f"directory '{path.parent}' does not exist")
+    return path
 
 
 __all__ = ["validate", "build_report", "markdown", "parse_sources", "source_names", "svg_scatter", "write_png_scatter"]

@@ -105,13 +105,20 @@
     document.getElementById("kpi-mfu").textContent = MP.fmt.pct(t.mfu);
     document.getElementById("kpi-mfu-sub").textContent = `${MP.fmt.num(t.model_tflops_per_gpu, 1)} TFLOP/s per GPU · HFU ${MP.fmt.pct(t.hfu)}`;
     document.getElementById("kpi-step").textContent = `${MP.fmt.num(tm.step_s, 3)} s`;
-    document.getElementById("kpi-step-sub").textContent = `bubble ${MP.fmt.pct(tm.bubble_fraction)} of the step`;
+    const iv = tm.step_s_interval, level = `${Math.round(1000 * tm.interval_level) / 10} %`;
+    document.getElementById("kpi-step-sub").textContent = iv
+      ? `${MP.fmt.num(iv[0], 3)}–${MP.fmt.num(iv[1], 3)} s (${level} interval) · bubble ${MP.fmt.pct(tm.bubble_fraction)} of the step`
+      : `bubble ${MP.fmt.pct(tm.bubble_fraction)} of the step`;
+    if (iv) document.getElementById("kpi-step-sub").title =
+      `prediction interval of the measured step, split-conformal from ${tm.interval_basis.runs} validated runs of ` +
+      `${tm.interval_basis.group}${tm.interval_basis.note ? "; " + tm.interval_basis.note : ""}`;
     document.getElementById("kpi-tps").textContent = MP.fmt.int(t.tokens_per_s);
     document.getElementById("kpi-tps-sub").textContent = `${MP.fmt.num(t.tokens_per_s_per_gpu, 1)} per GPU`;
     const run = e.run;
     document.getElementById("kpi-days").textContent = run ? `${MP.fmt.num(run.days, 1)} days` : "—";
     document.getElementById("kpi-run-sub").textContent = run
-      ? `${MP.fmt.int(run.gpu_hours)} GPU-hours` + (run.dollars !== undefined ? ` · $${MP.fmt.num(run.dollars / 1e6, 2)}M` : "")
+      ? (run.days_interval ? `${MP.fmt.num(run.days_interval[0], 1)}–${MP.fmt.num(run.days_interval[1], 1)} days (${level}) · ` : "") +
+        `${MP.fmt.int(run.gpu_hours)} GPU-hours` + (run.dollars !== undefined ? ` · $${MP.fmt.num(run.dollars / 1e6, 2)}M` : "")
       : "give tokens to train on";
   }
 

@@ -100,7 +100,7 @@
       const p = t.plan;
       return `<tr class="click" data-href="${MP.esc(planURL(t))}"><td>${t.rank}</td><td>${layout(p)}</td><td>${p.pp > 1 ? p.schedule + (p.vpp > 1 ? " v" + p.vpp : "") : "-"}</td>
         <td>${p.micro_batch} × ${p.grad_accum}</td><td>${p.recompute}${p.sequence_parallel && p.tp > 1 ? ", SP" : ""}, ZeRO-${p.zero}</td>
-        <td>${MP.fmt.gib(t.memory.peak_bytes)}</td><td>${MP.fmt.num(t.time.step_s, 3)}</td><td>${MP.fmt.pct(t.time.bubble_fraction)}</td>
+        <td>${MP.fmt.gib(t.memory.peak_bytes)}</td><td>${MP.fmt.num(t.time.step_s, 3)}${t.time.step_s_interval ? ` <span class="s" title="${Math.round(100 * t.time.interval_level)} % prediction interval; overlaps #${t.interval_overlaps.join(", #") || "none"}">(${MP.fmt.num(t.time.step_s_interval[0], 3)}–${MP.fmt.num(t.time.step_s_interval[1], 3)})</span>` : ""}</td><td>${MP.fmt.pct(t.time.bubble_fraction)}</td>
         <td>${MP.fmt.pct(t.throughput.mfu)}</td><td>${MP.fmt.num(t.throughput.tokens_per_s_per_gpu, 0)}</td><td>${MP.fmt.sig(t.score, 4)}</td></tr>`;
     });
     const table = document.getElementById("results");
