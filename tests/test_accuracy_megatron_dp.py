@@ -10,6 +10,7 @@ import pytest
 from meshplan.accuracy import map_runs
 from meshplan.cost.comm import dp_sync_times, plan_placements
 from meshplan.cost.compose import after_pipeline
+from meshplan.cost.variability import straggler_factor
 from meshplan.estimate import estimate
 
 
@@ -33,8 +34,9 @@ def test_the_pair_holds_the_same_gradients_per_gpu(pair):
     assert e32.stages[0].params == 3_848_556_544
     # fp32 gradients: Megatron forces accumulate_allreduce_grads_in_fp32 under --bf16
     assert r16.plan.precision.grad_bytes == r32.plan.precision.grad_bytes == 4
-    # the same compute, less what the hidden TP collectives' SMs add (meshplan.cost.contention)
-    kernels = lambda e: e.time.compute_s - e.time.contention["tp"]  # noqa: E731
+    # the same compute, less what the hidden TP collectives' SMs add (meshplan.cost.contention),
+    # each at its own cluster's slowest GPU's pace (192 and 384 GPUs: meshplan.cost.variability)
+    kernels = lambda e: (e.time.compute_s - e.time.contention["tp"]) / straggler_factor(e.plan.num_gpus)  # noqa: E731
     assert kernels(e32) == pytest.approx(kernels(e16), rel=0.005)
 
 
@@ -79,9 +81,10 @@ def test_exposed_dp_time_follows_the_last_microbatch_and_first_forward_windows(p
     again = after_pipeline(grad_comm=c, param_gather=a, last_bwd=window_b, first_fwd=window_f, n_layers=48,
                            overlap_grad_reduce=True, overlap_param_gather=True)
     assert again == pytest.approx((exposed_rs, exposed_ag), rel=1e-12)
-    # the line-rate floor of the step: compute (with its contention) + (C_min − B) + (A_min − F) ≈ 0.984 s
-    # (Transformer Engine's cuDNN attention; 1.005 s with FlashAttention-2's rates), 10 % over the published step
+    # the line-rate floor of the step: compute (with its contention, at the slowest of 384 GPUs'
+    # pace) + (C_min − B) + (A_min − F) ≈ 0.998 s (Transformer Engine's cuDNN attention), 10 % over
+    # the published step
     line_c = 47 / 48 * est.stages[0].params * 4 / 50e9
     floor = est.time.compute_s + (line_c - window_b) + (line_c / 2 - window_f)
-    assert floor == pytest.approx(0.984, abs=0.002)
+    assert floor == pytest.approx(0.998, abs=0.002)
     assert floor > run.published_step_s * 1.10

@@ -16,7 +16,7 @@ from meshplan.accuracy.heldout import heldout_runs, map_heldout_runs
 from meshplan.catalog import load_gpu, load_model
 from meshplan.cli.app import main
 from meshplan.cost.activations import loss_grad_bytes
-from meshplan.cost.calibration import HOPPER, STATIC_POWER_FRACTION, calibration_for, power_cap_clock_ratio, power_capped
+from meshplan.cost.calibration import HOPPER, STATIC_POWER_FRACTION, calibration_for, power_cap_clock_ratio, power_capped, synchronized
 from meshplan.cost.compute import (
     elementwise_bytes,
     input_gradient_sum_bytes,
@@ -99,11 +99,12 @@ def test_rope_only_for_rotary_models():
 LLAMA8B = load_model("llama3-8b")
 
 
-def _ops(kernels):
+def _ops(kernels, cal=HOPPER):
     """One stack's layer, with FlashAttention-2 on every stack (the attention kernel is the plan's
-    ``attention_kernel``, tests/test_attention_kernel.py): the stacks differ elsewhere."""
+    ``attention_kernel``, tests/test_attention_kernel.py): the stacks differ elsewhere. ``cal``:
+    one GPU's calibration, or a cluster's (:func:`meshplan.cost.calibration.synchronized`)."""
     gpu = load_gpu("h100-sxm-80gb")
-    return layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", gpu, HOPPER, "bf16", 2, kernels,
+    return layer_op_times(LLAMA8B, 2, 8192, 1, 1, False, "flash", "causal", gpu, cal, "bf16", 2, kernels,
                           attention_kernel="flash2"), gpu
 
 
@@ -218,7 +219,9 @@ def test_torch_stack_estimate_holds_one_more_fp32_logits_on_the_last_stage():
     # a parameter against the fused step's 30)
     # per layer: the layer model's difference between the stacks (forward, backward, op-level
     # recompute; test_stacks_differ_in_memory_bound_time_and_in_the_projections_gemms)
-    (fused_ops, _), (compiled_ops, _) = _ops("fused"), _ops("compiled")
+    # (the cluster's calibration: its compute at the slowest GPU's pace, meshplan.cost.variability)
+    synced = synchronized(HOPPER, cluster.num_gpus)
+    (fused_ops, _), (compiled_ops, _) = _ops("fused", synced), _ops("compiled", synced)
     per_layer = sum(getattr(compiled_ops, k) - getattr(fused_ops, k) for k in ("fwd", "bwd", "fwd_op_recompute"))
     assert per_layer > 3 * _repeat_kv(cluster.gpu)
     co, ci, e_co, e_ci, h_co, h_ci = fsdp2_unit_copy_times(model, 1, 1, plans["compiled"].precision, cluster.gpu, calibration_for(cluster.gpu))

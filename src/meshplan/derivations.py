@@ -13,6 +13,7 @@ from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, OpTimes, attention_ker
 from meshplan.cost.contention import NCCL_CTAS, tp_overlap_ctas
 from meshplan.cost.fsdp_copies import fp8_gather_saving, runs_fsdp2
 from meshplan.cost.params import layer_params_per_rank
+from meshplan.cost.variability import THROUGHPUT_CV, expected_max_z, straggler_factor
 from meshplan.explain import Derivation
 from meshplan.pipeline.lockstep import runs_lockstep, runtime_words
 from meshplan.specs.plan import TrainingPlan
@@ -88,6 +89,19 @@ def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str
     kernel = attention_kernel_of(p.stack.kernels, p.stack.attention_kernel, cal)
     fe, fl, be, bl = attention_rates(cal, kernel)
     return (("η_attn", f"{ATTENTION_KERNEL_NAMES[kernel]}: η∞ {fe:g} / {be:g}, L₀ {fl:g} / {bl:g} keys"),)
+
+
+def _variability_row(n: int) -> Derivation:
+    """The GPU-to-GPU spread the compute waits for: the slowest of the ``n`` GPUs that meet every
+    step (:mod:`meshplan.cost.variability`)."""
+    f = straggler_factor(n)
+    return Derivation(
+        "time.variability", "The slowest GPU sets the pace",
+        "GEMM and attention efficiencies / f(N), f(N) = 1 + (σ/μ)·z(N), z(N) ≈ Φ⁻¹((N − 0.375)/(N + 0.25))",
+        (("N", f"{n:,} GPUs, all of which meet every step"), ("σ/μ", f"{THROUGHPUT_CV:.1%} spread of one SKU's sustained throughput"),
+         ("z(N)", f"{expected_max_z(n):.3f} (expected largest of N standard normals, Blom 1958)")),
+        f"f = {f:.4f}: compute {100 * (f - 1):.2f} % slower than one GPU's",
+        "meshplan.cost.variability; Sinha et al. SC'22 (8 % average variation between a cluster's GPUs)")
 
 
 def _stack_row(p: TrainingPlan) -> Derivation:
@@ -194,7 +208,7 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         f"{fmt_bytes(est.peak_bytes)} of {fmt_bytes(est.capacity_bytes)} ({'fits' if est.fits else 'does not fit'})"))
     d.append(Derivation(
         "time.layer", "One layer, one micro-batch (forward / backward)",
-        "Σ GEMM max(2mnk/(F·η), bytes/W) + attention FLOPs/(F·η_attn) + memory-bound bytes/W",
+        "Σ GEMM max(2MNK/(F·η), bytes/W) + attention FLOPs/(F·η_attn) + memory-bound bytes/W",
         (("GEMMs", f"{fmt_seconds(ops.fwd_gemm)} / {fmt_seconds(ops.bwd_gemm)}"),
          ("attention", f"{fmt_seconds(ops.fwd_attention)} / {fmt_seconds(ops.bwd_attention)}"),
          ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),)
@@ -205,6 +219,7 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         + _cp_rows(p, cp_comm, lt),
         f"{fmt_seconds(ops.fwd)} / {fmt_seconds(ops.bwd)}",
         "meshplan.cost.compute" + ("; meshplan.cost.cp_exchange" if p.cp > 1 else "")))
+    d.append(_variability_row(est.cluster.num_gpus))
     d.extend(_fsdp_rows(est, lt, fsdp_terms))
     t = est.time
     gpu = est.cluster.gpu

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from meshplan.cost.activations import LayerActivations, freed_logits_block_bytes, loss_grad_bytes
-from meshplan.cost.calibration import Calibration
+from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.compose import (
     LayerTimes,
     StageTimes,
@@ -141,7 +141,7 @@ class Estimate:
     cluster: ClusterSpec
     plan: TrainingPlan
     budget: Budget
-    calibration: Calibration
+    calibration: Calibration  # the GPU generation's (one GPU; the compute of N GPUs waits for the slowest: cost.variability)
     params: ParamCounts
     flops: StepFlops
     stages: list[StageMemory]
@@ -256,7 +256,7 @@ def estimate(
     counts = count_params(model)
     flops = step_flops(model, plan.seq_len, plan.global_batch, plan.recompute, plan.attention_flops)
     derivs: list[Derivation] = []
-    est = Estimate(model, cluster, plan, budget, layers.terms.cal, counts, flops, stages, split, time, sim, derivs)
+    est = Estimate(model, cluster, plan, budget, calibration_for(cluster.gpu), counts, flops, stages, split, time, sim, derivs)
     u = layers.u
     fsdp_terms = (u.all_gather, u.reduce_scatter, tuple(u)[6:]) if layers.fsdp_per_layer else None
     derivs.extend(derivations(est, layers.ops, layers.la, layers.cm.tp_one, layers.cm.p2p, layers.lt,

@@ -3,8 +3,8 @@
 A run (a validated row, or a plan being estimated) falls in
 
 * a **scale bucket** by its GPU count N: ``<=128`` (N ≤ 128), ``129-512``, ``513-2048`` and
-  ``>2048`` (N > 2,048) — :data:`SCALE_BUCKETS`, the buckets of issue 38, where meshplan's error
-  was seen to grow with N;
+  ``>2048`` (N > 2,048) — :data:`SCALE_BUCKETS`, over which meshplan's error was seen to grow
+  with N;
 * a **GPU generation**: the part as the catalog names it, its name's first token upper-cased
   (``a100-sxm-80gb`` → ``A100``, ``h200-sxm-141gb`` → ``H200``). H100 and H200 share one
   calibration row (``hopper``, :mod:`meshplan.cost.calibration`) but not their memory, so they are

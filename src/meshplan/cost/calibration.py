@@ -250,6 +250,24 @@ def power_capped(gpu, watts: float, *, name: str | None = None, hbm_bandwidth: f
     return gpu.model_copy(update=update)
 
 
+def synchronized(cal: Calibration, n_gpus: int) -> Calibration:
+    """``cal`` for a step synchronized over ``n_gpus`` GPUs: the compute efficiencies (GEMM,
+    FP8 GEMM, attention) divided by the straggler factor f(N) = 1 + (σ/μ)·z(N)
+    (:func:`meshplan.cost.variability.straggler_factor`), so that compute takes the slowest GPU's
+    time; memory-bound kernels, launches and links keep their rates."""
+    from meshplan.cost.variability import straggler_factor
+
+    f = straggler_factor(n_gpus)
+    if f == 1.0:
+        return cal
+    cudnn = cal.attention_cudnn
+    return replace(
+        cal, gemm_efficiency=cal.gemm_efficiency / f, gemm_fp8_efficiency=cal.gemm_fp8_efficiency / f,
+        attention_fwd_efficiency=cal.attention_fwd_efficiency / f, attention_bwd_efficiency=cal.attention_bwd_efficiency / f,
+        attention_cudnn=None if cudnn is None else (cudnn[0] / f, cudnn[1], cudnn[2] / f, cudnn[3]),
+    )
+
+
 def calibration_for(gpu) -> Calibration:
     """The calibration of ``gpu``'s generation (the same table ``estimate`` and ``validate`` use)."""
     try:

@@ -26,7 +26,7 @@ from meshplan.cost.activations import (
     layer_activations, logits_output_bytes, loss_grad_bytes, saved_gemm_input_bytes,
 )
 from meshplan.cost.async_tp import micro_pipeline_tp_times
-from meshplan.cost.calibration import calibration_for
+from meshplan.cost.calibration import calibration_for, synchronized
 from meshplan.cost.comm import Placements, dp_sync_times, fsdp_unit_times, placements, tp_collective_time
 from meshplan.cost.compute import OpTimes, embedding_op_times, head_op_times, layer_op_times, recompute_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
@@ -149,7 +149,8 @@ class Terms:
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, base: TrainingPlan, stack: Stack):
         self.model, self.cluster, self.base, self.stack = model, cluster, base, stack
-        self.cal = calibration_for(cluster.gpu)
+        # compute at the pace of the slowest of the cluster's GPUs (meshplan.cost.variability)
+        self.cal = synchronized(calibration_for(cluster.gpu), cluster.num_gpus)
         self.rec = base.precision
         self.e = self.rec.activation_bytes
         self._memo: dict[tuple, Any] = {}  # (method, arguments) -> value (:func:`_cached`)

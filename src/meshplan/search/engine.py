@@ -64,7 +64,6 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from meshplan.cost.calibration import calibration_for
 from meshplan.cost.compose import (
     LayerTimes,
     StageTimes,
@@ -218,7 +217,6 @@ class Engine:
         # ZeRO-3 that keeps weights gathered and gradients unsharded through the step (a stack
         # that applies to the engine's plans, :meth:`_parts`)
         self.once_per_step = self.stack.fsdp_accumulate_unsharded
-        self.cal = calibration_for(cluster.gpu)
         self.rec = base.precision
         self.e = self.rec.activation_bytes
         # the SM shares of hidden collectives (meshplan.cost.contention), as estimate takes them
@@ -226,6 +224,7 @@ class Engine:
         self.tp_share = sm_share(tp_overlap_ctas(self.stack.tp_overlap_kind), cluster.gpu.sm_count)
         # the per-argument terms, through the code estimate uses
         self.terms = Terms(model, cluster, base, self.stack)
+        self.cal = self.terms.cal
 
     # ---- one pipeline shape -------------------------------------------------------------------
     def _group(self, pp: int, v: int, style: str, table: PlanTable, pre: TableTerms, idx: slice) -> tuple:
