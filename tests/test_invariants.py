@@ -11,7 +11,7 @@ refuses (an ``InputError``: TP not dividing the heads, too many stages, ...) is 
   shards (its gathered units, FSDP2's all-gather pool and unsharded gradients) less what sharding
   the weights saves;
 * at fixed batch and dp, doubling TP never raises the peak but by TP's two activation messages
-  (t = 1 has none), and doubling PP never raises any rank's model state (its activations may
+  (t = 1 has none), doubling CP never raises it, and doubling PP never raises any rank's model state (its activations may
   rise: 1F1B's first rank holds p micro-batches of L/p layers, the same as one of L, beside the
   stage buffers);
 * the pipeline simulation starts nothing before 0 and its makespan covers each rank's busy time;
@@ -60,13 +60,16 @@ def plans(draw, zero=None):
     return load_model(model), load_gpu(draw(st.sampled_from(GPUS))), fields
 
 
-def _estimate(model, gpu, fields):
-    """``estimate`` of the plan, or the draw rejected where the plan is refused."""
+def _estimate(model, gpu, fields, drawn: bool = True):
+    """``estimate`` of the plan; where it is refused, the draw rejected (``drawn``) or None (a
+    plan derived from the draw)."""
     try:
         plan = TrainingPlan.of(**fields)
         return estimate(model, ClusterSpec.of(gpu, plan.num_gpus), plan)
     except (InputError, ValueError):
-        reject()
+        if drawn:
+            reject()
+        return None
 
 
 @FAST
@@ -109,23 +112,21 @@ def test_peak_by_zero_stage(drawn):
 
 @FAST
 @given(plans())
-def test_peak_at_fixed_batch_by_tp_and_model_state_by_pp(drawn):
+def test_peak_at_fixed_batch_by_tp_cp_and_model_state_by_pp(drawn):
     model, gpu, fields = drawn
     base = _estimate(model, gpu, fields)
-    t, p = fields["tp"], fields["pp"]
-    try:
-        wider = _estimate(model, gpu, {**fields, "tp": 2 * t}) if 2 * t <= 8 else None
-    except Exception:  # noqa: BLE001 - hypothesis' reject: the doubled plan is refused
-        wider = None
+    t, c, p = fields["tp"], fields["cp"], fields["pp"]
+    wider = _estimate(model, gpu, {**fields, "tp": 2 * t}, drawn=False) if 2 * t <= 8 else None
     if wider is not None:
         # TP's buffers (two activation messages) appear at t = 1 → 2
         buffers = max(s.other_items.get("tp_comm_buffers", 0.0) for s in wider.stages) if t == 1 else 0.0
         assert wider.peak_bytes <= base.peak_bytes + buffers
-    try:
-        deeper = _estimate(model, gpu, {**fields, "pp": 2 * p, "global_batch": 2 * fields["global_batch"]}) if 2 * p <= 32 else None
-    except Exception:  # noqa: BLE001
-        deeper = None
-    if deeper is not None and fields["schedule"] == "1f1b":  # (same micro-batches per rank: m doubles with p)
+    longer = _estimate(model, gpu, {**fields, "cp": 2 * c}, drawn=False) if 2 * c <= 4 else None
+    if longer is not None:  # half the tokens per GPU, the state sharded over twice the ranks
+        assert longer.peak_bytes <= base.peak_bytes
+    deeper = _estimate(model, gpu, {**fields, "pp": 2 * p, "global_batch": 2 * fields["global_batch"]}, drawn=False) \
+        if 2 * p <= 32 and fields["schedule"] == "1f1b" else None
+    if deeper is not None:  # (the same micro-batches per rank: m doubles with p)
         state = lambda e: max(s.weights + s.gradients + s.optimizer for s in e.stages)  # noqa: E731
         assert state(deeper) <= state(base) * (1 + 1e-12)
 
