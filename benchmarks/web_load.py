@@ -333,7 +333,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=30.0, help="duration of each mode")
-    ap.add_argument("--mode", choices=("all", "both", "repeat", "distinct", "cheap", "contended", "heavy"), default="all")
+    ap.add_argument("--mode", choices=("all", "both", "repeat", "distinct", "cheap", "contended", "heavy"), default="both")
     ap.add_argument("--workers", type=int, default=1, help="server processes (meshplan serve --workers)")
     a = ap.parse_args()
     if not 1 <= a.clients <= 1000:
