@@ -10,9 +10,19 @@ time the server and the clients spent per request (the server's from /proc), aga
 * ``repeat`` cycles through 24 plans (the Llama 3 405B preset and variations, smaller models), as
   users revisiting plans do: after the first request of each, answered from the estimate cache;
 * ``distinct`` makes every request a new plan (a different ``price``), so each one is a full
-  estimate.
+  estimate;
+* ``cheap`` is ``distinct`` over the 8 plans of the smaller models (pp ≤ 2: cheap estimates);
+* ``contended`` is ``cheap`` while one more connection keeps an expensive request in flight
+  throughout (:data:`EXPENSIVE`, the Plan view at the pipeline bound, which takes a heavy slot),
+  sending the next as soon as one is answered; its count and latency are printed beside.
 
-    python benchmarks/web_load.py [--clients 50] [--seconds 30] [--mode both|repeat|distinct] [--workers 1]
+``--mode heavy`` runs ``cheap`` and ``contended`` and then, for each of the worst requests the
+server allows (:data:`WORST`: the Plan view at the 131,072 micro-batch-stage bound, the failures
+calculator near its event bound, a search near its 1,000,000-plan bound), starts a fresh server,
+sends it alone and reports its time and the server's peak memory above its idle resident size
+(VmHWM − VmRSS from /proc). ``--mode all`` runs every mode, then the worst requests.
+
+    python benchmarks/web_load.py [--clients 50] [--seconds 30] [--mode all|both|repeat|distinct|cheap|contended|heavy] [--workers 1]
 
 The clients are one process of raw HTTP/1.1 keep-alive connections (an asyncio protocol on uvloop
 when installed), so that they take little of the CPU they share with the server; on a 2-core
@@ -24,11 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Optional
 from urllib.parse import urlencode
@@ -37,6 +49,17 @@ import numpy as np
 
 TARGET_P99_S = 0.100
 HOST = "127.0.0.1"
+#: One expensive request: the Plan view of a pipeline at its bound, p·v·m = 4 × 32,768 = 131,072
+#: micro-batch stages (the timeline summarised), which runs in one of the server's heavy slots.
+EXPENSIVE = "/api/view/plan?model=llama3-8b&gpus=8&pp=4&global_batch=65536"
+#: The worst requests the server allows, each just inside a bound (GET paths; a search is a POST).
+WORST = {
+    "plan view, 131,072 micro-batch stages": EXPENSIVE,
+    # 15,000 runs × about 652 failures: 9.8M of the 10,000,000 failure events allowed
+    "failures calculator, 15,000 runs of 54 days": "/api/calc/failures?work=54d&checkpoint_time=98s&mtbf=2.4h&runs=15000",
+    # 882,357 plans of the 1,000,000 allowed
+    "search, 405B on 16,384 GPUs, HSDP, 4M-16M tokens": {"model": "llama3-405b", "gpus": 16384, "hsdp": True, "batch_range": "4M,16M"},
+}
 
 
 def plans() -> list[dict]:
@@ -151,14 +174,20 @@ async def connect(port: int) -> Connection:
 SERIAL = itertools.count()
 
 
+def cheap_plans() -> list[dict]:
+    """The plans of :func:`plans` on the smaller models (pipelines of at most 2 stages): cheap
+    estimates."""
+    return [p for p in plans() if "preset" not in p]
+
+
 async def client(port: int, k: int, mode: str, stop: float, lat: list[float], errors: list[str]) -> None:
-    table = plans()
+    table = cheap_plans() if mode in ("cheap", "contended") else plans()
     fixed = [request_bytes(target(p), port) for p in table]
     conn = await connect(port)
     i = k
     try:
         while time.perf_counter() < stop:
-            if mode == "distinct":  # a price no other request has: a new plan
+            if mode != "repeat":  # a price no other request has: a new plan
                 req = request_bytes(target({**table[i % len(table)], "price": f"{1 + next(SERIAL) / 1e7:.7f}"}), port)
             else:
                 req = fixed[i % len(fixed)]
@@ -177,13 +206,33 @@ async def client(port: int, k: int, mode: str, stop: float, lat: list[float], er
         conn.transport.close()
 
 
-async def drive(port: int, clients: int, seconds: float, mode: str) -> tuple[list[float], list[str], float]:
+async def expensive(port: int, stop: float, lat: list[float], errors: list[str]) -> None:
+    """Keeps one :data:`EXPENSIVE` request in flight until ``stop`` (the last one may end later)."""
+    conn = await connect(port)
+    try:
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            status, body = await conn.get(request_bytes(EXPENSIVE, port))
+            if status != 200:
+                errors.append(f"{status}: {body[:120]!r}")
+            lat.append(time.perf_counter() - t0)
+    finally:
+        conn.transport.close()
+
+
+async def drive(port: int, clients: int, seconds: float, mode: str) -> tuple[list[float], list[str], float, list[float]]:
+    """The cheap clients' latencies and errors, the wall time, and (``contended``) the expensive
+    requests' latencies."""
     lat: list[float] = []
     errors: list[str] = []
+    heavy: list[float] = []
     t0 = time.perf_counter()
     stop = t0 + seconds
-    await asyncio.wait_for(asyncio.gather(*(client(port, k, mode, stop, lat, errors) for k in range(clients))), seconds + 60)
-    return lat, errors, time.perf_counter() - t0
+    jobs = [client(port, k, mode, stop, lat, errors) for k in range(clients)]
+    if mode == "contended":
+        jobs.append(expensive(port, stop, heavy, errors))
+    await asyncio.wait_for(asyncio.gather(*jobs), seconds + 120)
+    return lat, errors, time.perf_counter() - t0, heavy
 
 
 async def warm(port: int) -> None:
@@ -200,7 +249,7 @@ def run(mode: str, port: int, server: subprocess.Popen, a: argparse.Namespace) -
     loop_new = new_event_loop()
     try:
         cpu0, own0 = server_cpu_s(server.pid), time.process_time()
-        lat, errors, wall = loop_new.run_until_complete(drive(port, a.clients, a.seconds, mode))
+        lat, errors, wall, heavy = loop_new.run_until_complete(drive(port, a.clients, a.seconds, mode))
         cpu1, own1 = server_cpu_s(server.pid), time.process_time()
     finally:
         loop_new.close()
@@ -210,6 +259,9 @@ def run(mode: str, port: int, server: subprocess.Popen, a: argparse.Namespace) -
     print(f"mode {mode}: {a.clients} concurrent clients, {wall:.1f} s")
     print(f"  requests {n:,}   requests/s {n / wall:,.1f}   errors {len(errors)}")
     print(f"  latency ms: p50 {p50:.1f}   p90 {p90:.1f}   p99 {p99:.1f}   max {x.max():.1f}")
+    if heavy:
+        print(f"  beside them {len(heavy)} expensive requests in flight one after another ({EXPENSIVE}): "
+              f"{np.mean(heavy):.2f} s each on average")
     if cpu0 is not None and cpu1 is not None:
         s = (cpu1 - cpu0) / n * 1e6
         c = (own1 - own0) / n * 1e6
@@ -218,6 +270,54 @@ def run(mode: str, port: int, server: subprocess.Popen, a: argparse.Namespace) -
     print(f"  target p99 < {TARGET_P99_S * 1e3:.0f} ms with no errors: {verdict}")
     if errors:
         print("  first errors: " + "; ".join(errors[:3]))
+
+
+def memory_kb(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of process ``pid`` in kB, from /proc/PID/status."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def send_worst(port: int, what) -> tuple[int, str]:
+    """One worst request: a GET path, or a search's JSON body (POST /api/search, then polled to its
+    end). Returns (status, first bytes of the answer)."""
+    base = f"http://{HOST}:{port}"
+    if isinstance(what, str):
+        try:
+            with urllib.request.urlopen(base + what, timeout=600) as r:
+                return r.status, r.read(120).decode(errors="replace")
+        except urllib.error.HTTPError as err:
+            return err.code, err.read(120).decode(errors="replace")
+    req = urllib.request.Request(base + "/api/search", data=json.dumps(what).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        job = json.loads(r.read())
+    while True:
+        with urllib.request.urlopen(f"{base}/api/search/{job['id']}", timeout=60) as r:
+            job = json.loads(r.read())
+        if job["status"] != "running":
+            return 200 if job["status"] == "done" else 422, json.dumps(job.get("error") or {"total": job.get("total")})[:120]
+        time.sleep(0.2)
+
+
+def worst_requests() -> None:
+    """Each :data:`WORST` request alone on a fresh server: its time and the server's peak resident
+    memory above the resident size it had just before."""
+    print("worst allowed requests, each alone on a fresh server (peak resident memory above idle):")
+    for name, what in WORST.items():
+        port = free_port()
+        server = start_server(port, 1)
+        try:
+            rss0, _ = memory_kb(server.pid)
+            t0 = time.perf_counter()
+            status, head = send_worst(port, what)
+            seconds = time.perf_counter() - t0
+            _, hwm = memory_kb(server.pid)
+        finally:
+            server.terminate()
+            server.wait(10)
+        print(f"  {name}: status {status}, {seconds:.2f} s, +{(hwm - rss0) / 1024:,.0f} MB (peak {hwm / 1024:,.0f} MB)"
+              + ("" if status == 200 else f"  {head}"))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -233,7 +333,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=30.0, help="duration of each mode")
-    ap.add_argument("--mode", choices=("both", "repeat", "distinct"), default="both")
+    ap.add_argument("--mode", choices=("all", "both", "repeat", "distinct", "cheap", "contended", "heavy"), default="both")
     ap.add_argument("--workers", type=int, default=1, help="server processes (meshplan serve --workers)")
     a = ap.parse_args()
     if not 1 <= a.clients <= 1000:
@@ -254,7 +354,9 @@ def main() -> None:
                 loop_warm.run_until_complete(warm(port))
         finally:
             loop_warm.close()
-        for mode in ("repeat", "distinct") if a.mode == "both" else (a.mode,):
+        modes = {"all": ("repeat", "distinct", "cheap", "contended"), "both": ("repeat", "distinct"),
+                 "heavy": ("cheap", "contended")}.get(a.mode, (a.mode,))
+        for mode in modes:
             run(mode, port, server, a)
     finally:
         server.terminate()
@@ -262,6 +364,8 @@ def main() -> None:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
+    if a.mode in ("all", "heavy"):
+        worst_requests()
 
 
 if __name__ == "__main__":

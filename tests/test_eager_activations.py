@@ -143,7 +143,7 @@ def test_full_recompute_peak_at_the_head_moment_holds_no_rebuilt_layer():
     items = c.setup["meshplan_activation_items"]
     working = items["backward_working_set"] + items["backward_gradients"]  # neither built yet at the loss's backward
     assert items["backward_working_set"] > 0 and items["backward_gradients"] > 0
-    assert other["working_set_not_yet_built"] == -working
+    assert items["working_set_not_yet_built"] == -working and min(other.values()) >= 0
     # torch's peak is the loss's backward with every layer's input checkpointed: meshplan's head
     # moment, within 0.1 % (the old sum of both moments was 2.7 % over)
     assert abs(c.row("peak").relative) < 0.001

@@ -210,7 +210,7 @@ def test_estimate_counts_the_pool_beside_each_moment():
     # final norm + LM head unit's buffer beside a block's
     flat = TrainingPlan.of(dp=8, zero=3, global_batch=16, micro_batch=2, seq_len=8192, recompute="op", kernels="compiled")
     one = estimate(m8, ClusterSpec.of(h100, 8), flat).stages[0]
-    assert one.other_items["logits_grad"] > 0 and "working_set_not_yet_built" in one.other_items  # the loss's moment
+    assert one.other_items["logits_grad"] > 0 and "working_set_not_yet_built" in one.activation_items  # the loss's moment
     assert one.other_items["all_gather_pool"] == gather_pool_bytes(m8, 1, 1, ((32, True, True),), 2)
     # at a layer's backward (the first of two pipeline ranks, resharding after forward): the pool
     # of the embedding and two blocks, less the prefetched block counted unsharded

@@ -44,7 +44,7 @@ def test_70b_2d_row_peaks_at_the_loss_backward():
     # at the loss's backward no layer has rebuilt its working set (full recompute) yet
     # (nor its MLP's backward gradients)
     backward = stage.activation_items["backward_working_set"] + stage.activation_items["backward_gradients"]
-    assert stage.other_items["working_set_not_yet_built"] == -backward < 0
+    assert stage.activation_items["working_set_not_yet_built"] == -backward < 0
     # torchtitan's 2024 FSDP2 root unit: the final norm + LM head (131,342,336 parameters per TP rank),
     # the embedding (131,334,144) and the last block (106,971,136) gathered in bf16 at the loss's backward
     assert run.plan.stack.fsdp_head_in_root

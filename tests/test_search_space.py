@@ -128,3 +128,26 @@ def test_a_plan_breaking_two_rules_counts_under_the_first():
     table = enumerate_plans(model, 24, 8, 4096, (24,), lim)
     assert len(table) == 0
     assert table.rejected == {"tp_heads": 7}  # v = 2 .. 8, all counted under the first rule
+
+
+def test_an_oversized_space_is_refused_before_its_table_is_built():
+    """Llama 3 405B on 16,384 GPUs with HSDP and a 4M-64M token batch range (issue 36) holds
+    4,940,260 plans (every schedule and recompute mode); under a bound of 1,000,000 (the web's) it
+    is refused by count, with one line naming the field and the limit, before its columns exist:
+    under 20 MB traced."""
+    import tracemalloc
+
+    from meshplan.errors import InputError
+
+    model = load_model("llama3-405b")
+    batches = tuple(2**k * 1024 for k in range(5))  # 4M … 64M tokens of 4,096
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as err:
+            enumerate_plans(model, 16384, 8, 4096, batches, SearchLimits(hsdp=True, max_plans=1_000_000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(err.value) == ("search: the space holds 4,940,260 plans, more than the 1,000,000 a search may evaluate; "
+                              "fix an axis (tp, pp, ...), narrow --batch-range or lower a --max-* limit")
+    assert peak < 20e6

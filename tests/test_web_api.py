@@ -287,7 +287,7 @@ def test_search_bad_input(client):
 def test_search_work_is_bounded():
     small = TestClient(create_app(Limits(max_search_plans=10)))
     rule = bad(small.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
-    assert "more than the 10 a web search may evaluate" in rule
+    assert "more than the 10 a search may evaluate" in rule
     quick = TestClient(create_app(Limits(search_seconds=0.0)))
     assert "stopped after 0 s" in bad(quick.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
     busy = create_app()

@@ -204,6 +204,16 @@ def test_load_benchmark_runs_both_modes_without_errors():
     assert out.stdout.count("CPU per request: server") == 2
 
 
+def test_load_benchmark_runs_the_contended_mode_without_errors():
+    """``--mode contended``: cheap estimates beside one expensive request kept in flight, each
+    answered 200 (no figure asserted)."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "web_load.py"), "--mode", "contended", "--seconds", "1",
+                          "--clients", "4"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "mode contended: 4 concurrent clients" in out.stdout and "errors 0" in out.stdout, out.stdout
+    assert "expensive requests in flight one after another" in out.stdout
+
+
 def test_query_key_is_the_key_fastapi_validation_gives(client, monkeypatch):
     """The middleware's validation and the endpoint's (FastAPI's query model) give the same
     canonical options for the same query string."""

@@ -185,19 +185,21 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
     d.append(Derivation(
         f"memory.stages[{worst.rank}].activations", "Activations per GPU (worst stage)",
         "Σ over in-flight micro-batches of (layers of the stage × per-layer bytes) + backward working set "
-        "(what recompute rebuilds; torch's context-parallel ring buffers) + the MLP backward's gradients",
+        "(what recompute rebuilds; torch's context-parallel ring buffers) + the MLP backward's gradients, "
+        "less what the peak's moment has freed or not yet built (the negative items)",
         (("per layer", f"{fmt_bytes(la.stored)} per micro-batch ({p.recompute} recompute, "
                        f"{'SP' if p.sequence_parallel and p.tp > 1 else 'no SP'}, {p.attention} attention)"),
          ("in flight", f"{worst.peak_inflight} micro-batch chunks at peak ({p.schedule})"),
          ("working", fmt_bytes(worst.activation_items.get('backward_working_set', 0.0))),
-         ("gradients", fmt_bytes(worst.activation_items.get('backward_gradients', 0.0)))),
+         ("gradients", fmt_bytes(worst.activation_items.get('backward_gradients', 0.0))),
+         *((name, fmt_bytes(v)) for name, v in worst.activation_items.items() if v < 0)),
         fmt_bytes(worst.activations), "Korthikanti et al. 2022 Table 2, derived from the layer's tensor list"))
     at_end = "merged_outputs" in worst.other_items
     d.append(Derivation(
         f"memory.stages[{worst.rank}].other", "Buffers and reserves per GPU (worst stage)",
         "Σ of the items live at the peak's moment: " + (
             "the step's end, the last stage's kept outputs and their concatenation" if at_end else
-            "the larger of the loss's backward and the top layer's (negative items: what that moment has freed or not yet built)"),
+            "the larger of the loss's backward and the top layer's (what that moment has freed or not yet built counts with the activations)"),
         tuple((name, fmt_bytes(v)) for name, v in worst.other_items.items() if v) or (("items", "none"),),
         fmt_bytes(worst.other),
         "meshplan.cost.compose.rank_other_items" + ("; merged_outputs_items" if at_end else "")

@@ -16,11 +16,13 @@ from meshplan.cost.compose import (
     LayerTimes,
     StageTimes,
     after_pipeline,
+    at_peak,
     hidden_comm,
     kept_outputs_bytes,
     layer_times,
     merged_outputs_items,
     pp_buffer_messages,
+    prefetched_unit,
     rank_other_items,
     stage_activations,
     stage_times,
@@ -362,6 +364,7 @@ class _RankShared:
     down_params: int
     kept_embedding: int
     root_embedding: int
+    regathered_embedding: int  # gathered again for its backward: prefetched by a first stage of one layer
 
     @classmethod
     def of(cls, model: ModelSpec, plan: TrainingPlan, layers: _Layers) -> "_RankShared":
@@ -385,6 +388,7 @@ class _RankShared:
             embedding if model.tied_embeddings and pp == 1 else 0,
             # torchtitan's 2024 FSDP2 units: an untied embedding in the root unit, gathered through the step
             embedding if stack.fsdp_head_in_root and not model.tied_embeddings else 0,
+            0 if (model.tied_embeddings and pp == 1) or stack.fsdp_head_in_root else embedding,
         )
 
 
@@ -418,12 +422,12 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan, layers: _L
     # FSDP2's all-gather buffers, in the pool of its copy-in stream
     pool = layers.terms.pool(t, pp, tuple((split[k], k == 0, k == last) for k in mine), rec.weight_bytes, stack.fsdp_head_in_root,
                              plan.ep, stack.fsdp_fp8_all_gather and plan.zero == 3 and shard > 1) if fsdp2 and stream_pools else 0.0
-    mem = _rank_memory(plan, layers, shared, sim, r, mine, n_layers, params, state, pool)
+    mem = _rank_memory(plan, layers, shared, sim, split, r, mine, n_layers, params, state, pool)
     sync = _rank_sync(plan, layers, mine, n_layers, params, experts, fsdp2)
     return mem, sync
 
 
-def _rank_memory(plan: TrainingPlan, layers: _Layers, shared: _RankShared, sim: SimResult, r: int, mine: list[int],
+def _rank_memory(plan: TrainingPlan, layers: _Layers, shared: _RankShared, sim: SimResult, split: tuple[int, ...], r: int, mine: list[int],
                  n_layers: int, params: int, state: ModelState, pool: float) -> StageMemory:
     """Rank ``r``'s peak: its model state, the activations of the simulated schedule at its peak and
     the other items (:func:`meshplan.cost.compose.rank_other_items`); where its last stage returns
@@ -447,11 +451,13 @@ def _rank_memory(plan: TrainingPlan, layers: _Layers, shared: _RankShared, sim: 
         down_params=shared.down_params, layer_stored=layers.layer_stored, logits_block=shared.logits_block,
         kept_outputs=shared.kept_outputs, gather_pool=pool, layer_saving=layers.layer_saving,
         stage_saving=n_layers * layers.layer_saving,
+        prefetch=prefetched_unit([(split[k], k == 0) for k in mine], shared.layer_params, shared.regathered_embedding),
     )
     rank_mem = dict(rank=r, layers=n_layers, params=params, weights=state.weights, gradients=state.gradients,
                     optimizer=state.optimizer, peak_inflight=sim.peak_inflight[r])
-    mem = StageMemory(**rank_mem, activations=total_of(act_items), other=total_of(other),
-                      activation_items=act_items, other_items=other)
+    live, buffers = at_peak(act_items, other)  # what the moment freed or has not built counts with the activations
+    mem = StageMemory(**rank_mem, activations=total_of(live), other=total_of(buffers),
+                      activation_items=live, other_items=buffers)
     step_outputs = m * layers.k.head_output if shared.returns and last in mine else 0.0
     if step_outputs:  # the step's end, the kept outputs merged: no activations left
         merged = merged_outputs_items(reserve=cal.runtime_reserve, tp=plan.tp, act_msg=act_msg, pp=pp, p2p_bytes=p2p_bytes,

@@ -301,12 +301,15 @@ def stack_limits(limits: SearchLimits, stack: Stack, asked: bool, asked_recomput
 
 def execute(
     plan: PlanArgs, search: SearchArgs = SearchArgs(), *, baseline: Optional[str] = None, pareto: bool = False,
-    progress: Optional[Callable[[str, int, int], None]] = None,
+    progress: Optional[Callable[[str, int, int], None]] = None, max_plans: Optional[int] = None,
 ) -> tuple[SearchResult, ClusterSpec, Budget]:
     """Check the search's options, resolve the plan flags as ``meshplan search`` does and run the
-    search; ``progress(phase, done, total)`` as :func:`meshplan.search.run.search`. Returns the
+    search; ``progress(phase, done, total)`` as :func:`meshplan.search.run.search`, ``max_plans``
+    a smaller bound on the space than :data:`meshplan.search.space.MAX_PLANS`. Returns the
     result with the cluster and the budget it was run for."""
     model, cluster, base_plan, limits, budget, bl, stack = _setup(plan, search, baseline)
+    if max_plans is not None:
+        limits = replace(limits, max_plans=min(max_plans, limits.max_plans))
     result = run_search(
         model, cluster, base_plan, limits, global_batches=search.global_batches(base_plan.seq_len),
         objective=search.objective, budget=budget, top_k=search.top, headroom=search.headroom, baseline=bl, pareto=pareto,

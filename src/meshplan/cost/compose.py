@@ -334,7 +334,7 @@ def rank_other_items(
     head_params: Num, kept_embedding_params: Num, weight_bytes: int, grad_bytes: int, reshard_after_forward: bool,
     once_per_step: bool, tp: Num, act_msg: Num, pp: int, p2p_bytes: Num, pp_messages: Num = 2, working: Num = 0.0,
     root_embedding_params: Num = 0.0, head_in_root: bool = False, down_params: Num, layer_stored: Num, logits_block: Num,
-    kept_outputs: Num = 0.0, gather_pool: Num = 0.0, layer_saving: Num = 0.0, stage_saving: Num = 0.0,
+    kept_outputs: Num = 0.0, gather_pool: Num = 0.0, layer_saving: Num = 0.0, stage_saving: Num = 0.0, prefetch: Any = None,
 ) -> dict[str, Num]:
     """Transient buffers of one pipeline rank at its memory peak (bytes; :mod:`meshplan.cost.memory`).
 
@@ -357,7 +357,8 @@ def rank_other_items(
       ``working_set_not_yet_built`` item takes it off (negative).
 
     G, G' are ZeRO-3's gathered weights (:func:`_gathered_weights`), B ZeRO-2/3's reduce-scatter
-    buckets (:func:`_reduce_buckets`). ``gather_pool`` (ZeRO-3 as torch's FSDP2; 0 otherwise): the
+    buckets (:func:`_reduce_buckets`), ``prefetch`` the unit G' holds prefetched
+    (:func:`prefetched_unit`; default: a layer). ``gather_pool`` (ZeRO-3 as torch's FSDP2; 0 otherwise): the
     reserved pool of FSDP2's all-gather copy-in stream
     (:func:`meshplan.cost.allocator.all_gather_pool_bytes`), which the compute stream cannot use,
     at both moments (item ``all_gather_pool``). G' counts the prefetched unit as unsharded; FSDP2's
@@ -369,17 +370,18 @@ def rank_other_items(
     ``kept_outputs``; :func:`kept_outputs_bytes`); the step's end is :func:`merged_outputs_items`.
     An item that does not apply is 0 (for one plan: absent)."""
     sharded = shard > 1
-    z3 = (zero == 3) & sharded
-    z2 = (zero >= 2) & sharded
+    z3, z2 = (zero == 3) & sharded, (zero >= 2) & sharded
     unsharded_part = 1 - 1 / shard
     head_here = head_params if holds_head else 0.0
+    pre_params, pre_layer = (layer_params, True) if prefetch is None else prefetch
     g_head, g_layer = _gathered_weights(params, layer_params, head_here, kept_embedding_params, root_embedding_params, weight_bytes,
-                                        unsharded_part, reshard_after_forward, once_per_step, head_in_root, layer_saving, stage_saving)
+                                        unsharded_part, reshard_after_forward, once_per_step, head_in_root, layer_saving, stage_saving,
+                                        (pre_params, pick(pre_layer, layer_saving, 0.0)))  # FP8 gathers save on layers only
     buckets, layer_freed = _reduce_buckets(z2, layer_params, down_params, grad_bytes, layer_stored, working)
     freed = head_act if holds_head else 0.0
     root_held = head_in_root and reshard_after_forward and not once_per_step
     held = head_here * weight_bytes if root_held else 0.0
-    prefetched = layer_params * weight_bytes - layer_saving if reshard_after_forward and not once_per_step else 0.0
+    prefetched = pre_params * weight_bytes - pick(pre_layer, layer_saving, 0.0) if reshard_after_forward and not once_per_step else 0.0
     pooled = z3 & (gather_pool > 0)  # FSDP2 only: other ZeRO-3 gathers into its own buffers
     # (a rank without layers, an empty end stage, has no prefetched layer to take off)
     beside = np.maximum(gather_pool - prefetched, 0.0) if isinstance(gather_pool, np.ndarray) else max(gather_pool - prefetched, 0.0)
@@ -411,12 +413,16 @@ def rank_other_items(
 
 def _gathered_weights(params: Num, layer_params: Num, head_here: Num, kept_embedding_params: Num, root_embedding_params: Num,
                       weight_bytes: int, unsharded_part: Num, reshard_after_forward: bool, once_per_step: bool,
-                      head_in_root: bool, layer_saving: Num, stage_saving: Num) -> tuple[Num, Num]:
+                      head_in_root: bool, layer_saving: Num, stage_saving: Num,
+                      prefetch: tuple[Num, Num]) -> tuple[Num, Num]:
     """ZeRO-3's gathered weights at the head moment G and at the layer moment G'
     (:func:`rank_other_items`). When weights are resharded after forward, the units kept gathered
     from forward to backward: at the head moment the final norm + LM head unit (P_head·w, 0 on a
-    rank without the head) and at the layer moment the layer in use and the prefetched one
-    (2·P_l·w), plus a tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's
+    rank without the head) and at the layer moment the layer in use and the unit prefetched for
+    the next backward, (P_l + P_pre)·w (``prefetch``: P_pre and the FP8 saving on it,
+    :func:`prefetched_unit`; 2·P_l·w on a stage of two layers or more, P_l·w alone on a stage of
+    one whose next unit is another rank's: counting a second layer there counted the one layer
+    twice, issue 36), plus a tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's
     FSDP2 units until pytorch/torchtitan#1094, 2025-07: the embedding, final norm and LM head left
     to the root unit, which FSDP2 never reshards after forward, and the last block kept gathered)
     the root's P_emb + P_head (the embedding's share ``root_embedding_params``) are gathered at
@@ -436,9 +442,27 @@ def _gathered_weights(params: Num, layer_params: Num, head_here: Num, kept_embed
     if reshard_after_forward:
         root_emb, last_block, head_kept = (root_embedding_params, layer_params, head_here) if head_in_root else (0.0, 0.0, 0.0)
         g_head = (head_here + kept_embedding_params + root_emb + last_block) * weight_bytes - (layer_saving if head_in_root else 0.0)
-        g_layer = (2 * layer_params + kept_embedding_params + root_emb + head_kept) * weight_bytes - 2 * layer_saving
+        pre_params, pre_saving = prefetch
+        g_layer = (layer_params + pre_params + kept_embedding_params + root_emb + head_kept) * weight_bytes - layer_saving - pre_saving
         return g_head, g_layer
     return params * weight_bytes - stage_saving, (params - head_here) * weight_bytes - stage_saving
+
+
+def prefetched_unit(stages: list[tuple[int, bool]], layer_params: Num, embedding_params: Num) -> tuple[Num, Any]:
+    """The unit ZeRO-3 prefetches while the top layer of a rank's stage runs its backward (FSDP2's
+    backward prefetch gathers the unit whose backward comes next; Megatron-FSDP alike), for a
+    rank holding the virtual ``stages`` ((layers, whether the pipeline's first) each): on a stage
+    of two layers or more, the layer below, P_l (``layer_params``); on a stage of one, the next
+    unit in backward is the embedding on the pipeline's first stage (``embedding_params``, 0
+    where it stays gathered: tied to the LM head on one stage, or in FSDP2's root unit) and
+    otherwise on another rank, so none. With several stages, the larger (the peak's stage is not
+    tracked: an upper bound). Returns (P_pre, whether it is a layer); numbers, or arrays over
+    plans elementwise."""
+    layer = layer_params if any(n >= 2 for n, _ in stages) else 0 * layer_params
+    emb = embedding_params if any(n == 1 and first for n, first in stages) else 0 * embedding_params
+    if isinstance(layer, np.ndarray) or isinstance(emb, np.ndarray):
+        return np.maximum(layer, emb), (layer >= emb) & (layer > 0)
+    return max(layer, emb), layer >= emb and layer > 0
 
 
 def _reduce_buckets(z2: Any, layer_params: Num, down_params: Num, grad_bytes: int, layer_stored: Num,
@@ -516,6 +540,24 @@ def merged_outputs_items(*, reserve: float, tp: Num, act_msg: Num, pp: int, p2p_
         items = {k: v for k, v in items.items()
                  if (k != "tp_comm_buffers" or tp > 1) and (k != "all_gather_pool" or v)}
     return items
+
+
+#: The items of :func:`rank_other_items` that are activations, not buffers: what the peak's moment
+#: has freed of the stored activations (the LM head's, a layer's at its end) or not yet built (the
+#: backward working set at the loss's backward), each ≤ 0.
+FREED_ACTIVATIONS = ("layer_activations_freed", "head_activations_freed", "working_set_not_yet_built")
+
+
+def at_peak(activation_items: dict[str, Num], other_items: dict[str, Num]) -> tuple[dict[str, Num], dict[str, Num]]:
+    """A rank's activation and other items as its peak's moment holds them: the activation items
+    (stored A, working set W, backward gradients) followed by the :data:`FREED_ACTIVATIONS` of
+    :func:`rank_other_items`, and the other items less those. The activations then total what is
+    live at that moment, A + W − A_head (layer moment) or A (head moment, W not yet built), and
+    the other items are buffers and reserves, each ≥ 0; the rank's total is unchanged (byte
+    counts are integers below 2^53, so the sums are exact in any order, as the search's engine
+    adds them: activations, then every other item)."""
+    freed = {k: v for k, v in other_items.items() if k in FREED_ACTIVATIONS}
+    return {**activation_items, **freed}, {k: v for k, v in other_items.items() if k not in FREED_ACTIVATIONS}
 
 
 def total_of(items: dict[str, Num]) -> Num:

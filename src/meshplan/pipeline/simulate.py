@@ -155,7 +155,10 @@ def _simulate(ranks, n_stages, fwd, bwd, transfer, act_bytes, keep_timeline, wgt
         if keep_timeline:
             ends = ready_arr[structure[r][2]] - transfer
             acts = sched.actions()[r] if isinstance(ranks, Schedule) else ranks[r]
-            lines.append(tuple(zip(acts, (ends - dur_arrays[r]).tolist(), ends.tolist())))
+            # (end + τ) − τ can round below the end, so end − duration below the rank's previous
+            # end or below 0 (τ ≫ durations): no action starts before either
+            starts = np.maximum(ends - dur_arrays[r], np.concatenate(([0.0], ends[:-1])))
+            lines.append(tuple(zip(acts, starts.tolist(), ends.tolist())))
     return SimResult(
         makespan=max(free) if free else 0.0,
         finish=tuple(free),

@@ -72,6 +72,7 @@ from meshplan.cost.compose import (
     merged_outputs_items,
     pick,
     pp_buffer_messages,
+    prefetched_unit,
     rank_other_items,
     stage_activation_table,
     stage_times,
@@ -202,7 +203,7 @@ class _Classes:
     head: np.ndarray
     not_first: np.ndarray
     not_last: np.ndarray
-    layers: np.ndarray
+    stages: list  # per class, (layers, whether the pipeline's first) of each of its stages
 
 
 class Engine:
@@ -300,7 +301,7 @@ class Engine:
             of=cls_of, first=cls_first, last=cls_last[:n_cls], busy=np.empty((n_cls, G)), after=np.empty((n_cls, G)),
             pg=np.empty((n_cls, G)), params=np.empty((n_cls, n_mesh), dtype=np.int64), experts=np.zeros((n_cls, n_mesh), dtype=np.int64),
             pool=np.zeros((n_cls, n_mesh)), head=np.zeros(n_cls, dtype=bool), not_first=np.zeros(n_cls, dtype=np.int64),
-            not_last=np.zeros(n_cls, dtype=np.int64), layers=np.zeros(n_cls, dtype=np.int64),
+            not_last=np.zeros(n_cls, dtype=np.int64), stages=[],
         )
         for ci, r in enumerate(cls_first):
             self._class_terms(g, pre, cls, ci, stages_of_rank(r, pp, g.v, g.style))
@@ -315,7 +316,7 @@ class Engine:
         by_tp_ep = lambda fn: np.array([fn(x, y) for x, y in te_vals], dtype=np.int64)[te_of_mesh]  # noqa: E731
         cls.not_first[ci], cls.not_last[ci] = sum(j != 0 for j in mine), sum(j != last for j in mine)
         n_layers = sum(split[j] for j in mine)
-        cls.layers[ci] = n_layers
+        cls.stages.append([(split[j], j == 0) for j in mine])
         first_, holds_head = 0 in mine, last in mine
         n_moe = sum(g.moe_stage[j] for j in mine) if model.is_moe else 0
         p_of = {(x, y): (self.terms.rank_params(x, pp, n_layers, first_, holds_head, n_moe, y),
@@ -372,7 +373,7 @@ class Engine:
             if len(rows_):
                 other_buf[rows_], merged = self._rank_other(
                     table, pre, at, te, k_at, cm_at, pp, cls.head[rows_], params_b[rows_],
-                    messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans], pool_b[rows_], cls.layers[rows_])
+                    messages[rows_] if isinstance(messages, np.ndarray) else messages, m[buf_plans], pool_b[rows_], [cls.stages[i] for i in rows_])
                 if returns:
                     merged_buf[rows_] = merged
         return other_buf, merged_buf, buf_of_state
@@ -478,13 +479,13 @@ class Engine:
 
     def _rank_other(self, table: PlanTable, pre: TableTerms, at: np.ndarray, te: np.ndarray, k: dict, cm: dict, pp: int,
                     head: np.ndarray, params: np.ndarray, pp_messages, m: np.ndarray, pool: np.ndarray,
-                    layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    stages: list) -> tuple[np.ndarray, np.ndarray]:
         """For the plans ``at`` (indices into ``table``) of one shape, with their (tp, ep) rows ``te``
         of ``pre.te_vals``, their kernel and collective
         columns ``k`` and ``cm`` (``head_act``, ``working``, ``layer_stored``, ``head_output``, ``act_msg``, ``p2p_bytes``), and its classes of
         ranks, ``head`` (classes) saying which hold the LM head, with ``params`` and
         ``pp_messages`` (:func:`pp_buffer_messages`) and ``pool`` (FSDP2's all-gather pool,
-        :func:`meshplan.cost.fsdp_copies.gather_pool_bytes`) as (classes × plans) and ``layers`` per class: the total of the other
+        :func:`meshplan.cost.fsdp_copies.gather_pool_bytes`) as (classes × plans) and ``stages`` per class (:func:`prefetched_unit`): the total of the other
         items (:func:`rank_other_items`), as ``estimate`` adds them. Per-plan terms are rows
         broadcast over the classes: elementwise, so every entry is the one-plan value. With classes
         of both kinds the buffers are those of a rank with the LM head, whose head terms (loss
@@ -506,14 +507,14 @@ class Engine:
         returns = self.stack.pp_return_outputs and pp > 1  # the last stage keeps its outputs to the step's end
         step_outputs = m[None, :] * k["head_output"][None, :] if returns else 0.0
         root = self.stack.fsdp_head_in_root and pp == 1  # torch's FSDP2 root unit (pp = 1 plans; ZeRO-3 below)
-        holds_head = bool(head.all())
-        head_rows = head
+        holds_head, head_rows = bool(head.all()), head
         if head.any() and not holds_head:
             head = head[:, None]
             holds_head, logits_grad, logits_block = True, np.where(head, logits_grad, 0.0), np.where(head, logits_block, 0.0)
             head_act, head_params = np.where(head, head_act, 0.0), np.where(head, head_params, 0)
             if returns:
                 step_outputs = np.where(head, step_outputs, 0.0)
+        layers, regathered = np.array([sum(n for n, _ in st) for st in stages]), 0 if (model.tied_embeddings and pp == 1) or root else 1
         other = rank_other_items(
             reserve=self.cal.runtime_reserve, holds_head=holds_head, logits_grad=logits_grad,
             head_act=head_act, zero=zero, shard=shard, params=params,
@@ -525,9 +526,9 @@ class Engine:
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
             head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :], logits_block=logits_block,
             gather_pool=pool, layer_saving=per_tp[6:7], stage_saving=layers[:, None] * per_tp[6:7],
+            prefetch=tuple(np.concatenate(x) for x in zip(*(prefetched_unit(st, per_tp[1:2], per_tp[3:4] * regathered) for st in stages))),
         )
-        shape = (len(head_rows), len(at))
-        merged = None
+        shape, merged = (len(head_rows), len(at)), None
         if returns:
             merged = np.full(shape, -np.inf)
             if holds_head:

@@ -43,6 +43,12 @@ SCHEDULE_NAMES = tuple(SCHEDULES)  # index = schedule code in the plan table
 
 
 
+#: The most plans a search evaluates at once: its table (14 columns of 8 bytes and 2 of 1 per plan)
+#: and the engine's per-plan arrays peak near 400 bytes a plan (1,625,115 plans of Llama 3 405B on
+#: 16,384 GPUs with HSDP and a 4M-64M batch range: 623 MB), so about 1.6 GB at the bound.
+MAX_PLANS = 4_000_000
+
+
 @dataclass(frozen=True)
 class SearchLimits:
     """What the user allows: upper limits, fixed values (``None`` = searched) and option lists."""
@@ -68,6 +74,7 @@ class SearchLimits:
     # measured AsyncTP does not reach (docs/accuracy.md), so a search does not assume it
     tp_comm_overlap: tuple[bool, ...] = (False,)
     hsdp: bool = False
+    max_plans: int = MAX_PLANS  # checked on the count before the table is built (:func:`enumerate_plans`)
 
 
 @dataclass
@@ -214,7 +221,8 @@ def enumerate_plans(
     lim: SearchLimits,
 ) -> PlanTable:
     """Every plan of the space (module docstring) that passes the structural rules, as columns;
-    the others counted by reason in ``rejected``."""
+    the others counted by reason in ``rejected``. More than ``lim.max_plans`` is refused before
+    the columns are built."""
     n = num_gpus
     _check_ep_limits(model, lim)
     max_tp = lim.max_tp if lim.max_tp is not None else gpus_per_node
@@ -268,7 +276,17 @@ def enumerate_plans(
                     continue
                 outer = {"vpp": v[si], "schedule": code[si], "global_batch": gbs[gi], "micro_batch": bs[bi]}
                 kept.add((t, c, p, d), outer, inner_cols)
+    _check_size(sum(kept.mesh_plans), lim.max_plans)
     return PlanTable(**kept.columns(), rejected=reject)
+
+
+def _check_size(plans: int, limit: int) -> None:
+    """Refuse a space of more than ``limit`` plans before its columns are allocated: until then
+    each mesh holds only its distinct (schedule, batch, micro-batch) and inner combinations, a few
+    kilobytes, and the plan count is their product summed over the meshes."""
+    if plans > limit:
+        raise InputError("search", f"the space holds {plans:,} plans, more than the {limit:,} a search may evaluate; "
+                                   "fix an axis (tp, pp, ...), narrow --batch-range or lower a --max-* limit")
 
 
 #: the schedule codes of the interleaved schedules, which need the micro-batches in equal rounds
@@ -308,7 +326,7 @@ class _Kept:
         default_factory=lambda: {"vpp": [], "schedule": [], "global_batch": [], "micro_batch": []})
     outer_repeats: list[int] = field(default_factory=list)
     inner_parts: list[dict[str, np.ndarray]] = field(default_factory=list)
-    inner_rows: list[np.ndarray] = field(default_factory=list)
+    inner_rows: list[tuple[int, int, int]] = field(default_factory=list)  # (first row, rows, outer repeats): tiled in columns()
     n_inner: int = 0
 
     def add(self, mesh: tuple[int, int, int, int], outer: dict[str, np.ndarray],
@@ -322,7 +340,7 @@ class _Kept:
             self.outer[name].append(x)
         self.outer_repeats.append(k)
         self.inner_parts.append(inner_cols)
-        self.inner_rows.append(np.tile(np.arange(self.n_inner, self.n_inner + k), n_outer))
+        self.inner_rows.append((self.n_inner, k, n_outer))
         self.n_inner += k
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -335,7 +353,7 @@ class _Kept:
         reps = np.repeat(np.array(self.outer_repeats, dtype=np.int64), [len(x) for x in self.outer["vpp"]])
         for name, parts in self.outer.items():
             arrays[name] = np.repeat(np.concatenate(parts), reps) if parts else empty
-        rows = np.concatenate(self.inner_rows) if self.inner_rows else empty
+        rows = np.concatenate([np.tile(np.arange(a, a + k), n) for a, k, n in self.inner_rows]) if self.inner_rows else empty
         for name in _INNER:  # the inner columns keep their dtypes (SP and TP overlap are booleans)
             arrays[name] = np.concatenate([part[name] for part in self.inner_parts]).take(rows) if self.inner_parts else (
                 np.zeros(0, dtype=bool) if name in _BOOL_COLUMNS else empty)

@@ -126,7 +126,7 @@ class Searches:
             search = SearchArgs(**{k: values.pop(k) for k in option_types() if k in values})
             search.check(max_top=100)
             run = {k: values.pop(k) for k in ("baseline", "pareto") if k in values}
-            result, cluster, _ = execute(plan_args(values), search, progress=self._progress(job), **run)
+            result, cluster, _ = execute(plan_args(values), search, progress=self._progress(job), max_plans=self.max_plans, **run)
             job.result = search_json(result, cluster.num_gpus)
             job.status = "done"
         except Stop as stop:

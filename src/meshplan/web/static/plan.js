@@ -170,15 +170,16 @@
     }
   }
 
-  // The negative items of "other" are activations not held at the peak's moment
-  // (meshplan.cost.compose.rank_other_items): the working set not yet built at the loss (W =
-  // backward working set + its gradients), a layer's stored activations and W freed at its end,
-  // the LM head's activations freed. A treemap draws no negative area, so they are taken off the
+  // The negative activation items are activations not held at the peak's moment
+  // (meshplan.cost.compose.at_peak): the working set not yet built at the loss (W = backward
+  // working set + its gradients), a layer's stored activations and W freed at its end, the LM
+  // head's activations freed. A treemap draws no negative area, so they are taken off the
   // activation items they stand for (W first, then the stored activations; the head's from the
   // stored ones), and the tiles add up to the rank's total.
-  function activationsAtPeak(act, other) {
-    const net = { ...act };
-    for (const [name, v] of Object.entries(other)) {
+  function activationsAtPeak(act) {
+    const net = {};
+    for (const [name, v] of Object.entries(act)) if (v >= 0) net[name] = v;
+    for (const [name, v] of Object.entries(act)) {
       if (v >= 0) continue;
       let left = -v;
       const order = name === "head_activations_freed" ? ["stored"] : ["backward_gradients", "backward_working_set", "stored"];
@@ -195,7 +196,7 @@
     const root = `rank ${s.rank}`;
     const ids = [root], labels = [`rank ${s.rank}: ${MP.fmt.gib(s.total)} GiB`], parents = [""], values = [0];
     for (const k of PARTS) {
-      const detail = k === "activations" ? activationsAtPeak(s.activations_detail, s.other_detail) : k === "other" ? s.other_detail : null;
+      const detail = k === "activations" ? activationsAtPeak(s.activations_detail) : k === "other" ? s.other_detail : null;
       const itemized = detail && Object.keys(detail).length > 0;
       const items = itemized ? Object.entries(detail).filter(([, v]) => v > 0) : [];
       ids.push(k); labels.push(k); parents.push(root); values.push(itemized ? 0 : s[k] / MP.GiB);
