@@ -42,7 +42,7 @@ from meshplan.pipeline.inflight import live_rows  # noqa: E402
 from meshplan.pipeline.schedules import build_schedule, compile_schedule  # noqa: E402
 from meshplan.pipeline.simulate import _simulate_once, live_count_peaks  # noqa: E402
 from meshplan.search.engine import Engine  # noqa: E402
-from meshplan.search.run import search  # noqa: E402
+from meshplan.search.run import plan_of, search  # noqa: E402
 from meshplan.search.space import PlanTable, SearchLimits, enumerate_plans  # noqa: E402
 from meshplan.specs import ClusterSpec, TrainingPlan  # noqa: E402
 
@@ -102,7 +102,7 @@ def gpt3(full: bool) -> None:
     sample = rng.choice(len(table), min(200, len(table)), replace=False).tolist()
     with Clock() as loop:
         for i in sample:
-            estimate(model, cluster, TrainingPlan(**{**base.model_dump(), **table.row(i)}))
+            estimate(model, cluster, plan_of(base, table, i))
     scalar = len(sample) / loop.cpu
     best, median = n / min(runs), n / statistics.median(runs)
     label = ("every micro-batch, HSDP shard group and TP overlap on/off" if full
