@@ -204,7 +204,7 @@ def run_pipeline(schedule: Optional[str], pp: int, m: int, vpp: Optional[int], f
     result = dependency
     if grid is not None:
         result = simulate(sched.compile_schedule(grid, pp, m, v), n_stages, f_st, b_st, transfer=transfer,
-                          keep_timeline=True, wgt=w_st, runtime="lockstep")
+                          keep_timeline=True, wgt=w_st, runtime=ran)
     closed = None
     uniform = transfer == 0.0 and len(set(f_st)) == 1 and len(set(b_st)) == 1
     if name in CLOSED_FORMS and kinds <= {"F", "B"} and uniform:
@@ -280,7 +280,7 @@ def closed_form_lines(run: dict, unit: str) -> list[str]:
         return ["closed form: not shown (it needs gpipe, 1f1b, interleaved, or zbh1 with m ≥ p and W ≤ I; "
                 "equal stages and zero transfer)"]
     res: SimResult = run["dependency"]
-    sim = "the dependency-driven simulation" if run["runtime"] == "lockstep" else "the simulation"
+    sim = "the dependency-driven simulation" if run["runtime"] != "dependency" else "the simulation"
     p, m, v, f, b = run["pp"], run["m"], run["v"], run["fwd"][0], run["bwd"][0]
     if run["schedule"] == "zbh1":
         w = run["wgt"][0] if run["wgt"] is not None else b / 2
@@ -322,7 +322,8 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
     cols, span = (width, res.makespan) if width else round_columns(res.makespan, max(20, min(120, out.width - pad - 4)))
     kinds = sorted({a.kind for acts in run["ranks"] for a in acts}, key=lambda k: ("FBIW".find(k) % 5, k))
     legend = ", ".join(f"{k} {KIND_NAMES.get(k, k).split(' (')[0]}" for k in kinds)
-    out.print(Text(f"Gantt{' (lockstep runtime)' if run['runtime'] == 'lockstep' else ''}: one column = {fmt_time(span / cols)} {unit}; {legend}, number = micro-batch, "
+    runtime = f" ({run['runtime']} runtime)" if run["runtime"] != "dependency" else ""
+    out.print(Text(f"Gantt{runtime}: one column = {fmt_time(span / cols)} {unit}; {legend}, number = micro-batch, "
                    f"· idle" + ("; lighter = later chunk" if v > 1 else "")))
     for r, row in enumerate(rich_gantt(res, cols, span)):
         out.print(Text(f"rank {r}".ljust(pad)) + row, no_wrap=True, crop=False)
@@ -334,15 +335,16 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
             out.print(f"rank {r}: {line}", markup=False, soft_wrap=True)
     out.print()
     out.print(rank_table(run, unit))
-    out.print(f"makespan {fmt_time(res.makespan)} {unit}" + (" (lockstep)" if run["runtime"] == "lockstep" else ""), markup=False)
-    if run["runtime"] == "lockstep":
+    out.print(f"makespan {fmt_time(res.makespan)} {unit}" + (f" ({run['runtime']})" if run["runtime"] != "dependency" else ""), markup=False)
+    if run["runtime"] != "dependency":
         dep: SimResult = run["dependency"]
         extra, share = lockstep_cost(res.makespan, dep.makespan)
+        name = {"lockstep": "lockstep", "deepspeed": "DeepSpeed's blocking exchange"}[run["runtime"]]
         if share > 1e-12:
-            out.print(f"lockstep costs +{fmt_time(extra)} {unit} (+{100 * share:.1f}%) over the dependency-driven makespan "
+            out.print(f"{name} costs +{fmt_time(extra)} {unit} (+{100 * share:.1f}%) over the dependency-driven makespan "
                       f"{fmt_time(dep.makespan)} {unit} (bubble fraction {dep.bubble_fraction:.3f} dependency-driven)", markup=False)
         else:
-            out.print(f"lockstep costs nothing here: the dependency-driven makespan is the same, {fmt_time(dep.makespan)} {unit} "
+            out.print(f"{name} costs nothing here: the dependency-driven makespan is the same, {fmt_time(dep.makespan)} {unit} "
                       "(no rank waits in a slot for a transfer it does not need yet)", markup=False)
     out.print(f"bubble fraction {res.bubble_fraction:.3f} (idle share of the step: Σ idle / (p·makespan))", markup=False)
     out.print(f"bubble overhead {res.bubble_overhead:.3f} (idle relative to busy time: Σ idle / Σ busy)", markup=False)
@@ -368,7 +370,7 @@ def pipeline(
     wgrad: Annotated[Optional[float], typer.Option("--wgrad", "--w", help="Weight-gradient part of --bwd, run as W by schedules that split the backward (the rest is I). (default: half of --bwd)", show_default=False)] = None,
     transfer: Annotated[float, typer.Option("--transfer", "--p2p", help="Point-to-point time between consecutive stages.")] = 0.0,
     actions_file: Annotated[Optional[str], typer.Option("--actions-file", help="Simulate the schedule in this file instead: one rank per line in torch's action notation (0F0,0F1,0B0,...; comm actions skipped).", show_default=False)] = None,
-    pipeline_runtime: Annotated[Optional[Literal["dependency", "lockstep"]], typer.Option("--pipeline-runtime", help=RUNTIME_HELP, show_default=False)] = None,
+    pipeline_runtime: Annotated[Optional[Literal["dependency", "lockstep", "deepspeed"]], typer.Option("--pipeline-runtime", help=RUNTIME_HELP, show_default=False)] = None,
     stack: Annotated[Optional[str], typer.Option("--stack", help="A stack profile (meshplan stacks) whose pipeline runtime runs the schedule unless --pipeline-runtime is given, e.g. torchtitan-2024 (lockstep).", show_default=False)] = None,
     stage_times: Annotated[Optional[str], typer.Option("--stage-times", help="Per virtual stage 'f0:b0,f1:b1,...' in pipeline order (p·v pairs), instead of --fwd/--bwd.", show_default=False)] = None,
     unit: Annotated[str, typer.Option("--unit", help="Label of the time unit the numbers are in.")] = "ms",
@@ -391,10 +393,10 @@ def pipeline(
     run = run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, actions_file, pipeline_runtime)
     if path is not None:
         title = f"{run['schedule']} pipeline: p = {run['pp']}, m = {run['m']}, v = {run['v']}"
-        if run["runtime"] == "lockstep":
+        if run["runtime"] != "dependency":
             extra, share = lockstep_cost(run["result"].makespan, run["dependency"].makespan)
-            title += (f", lockstep runtime (+{fmt_time(extra)} {unit}, +{100 * share:.1f}% over dependency-driven)"
-                      if share > 1e-12 else ", lockstep runtime (as long as dependency-driven)")
+            title += (f", {run['runtime']} runtime (+{fmt_time(extra)} {unit}, +{100 * share:.1f}% over dependency-driven)"
+                      if share > 1e-12 else f", {run['runtime']} runtime (as long as dependency-driven)")
         if path.suffix.lower() == ".png":
             from meshplan.pipeline.gantt_png import write_png_gantt
 

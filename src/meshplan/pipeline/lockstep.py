@@ -84,6 +84,8 @@ def runs_lockstep(schedule: str, pp: int, runtime: str) -> bool:
 
 def runtime_words(schedule: str, pp: int, m: int, vpp: int, runtime: str) -> str:
     """How the plan's pipeline advances, in words (for derivations and reports)."""
+    if runtime == "deepspeed" and schedule == "1f1b" and pp > 1:
+        return "DeepSpeed's TrainSchedule: steps that each begin with a blocking exchange with one neighbour"
     if not runs_lockstep(schedule, pp, runtime):
         if runtime == "lockstep" and pp > 1:
             return "dependency-driven: torch runs this schedule with a single-stage class"

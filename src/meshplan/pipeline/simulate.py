@@ -29,6 +29,7 @@ import numpy as np
 
 from meshplan.pipeline.inflight import schedule_live_counts
 from meshplan.pipeline.live import padded_peak_bytes, peak_bytes  # noqa: F401 (padded_peak_bytes: read from here by search.engine)
+from meshplan.pipeline.deepspeed_steps import runs_deepspeed, simulate_deepspeed
 from meshplan.pipeline.lockstep import runs_lockstep, simulate_lockstep
 from meshplan.pipeline.result import SimResult
 from meshplan.pipeline.schedules import Action, Schedule
@@ -55,9 +56,10 @@ def _structure(sched: Schedule, n_stages: int):
 
 
 
-#: how pipeline ranks advance (``TrainingPlan.pipeline_runtime``): dependency-driven, or torch's
-#: 2024 lockstep over its slot grid (:mod:`meshplan.pipeline.lockstep`)
-RUNTIMES = ("dependency", "lockstep")
+#: how pipeline ranks advance (the stack's ``pipeline_runtime``): dependency-driven, torch's 2024
+#: lockstep over its slot grid (:mod:`meshplan.pipeline.lockstep`), or DeepSpeed's pipeline
+#: engine, 1F1B in blocking lockstep steps (:mod:`meshplan.pipeline.deepspeed_steps`)
+RUNTIMES = ("dependency", "lockstep", "deepspeed")
 
 
 def simulate(
@@ -77,9 +79,13 @@ def simulate(
     remembered (up to 100,000 actions): plans that differ only in what does not change the
     durations (their memory settings, say) get the same, immutable, result without a second run.
     ``runtime = "lockstep"`` runs a compiled multi-stage schedule slot by slot over torch's grid
-    (:mod:`meshplan.pipeline.lockstep`); other schedules run dependency-driven either way."""
+    (:mod:`meshplan.pipeline.lockstep`), ``"deepspeed"`` a compiled 1F1B as DeepSpeed's
+    ``TrainSchedule`` (:mod:`meshplan.pipeline.deepspeed_steps`); other schedules run
+    dependency-driven either way."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
+    if runtime == "deepspeed" and isinstance(ranks, Schedule) and runs_deepspeed(ranks.name, ranks.pp, runtime):
+        return simulate_deepspeed(ranks, fwd, bwd, transfer, act_bytes, keep_timeline)
     if runtime == "lockstep" and isinstance(ranks, Schedule):
         if runs_lockstep(ranks.name, ranks.pp, runtime):
             return simulate_lockstep(ranks, fwd, bwd, transfer, act_bytes, keep_timeline, wgt)

@@ -44,10 +44,11 @@ class Stack(Spec):
     * ``attention_kernel`` — FlashAttention-2 (``flash2``: torch's SDPA, the flash-attn package) or
       cuDNN's fused attention (``cudnn``, Transformer Engine's kernel on Hopper); ``auto``: cuDNN on
       the fused kernels where the GPU's calibration has it, FlashAttention-2 otherwise.
-    * ``pipeline_runtime`` — how pipeline ranks advance (:mod:`meshplan.pipeline.lockstep`):
-      ``dependency`` (Megatron-LM, torch's single-stage schedules, torch's 2025+ runtime) or
-      ``lockstep`` (torch's ``PipelineScheduleMulti`` of 2024: slot by slot over the schedule's grid;
-      changes only the multi-stage schedules).
+    * ``pipeline_runtime`` — how pipeline ranks advance: ``dependency`` (Megatron-LM, torch's
+      single-stage schedules, torch's 2025+ runtime), ``lockstep`` (torch's ``PipelineScheduleMulti``
+      of 2024: slot by slot over the schedule's grid, :mod:`meshplan.pipeline.lockstep`; changes only
+      the multi-stage schedules) or ``deepspeed`` (DeepSpeed's pipeline engine: 1F1B in steps that
+      each begin with a blocking exchange with one neighbour, :mod:`meshplan.pipeline.deepspeed_steps`).
     * ``pp_buffers`` — the stage-to-stage buffers (:func:`meshplan.cost.compose.pp_buffer_messages`):
       ``in-flight`` (Megatron-LM: the activation and gradient being received, each stage output freed
       once sent) or ``per-micro-batch`` (torch.distributed.pipelining: a receive buffer per
@@ -81,7 +82,7 @@ class Stack(Spec):
     compile_loss: bool = True
     fp8_linears: Literal["auto", "torchao", "transformer-engine"] = "auto"
     attention_kernel: Literal["auto", "flash2", "cudnn"] = "auto"
-    pipeline_runtime: Literal["dependency", "lockstep"] = "dependency"
+    pipeline_runtime: Literal["dependency", "lockstep", "deepspeed"] = "dependency"
     pp_buffers: Literal["in-flight", "per-micro-batch"] = "in-flight"
     pp_return_outputs: bool = False
     tp_comm_overlap: bool = False
@@ -173,8 +174,10 @@ RULES: tuple[Rule, ...] = (
          and s.fp8_library == "torchao", False,
          "FP8 all-gathers are torch's FSDP2 gathering torchao's Float8 linears: zero 3 sharded over more than one rank, "
          "precision fp8, compiled or eager kernels"),
-    Rule("pipeline_runtime", lambda s, p: p.schedule in LOCKSTEP_SCHEDULES and p.pp > 1, "dependency",
-         "the lockstep runtime is torch's multi-stage schedule classes: interleaved, interleaved-zb, zbh1 or zbv on pp > 1"),
+    Rule("pipeline_runtime", lambda s, p: p.pp > 1 and (p.schedule == "1f1b" if s.pipeline_runtime == "deepspeed"
+                                                         else p.schedule in LOCKSTEP_SCHEDULES), "dependency",
+         "the lockstep runtime is torch's multi-stage schedule classes (interleaved, interleaved-zb, zbh1 or zbv), "
+         "DeepSpeed's is its 1F1B TrainSchedule; both on pp > 1"),
     Rule("attention_kernel", lambda s, p: p.attention == "flash", "auto",
          "the attention kernel is a FlashAttention-style one: attention flash"),
 )
