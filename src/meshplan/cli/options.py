@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 import typer
 from pydantic import ValidationError
 
-from meshplan.catalog import load_gpu, load_model, load_stack, stack_names
+from meshplan.catalog import load_model, load_stack, resolve_gpu, stack_names
+from meshplan.catalog.gpu_file import with_power_cap
 from meshplan.errors import InputError
 from meshplan.interop.common import as_bool
 from meshplan.pipeline.schedules import check_vpp
@@ -74,7 +75,8 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "preset": (Optional[str], _opt("--preset", f"Start from a published run's plan: {', '.join(preset_names())}, or any run id that `meshplan validate --set all` lists (e.g. torchtitan_405b_512gpu_3d_1f1b), estimated exactly as validate predicts it, beside its published step time and memory; other options override it.", P_MODEL)),
     "plan_file": (Optional[str], _opt("--plan", "Start from an engine config: a torchtitan TOML or --section.key list, Megatron-LM arguments, a DeepSpeed JSON or a nanotron YAML (see `meshplan import`); other options override it.", P_MODEL)),
     "model": (Optional[str], _opt("--model", "Catalog model name (see `meshplan models`) or path to a Hugging Face config.json / meshplan model YAML. (default: llama3-8b)", P_MODEL)),
-    "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`). (default: h100-sxm-80gb)", P_MODEL)),
+    "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`) or a GPU YAML file for a part outside the catalog (docs/hardware.md). (default: h100-sxm-80gb)", P_MODEL)),
+    "gpu_power": (Optional[float], _opt("--gpu-power", "Board power cap in watts, above the GPU's static power and up to its TDP: every dense peak scaled by the sustained clock, ((P - P_static) / (P_TDP - P_static))^(1/3); HBM bandwidth unchanged (docs/hardware.md). (default: the TDP)", P_MODEL)),
     "stack": (Optional[str], _opt("--stack", f"The software that runs the plan: {', '.join(stack_names())} (see `meshplan stacks`). (default: {DEFAULT_STACK}, or the preset's or --plan file's)", P_STACK)),
     "set_fields": (Optional[list[str]], _opt("--set", "Override one field of the stack, FIELD=VALUE, e.g. --set kernels=eager --set pp_buffers=per-micro-batch (repeatable; fields: `meshplan stacks NAME`).", P_STACK)),
     "gpus": (Optional[int], _opt("--gpus", "Number of GPUs. (default: tp·cp·pp·dp when --dp is given, else 8)", P_LAYOUT)),
@@ -118,6 +120,7 @@ class PlanArgs:
     plan_file: Optional[str] = None
     model: Optional[str] = None
     gpu: Optional[str] = None
+    gpu_power: Optional[float] = None
     stack: Optional[str] = None
     set_fields: Optional[list[str]] = None
     gpus: Optional[int] = None
@@ -343,7 +346,9 @@ def resolve(args: PlanArgs) -> Setup:
     if "layer_split" not in given and any(k in given for k in ("pp", "vpp", "schedule")):
         v.pop("layer_split", None)  # a preset's split fits its own stages only
     model = v["model"] if isinstance(v["model"], ModelSpec) else load_model(v["model"])
-    gpu = v["gpu"] if isinstance(v["gpu"], GPUSpec) else load_gpu(v["gpu"])
+    gpu = v["gpu"] if isinstance(v["gpu"], GPUSpec) else resolve_gpu(v["gpu"])
+    if v.get("gpu_power") is not None:
+        gpu = with_power_cap(gpu, v["gpu_power"], "gpu_power")
 
     # ---- schedule and virtual stages --------------------------------------------------------
     vpp = v.get("vpp")
