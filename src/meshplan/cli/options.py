@@ -41,7 +41,7 @@ from meshplan.presets import Preset, get_preset, preset_names
 from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
+from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan, ep_span_note
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, Stack
 from meshplan.specs.validate import check_plan
 from meshplan.units import GBPS, parse_count
@@ -86,7 +86,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "ep": (Optional[int], _opt("--ep", "Expert-parallel size (dense models: 1). (default: 1)", P_LAYOUT)),
     "dp": (Optional[int], _opt("--dp", "Data-parallel size. (default: gpus / (tp·cp·pp))", P_LAYOUT)),
     "vpp": (Optional[int], _opt("--vpp", "Virtual stages per pipeline rank; > 1 selects the interleaved schedule. (default: 1)", P_LAYOUT)),
-    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
+    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv", "dualpipe", "dualpipev"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped); dualpipe and dualpipev are refused with why (not modelled). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
     "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times); a preset's or --plan file's split is dropped when --pp, --vpp or --schedule is given. (default: even, remainder to the inner stages)", P_LAYOUT)),
     "rank_order": (Optional[str], _opt("--rank-order", "Mesh axes innermost first, e.g. tp,cp,pp,dp (Llama 3). (default: tp,cp,dp,pp)", P_LAYOUT)),
     "micro_batch": (Optional[int], _opt("--micro-batch", "Sequences per forward on one DP rank. (default: 1)", P_BATCH)),
@@ -420,7 +420,7 @@ def resolve(args: PlanArgs) -> Setup:
     if v.get("dp_shard") is not None and dp % v["dp_shard"]:
         raise InputError("dp_shard", f"dp_shard ({v['dp_shard']}) must divide dp ({dp})")
     if dp % v["ep"]:
-        raise InputError("ep", f"ep ({v['ep']}) must divide dp ({dp})")
+        raise InputError("ep", f"ep ({v['ep']}) must divide dp ({dp}){ep_span_note(v['ep'], tp * cp * dp)}")
     recipe = {k: v[k] for k in ("precision", "grad_dtype", "master_weights", "grad_fp32_copy") if v.get(k) is not None}
     plan_fields: dict[str, Any] = dict(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=v["ep"], vpp=vpp, schedule=schedule, micro_batch=b,
