@@ -221,7 +221,7 @@ def refusal(config: Any) -> InputError:
 
 SUPPORTED = [
     "deepseek_v3", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "mixtral",
-    "qwen2", "qwen2_moe", "qwen3_moe",
+    "nemotron", "qwen2", "qwen2_moe", "qwen3_moe",
 ]
 
 

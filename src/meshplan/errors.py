@@ -14,3 +14,18 @@ class InputError(ValueError):
         self.field = field
         self.rule = rule
         super().__init__(f"{field}: {rule}")
+
+
+class InputErrors(InputError):
+    """Several bad fields at once (a GPU file with three wrong keys): ``errors`` holds one
+    :class:`InputError` each. ``str()`` stays one line (``; `` between them) for callers that print
+    one; the CLI prints one ``error:`` line per field. ``field`` and ``rule`` are the first's."""
+
+    def __init__(self, errors: list[InputError]):
+        self.errors = list(errors)
+        first = self.errors[0]
+        super().__init__(first.field, first.rule)
+        self.args = ("; ".join(str(e) for e in self.errors),)
+
+    def __str__(self) -> str:
+        return self.args[0]

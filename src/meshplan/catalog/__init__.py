@@ -1,7 +1,8 @@
 """Catalogs shipped in the package (models, GPUs) and loaders for user files.
 
 ``load_model`` accepts a catalog name (``llama3-405b``), a Hugging Face ``config.json`` or a
-meshplan model YAML; ``load_gpu`` a catalog name. Unknown names and malformed files raise
+meshplan model YAML; ``load_gpu`` a catalog name, ``resolve_gpu`` a catalog name or a GPU YAML
+file (:mod:`meshplan.catalog.gpu_file`). Unknown names and malformed files raise
 :class:`~meshplan.errors.InputError` naming the field and the rule.
 """
 
@@ -116,20 +117,25 @@ def load_model_file(path: Path) -> ModelSpec:
 
 
 @lru_cache(maxsize=64)
-def load_gpu(name: str) -> GPUSpec:
-    """A catalog GPU by name (``h100-sxm-80gb``); aliases such as ``h100`` resolve uniquely."""
+def gpu_entry(name: str) -> dict[str, Any]:
+    """The catalog entry (``gpus.yaml``) of GPU ``name``, aliases such as ``h100`` resolving uniquely,
+    with its resolved name under ``name``."""
     key = str(name).strip().lower()
     table = _data("gpus.yaml")
     if key not in table:
         matches = [n for n in table if n.startswith(key)]
         if len(matches) != 1:
-            raise InputError("gpu", f"unknown GPU '{name}' (catalog: {', '.join(table)})")
+            raise InputError("gpu", f"unknown GPU '{name}' (catalog: {', '.join(table)}; or a GPU .yaml file)")
         key = matches[0]
-    d = table[key]
+    return {"name": key, **table[key]}
+
+
+def gpu_from_entry(name: str, d: dict[str, Any], where: str) -> GPUSpec:
+    """A GPUSpec from a ``gpus.yaml``-style entry (TFLOP/s, GiB, GB/s: converted here)."""
     try:
         peak = {k: (None if v is None else float(v) * TFLOPS) for k, v in d["peak_tflops"].items()}
         return GPUSpec(
-            name=key,
+            name=name,
             vendor=d["vendor"],
             generation=d["generation"],
             peak_flops=PeakFlops(**peak),
@@ -143,7 +149,29 @@ def load_gpu(name: str) -> GPUSpec:
             sources=dict(d.get("sources", {})),
         )
     except ValidationError as exc:  # a broken catalog entry is a packaging bug, but say where
-        raise input_error_from(exc, f"gpu {key}") from None
+        raise input_error_from(exc, where) from None
+
+
+def load_gpu(name: str) -> GPUSpec:
+    """A catalog GPU by name (``h100-sxm-80gb``); aliases such as ``h100`` resolve uniquely."""
+    d = gpu_entry(name)
+    return gpu_from_entry(d["name"], d, where=f"gpu {d['name']}")
+
+
+def resolve_gpu(name_or_path: str) -> GPUSpec:
+    """A catalog GPU by name, or a GPU YAML file (a path ending in .yaml / .yml, or one that exists:
+    :mod:`meshplan.catalog.gpu_file`)."""
+    key = str(name_or_path).strip()
+    path = Path(key)
+    try:
+        is_path = path.suffix.lower() in (".yaml", ".yml") or (key.lower() not in _data("gpus.yaml") and path.exists())
+    except (OSError, ValueError):
+        is_path = False
+    if is_path:
+        from meshplan.catalog.gpu_file import load_gpu_file
+
+        return load_gpu_file(path)
+    return load_gpu(key)
 
 
 # ---- stacks ---------------------------------------------------------------------------------------

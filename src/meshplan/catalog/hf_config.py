@@ -1,6 +1,7 @@
 """Read a Hugging Face ``config.json`` into a :class:`~meshplan.specs.model.ModelSpec`.
 
-Supported ``model_type`` values: ``gpt2``, ``gpt_neox``, ``llama``, ``mistral``, ``qwen2``, the
+Supported ``model_type`` values: ``gpt2``, ``gpt_neox``, ``llama``, ``mistral``, ``qwen2``,
+``nemotron`` (Nemotron-4 and Minitron, ``NemotronForCausalLM``), the
 mixture-of-experts ``mixtral``, ``qwen2_moe``, ``qwen3_moe`` and ``deepseek_v3`` (MLA), and
 ``gemma2``, ``gemma3_text`` and ``gemma3`` (whose ``text_config`` is read: meshplan plans the
 language model, not the vision tower). Any other value (``t5``, ``bert``...) is refused by name,
@@ -78,6 +79,17 @@ mlp                        hidden_act (silu)            hidden_act (silu)       
 tied_embeddings            tie_word_embeddings (false)  tie_word_embeddings (false)  tie_word_embeddings (false) tie_word_embeddings (true)
 =========================  ===========================  ===========================  ==========================  =========================
 
+``nemotron`` (``NemotronForCausalLM``, ``transformers`` ``models/nemotron``) reads the Llama keys
+with three differences: the MLP is *not* gated (``up_proj`` -> act -> ``down_proj``, two matrices of
+h × f; ``hidden_act`` defaults to ``relu2``, squared ReLU, and takes the GPT-2 / GPT-NeoX table),
+the norms are Nemotron's LayerNorm1P (``nn.LayerNorm`` applied with weight + 1: a weight *and* a bias
+of h each, so ``norm`` = layernorm, 2h per norm), and the head dimension is ``head_dim`` or h / a
+(``transformers`` ignores NeMo's ``kv_channels``, so a ``kv_channels`` that disagrees with that head
+dimension is refused rather than guessed between). ``partial_rotary_factor`` (0.5 in every published
+Nemotron-4 / Minitron config: RoPE on half of each head) must be in (0, 1] and is otherwise ignored
+like ``rotary_pct``: rotation is elementwise work, not a matmul or a parameter.
+``attention_bias`` / ``mlp_bias`` follow Llama's rule (they must be equal).
+
 ``attention_bias`` must be false for qwen3_moe, deepseek_v3 and the Gemmas (their biases would
 sit on the attention projections only, which ModelSpec's two switches cannot express, and no
 published model sets it); deepseek_v3 ignores ``num_key_value_heads`` and ``head_dim`` (MLA
@@ -149,6 +161,9 @@ _NEOX_KEYS = {
 
 #: ModelSpec fields outside the shape dialects -> the Hugging Face key most configs use.
 _OTHER_KEYS = {"experts_per_token": "num_experts_per_tok", "expert_ffn_hidden": "moe_intermediate_size"}
+
+#: model_type -> (default hidden_act, activation table) where it is not Llama's gated (silu, _GATED_MLP).
+_ACTIVATIONS = {"nemotron": ("relu2", _PLAIN_MLP)}
 
 #: (qkv_bias, linear_bias) for the Llama-like types whose biases are fixed by the architecture.
 _FIXED_BIASES = {"mistral": (False, False), "qwen2": (True, False)}
@@ -226,7 +241,8 @@ def _shape(cfg: _Config, keys: Mapping[str, str]) -> dict[str, int]:
 
 
 def _llama_like(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
-    """Llama, Mistral and Qwen2: gated MLP, RMSNorm, RoPE, GQA; they differ only in biases."""
+    """Llama, Mistral and Qwen2: gated MLP, RMSNorm, RoPE, GQA; they differ only in biases
+    (Nemotron reads the same keys with its own activation table, see :func:`_nemotron`)."""
     shape = _shape(cfg, keys)
     hidden, heads = shape["hidden"], shape["n_heads"]
     if model_type in _FIXED_BIASES:
@@ -244,7 +260,7 @@ def _llama_like(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[
         "n_kv_heads": cfg.optional_count(keys["n_kv_heads"]) or heads,
         "head_dim": cfg.optional_count(keys["head_dim"]) or _split_heads(keys, hidden, heads),
         "ffn_hidden": cfg.count(keys["ffn_hidden"]),
-        "mlp": cfg.activation("hidden_act", "silu", _GATED_MLP),
+        "mlp": cfg.activation("hidden_act", *_ACTIVATIONS.get(model_type, ("silu", _GATED_MLP))),
         "norm": "rmsnorm",
         "position": "rope",
         "tied_embeddings": cfg.flag("tie_word_embeddings", False),
@@ -297,6 +313,22 @@ def _gpt_neox(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[st
         "parallel_residual": cfg.flag("use_parallel_residual", True),
         "dropout": cfg.any_positive(("attention_dropout", "hidden_dropout"), default=0.0),
     }
+
+
+def _nemotron(cfg: _Config, keys: Mapping[str, str], model_type: str) -> dict[str, Any]:
+    """Nemotron-4 / Minitron: Llama's keys, a plain (not gated) squared-ReLU MLP, LayerNorm1P
+    (weight and bias), partial RoPE; ``kv_channels`` must agree with the head dimension."""
+    fields = _llama_like(cfg, keys, model_type)
+    kv_channels = cfg.optional_count("kv_channels")
+    if kv_channels is not None and kv_channels != fields["head_dim"]:
+        raise InputError(
+            "kv_channels",
+            f"({kv_channels}) must equal the head dimension transformers uses, head_dim or hidden_size / "
+            f"num_attention_heads ({fields['head_dim']}): transformers ignores kv_channels",
+        )
+    if cfg.probability("partial_rotary_factor", 0.5) == 0:
+        raise InputError("partial_rotary_factor", "must be above 0 and at most 1 (got 0)")
+    return fields | {"norm": "layernorm"}
 
 
 def _no_attention_bias(cfg: _Config, model_type: str) -> None:
@@ -400,6 +432,7 @@ _TYPES: dict[str, tuple[_Reader, Mapping[str, str]]] = {
     "llama": (_llama_like, _LLAMA_KEYS),
     "mistral": (_llama_like, _LLAMA_KEYS),
     "qwen2": (_llama_like, _LLAMA_KEYS),
+    "nemotron": (_nemotron, _LLAMA_KEYS),
     "mixtral": (_mixtral, _LLAMA_KEYS),
     "qwen2_moe": (_qwen_moe, _LLAMA_KEYS),
     "qwen3_moe": (_qwen_moe, _LLAMA_KEYS),

@@ -32,7 +32,7 @@ from meshplan.cli.interop_cmd import export as export_command, import_ as import
 from meshplan.cli.learn_cmd import learn as learn_command
 from meshplan.cli.serve_cmd import serve as serve_command
 from meshplan.cost.params import count_params
-from meshplan.errors import InputError
+from meshplan.errors import InputError, InputErrors
 from meshplan.estimate import estimate as run_estimate
 from meshplan.estimate_report import extras, report_json
 from meshplan.explain import render as render_derivations
@@ -155,6 +155,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = typer.main.get_command(app)
     try:
         result = command.main(args=args, prog_name="meshplan", standalone_mode=False)
+    except InputErrors as err:  # several bad fields: one line each
+        for one in err.errors[:-1]:
+            _fail(str(one))
+        return _fail(str(err.errors[-1]))
     except InputError as err:
         return _fail(str(err))
     except ValidationError as err:

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 import typer
 from pydantic import ValidationError
 
-from meshplan.catalog import load_gpu, load_model, load_stack, stack_names
+from meshplan.catalog import load_model, load_stack, resolve_gpu, stack_names
+from meshplan.catalog.gpu_file import with_power_cap
 from meshplan.errors import InputError
 from meshplan.interop.common import as_bool
 from meshplan.pipeline.schedules import check_vpp
@@ -40,7 +41,7 @@ from meshplan.presets import Preset, get_preset, preset_names
 from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
+from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan, ep_span_note
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, Stack
 from meshplan.specs.validate import check_plan
 from meshplan.units import GBPS, parse_count
@@ -74,7 +75,8 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "preset": (Optional[str], _opt("--preset", f"Start from a published run's plan: {', '.join(preset_names())}, or any run id that `meshplan validate --set all` lists (e.g. torchtitan_405b_512gpu_3d_1f1b), estimated exactly as validate predicts it, beside its published step time and memory; other options override it.", P_MODEL)),
     "plan_file": (Optional[str], _opt("--plan", "Start from an engine config: a torchtitan TOML or --section.key list, Megatron-LM arguments, a DeepSpeed JSON or a nanotron YAML (see `meshplan import`); other options override it.", P_MODEL)),
     "model": (Optional[str], _opt("--model", "Catalog model name (see `meshplan models`) or path to a Hugging Face config.json / meshplan model YAML. (default: llama3-8b)", P_MODEL)),
-    "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`). (default: h100-sxm-80gb)", P_MODEL)),
+    "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`) or a GPU YAML file for a part outside the catalog (docs/hardware.md). (default: h100-sxm-80gb)", P_MODEL)),
+    "gpu_power": (Optional[float], _opt("--gpu-power", "Board power cap in watts, above the GPU's static power and up to its TDP: every dense peak scaled by the sustained clock, ((P - P_static) / (P_TDP - P_static))^(1/3); HBM bandwidth unchanged (docs/hardware.md). (default: the TDP)", P_MODEL)),
     "stack": (Optional[str], _opt("--stack", f"The software that runs the plan: {', '.join(stack_names())} (see `meshplan stacks`). (default: {DEFAULT_STACK}, or the preset's or --plan file's)", P_STACK)),
     "set_fields": (Optional[list[str]], _opt("--set", "Override one field of the stack, FIELD=VALUE, e.g. --set kernels=eager --set pp_buffers=per-micro-batch (repeatable; fields: `meshplan stacks NAME`).", P_STACK)),
     "gpus": (Optional[int], _opt("--gpus", "Number of GPUs. (default: tp·cp·pp·dp when --dp is given, else 8)", P_LAYOUT)),
@@ -84,7 +86,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "ep": (Optional[int], _opt("--ep", "Expert-parallel size (dense models: 1). (default: 1)", P_LAYOUT)),
     "dp": (Optional[int], _opt("--dp", "Data-parallel size. (default: gpus / (tp·cp·pp))", P_LAYOUT)),
     "vpp": (Optional[int], _opt("--vpp", "Virtual stages per pipeline rank; > 1 selects the interleaved schedule. (default: 1)", P_LAYOUT)),
-    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
+    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv", "dualpipe", "dualpipev"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped); dualpipe and dualpipev are refused with why (not modelled). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
     "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times); a preset's or --plan file's split is dropped when --pp, --vpp or --schedule is given. (default: even, remainder to the inner stages)", P_LAYOUT)),
     "rank_order": (Optional[str], _opt("--rank-order", "Mesh axes innermost first, e.g. tp,cp,pp,dp (Llama 3). (default: tp,cp,dp,pp)", P_LAYOUT)),
     "micro_batch": (Optional[int], _opt("--micro-batch", "Sequences per forward on one DP rank. (default: 1)", P_BATCH)),
@@ -118,6 +120,7 @@ class PlanArgs:
     plan_file: Optional[str] = None
     model: Optional[str] = None
     gpu: Optional[str] = None
+    gpu_power: Optional[float] = None
     stack: Optional[str] = None
     set_fields: Optional[list[str]] = None
     gpus: Optional[int] = None
@@ -343,7 +346,9 @@ def resolve(args: PlanArgs) -> Setup:
     if "layer_split" not in given and any(k in given for k in ("pp", "vpp", "schedule")):
         v.pop("layer_split", None)  # a preset's split fits its own stages only
     model = v["model"] if isinstance(v["model"], ModelSpec) else load_model(v["model"])
-    gpu = v["gpu"] if isinstance(v["gpu"], GPUSpec) else load_gpu(v["gpu"])
+    gpu = v["gpu"] if isinstance(v["gpu"], GPUSpec) else resolve_gpu(v["gpu"])
+    if v.get("gpu_power") is not None:
+        gpu = with_power_cap(gpu, v["gpu_power"], "gpu_power")
 
     # ---- schedule and virtual stages --------------------------------------------------------
     vpp = v.get("vpp")
@@ -415,7 +420,7 @@ def resolve(args: PlanArgs) -> Setup:
     if v.get("dp_shard") is not None and dp % v["dp_shard"]:
         raise InputError("dp_shard", f"dp_shard ({v['dp_shard']}) must divide dp ({dp})")
     if dp % v["ep"]:
-        raise InputError("ep", f"ep ({v['ep']}) must divide dp ({dp})")
+        raise InputError("ep", f"ep ({v['ep']}) must divide dp ({dp}){ep_span_note(v['ep'], tp * cp * dp)}")
     recipe = {k: v[k] for k in ("precision", "grad_dtype", "master_weights", "grad_fp32_copy") if v.get(k) is not None}
     plan_fields: dict[str, Any] = dict(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=v["ep"], vpp=vpp, schedule=schedule, micro_batch=b,

@@ -22,6 +22,7 @@ import typer
 from meshplan.cli.options import PlanArgs, parse_batch_tokens
 from meshplan.errors import InputError
 from meshplan.search.run import OBJECTIVES
+from meshplan.pipeline.schedules import UNMODELLED_SCHEDULES
 from meshplan.search.space import RECOMPUTE, SCHEDULE_NAMES, SearchLimits
 
 
@@ -65,6 +66,8 @@ class SearchArgs:
         ``plan`` that is set fixing its axis."""
         sched = tuple(s.strip() for s in self.schedules.split(",")) if self.schedules else SCHEDULE_NAMES
         for s in sched:
+            if s in UNMODELLED_SCHEDULES:
+                raise InputError("schedules", UNMODELLED_SCHEDULES[s])
             if s not in SCHEDULE_NAMES:
                 raise InputError("schedules", f"unknown schedule '{s}' ({', '.join(SCHEDULE_NAMES)})")
         if plan.schedule is not None:

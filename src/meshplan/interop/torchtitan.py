@@ -428,6 +428,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     conv = [c.strip() for c in conv.split(",")] if isinstance(conv, str) else [str(c) for c in conv]
     if any(c in FLOAT8 for c in conv):
         prec = "fp8"
+        _check_fp8_recipe(s)
         f.update(_read_fp8_gather(s, fsdp, notes))
     f["precision"] = {"precision": prec, "grad_dtype": "fp32"}
     f.update(_read_kernels(s, notes))
@@ -448,6 +449,24 @@ def _float8_section(s: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out.update(nested if isinstance(nested, dict) else {})
     out.update({k.removeprefix("linear.float8."): v for k, v in quant.items() if k.startswith("linear.float8.")})
     return out
+
+
+#: torchao Float8 recipes meshplan models (cost/float8.py: tensorwise dynamic scaling, one amax
+#: per tensor); torchtitan's ``recipe_name`` absent means tensorwise.
+FP8_RECIPES = ("tensorwise",)
+
+
+def _check_fp8_recipe(s: dict[str, dict[str, Any]]) -> None:
+    """Refuse a Float8 recipe other than tensorwise: torchao's ``rowwise`` and
+    ``rowwise_with_gw_hp`` scale each row of every operand (one amax per row, the ``_scaled_mm``
+    row-wise kernel; torchao ``Float8LinearRecipeName``), which cost/float8.py does not model."""
+    recipe = _float8_section(s).get("recipe_name")
+    if recipe is None or recipe in FP8_RECIPES:
+        return
+    where = "quantize.linear.float8" if "quantize" in s else "float8"
+    raise InputError(f"{where}.recipe_name", f"{brief(recipe)} is not modelled: meshplan models tensorwise FP8 scaling (one scale "
+                     "per tensor); row-wise scaling (torchao's rowwise and rowwise_with_gw_hp: one scale per row, the row-wise "
+                     "_scaled_mm) is not; leave recipe_name out or set it to tensorwise")
 
 
 def _read_fp8_gather(s: dict[str, dict[str, Any]], fsdp: bool, notes: list[str]) -> dict[str, Any]:

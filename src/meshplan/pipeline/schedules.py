@@ -223,6 +223,21 @@ SCHEDULES: dict[str, tuple[str, str]] = {
 }
 
 
+#: Schedules recognised by name but not modelled, with why (a refusal names them, not "unknown").
+#: DualPipe (DeepSeek-V3 report, arXiv 2412.19437, Sec. 3.2.1) feeds micro-batches from both ends
+#: of the pipeline, holds two copies of the parameters (2x weights per rank) and overlaps one
+#: micro-batch's MoE all-to-all with another's compute inside a forward-backward chunk pair;
+#: DualPipe-V (deepseek-ai/DualPipe, "Cut-in-half") folds it onto a V of p ranks like zbv. Neither
+#: the chunk-pair overlap nor the two-ended feed is in meshplan's schedule simulation.
+UNMODELLED_SCHEDULES: dict[str, str] = {
+    "dualpipe": "DualPipe (DeepSeek-V3: micro-batches fed from both pipeline ends, two parameter copies, "
+                "the MoE all-to-all overlapped inside forward-backward chunk pairs) is not modelled; "
+                "the nearest modelled schedules are zbh1 and zbv",
+    "dualpipev": "DualPipe-V (DualPipe cut in half onto a V of p ranks, with the all-to-all overlapped inside "
+                 "forward-backward chunk pairs) is not modelled; the nearest modelled schedule is zbv",
+}
+
+
 def stage_style(schedule: str) -> str:
     """"loop" (stage k on rank k mod p) or "v" (rank r holds r and 2p − 1 − r)."""
     return SCHEDULES[schedule][1]
@@ -230,6 +245,8 @@ def stage_style(schedule: str) -> str:
 
 def check_vpp(schedule: str, vpp: int) -> None:
     """Raise an InputError when ``vpp`` does not suit ``schedule``."""
+    if schedule in UNMODELLED_SCHEDULES:
+        raise InputError("schedule", UNMODELLED_SCHEDULES[schedule])
     if schedule not in SCHEDULES:
         raise InputError("schedule", f"unknown schedule '{schedule}' ({', '.join(SCHEDULES)})")
     rule = SCHEDULES[schedule][0]

@@ -113,6 +113,18 @@ def split_stack_fields(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def ep_span_note(ep: int, tp_cp_dp: int) -> str:
+    """Why an ep that does not divide D but divides t·c·D is refused: Megatron-Core's MoE parallel
+    folding (``--expert-model-parallel-size`` with ``--expert-tensor-parallel-size``, Megatron-Core
+    0.10+; Liu et al. 2025, arXiv 2504.14960) lays the expert groups over the t·c·D ranks of a stage,
+    so ep may exceed D (DeepSeek-V3-style EP64 on a stage of TP x DP ranks). meshplan places expert
+    groups inside the DP group only (docs/model.md), so such layouts are not modelled."""
+    if tp_cp_dp % ep:
+        return ""
+    return (": expert parallelism spanning tp x cp x dp (Megatron-Core's MoE parallel folding, ep up to "
+            f"tp x cp x dp = {tp_cp_dp}) is not modelled; meshplan's expert groups lie inside the DP group")
+
+
 class TrainingPlan(Spec):
     """A layout (axes), a batch, precision, recompute and schedule, and the stack that runs it."""
 
@@ -156,7 +168,7 @@ class TrainingPlan(Spec):
         if self.dp_shard is not None and self.dp % self.dp_shard:
             raise ValueError(f"dp_shard ({self.dp_shard}) must divide dp ({self.dp})")
         if self.dp % self.ep:
-            raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
+            raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp}){ep_span_note(self.ep, self.tp * self.cp * self.dp)}")
         if self.layer_split is not None:
             problem = split_problem(tuple(self.layer_split))
             if problem:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
-from meshplan.catalog import gpu_names, load_gpu, model_names
+from meshplan.catalog import gpu_entry, gpu_names, load_gpu, model_names
 from meshplan.cli.options import PLAN_OPTIONS, PlanArgs, Setup, resolve
 from meshplan.cli.pipeline_cmd import to_json as pipeline_json
 from meshplan.cli.render import BREAKDOWN_LABELS, gpu_row, published_table
@@ -63,14 +63,20 @@ PlanParams = Annotated[PlanQuery, Query()]  # type: ignore[valid-type]
 
 
 def plan_args(values: dict[str, Any]) -> PlanArgs:
-    """Plan options (names of :data:`PLAN_OPTIONS`) as the CLI's :class:`PlanArgs`; models must be
-    catalog names."""
+    """Plan options (names of :data:`PLAN_OPTIONS`) as the CLI's :class:`PlanArgs`; models and GPUs
+    must be catalog names."""
     unknown = sorted(set(values) - (set(PLAN_OPTIONS) - _SKIP) - set(STACK_QUERY))
     if unknown:
         raise InputError(unknown[0], "unknown field")
     model = values.get("model")
     if model is not None and model not in model_names():
         raise InputError("model", f"unknown model '{model}' (models: {', '.join(model_names())}); the web explorer takes catalog names only")
+    gpu = values.get("gpu")
+    if gpu is not None:
+        try:
+            gpu_entry(gpu)  # the server reads no GPU file a request names
+        except InputError:
+            raise InputError("gpu", f"unknown GPU '{gpu}' (GPUs: {', '.join(gpu_names())}); the web explorer takes catalog names only") from None
     sets = [f"{k}={values[k]}" for k in STACK_QUERY if values.get(k) not in (None, "")]
     args = {k: v for k, v in values.items() if v is not None and k not in STACK_QUERY}
     return PlanArgs(**args, set_fields=sets or None)
