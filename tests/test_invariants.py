@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, reject, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from meshplan.catalog import load_gpu, load_model, load_stack  # noqa: E402
+from meshplan.cost.activations import compiled_loss  # noqa: E402
 from meshplan.errors import InputError  # noqa: E402
 from meshplan.estimate import estimate  # noqa: E402
 from meshplan.specs import ClusterSpec, PrecisionRecipe, TrainingPlan  # noqa: E402
@@ -117,7 +118,10 @@ def test_peak_at_fixed_batch_by_tp_cp_and_model_state_by_pp(drawn):
     base = _estimate(model, gpu, fields)
     t, c, p = fields["tp"], fields["cp"], fields["pp"]
     wider = _estimate(model, gpu, {**fields, "tp": 2 * t}, drawn=False) if 2 * t <= 8 else None
-    if wider is not None:
+    # a loss compiled without TP runs eager under torch's loss_parallel with TP (torchtitan), its
+    # fp32 buffers 12·n·V/t instead of e·n·V (meshplan.cost.activations.loss_grad_bytes): a named rise
+    loss = base.plan.stack.loss_kernels
+    if wider is not None and compiled_loss(loss, t) == compiled_loss(loss, 2 * t):
         # TP's buffers (two activation messages) appear at t = 1 → 2
         buffers = max(s.other_items.get("tp_comm_buffers", 0.0) for s in wider.stages) if t == 1 else 0.0
         assert wider.peak_bytes <= base.peak_bytes + buffers
