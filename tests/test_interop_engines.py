@@ -26,7 +26,8 @@ from meshplan.interop import export
 from meshplan.interop.common import arg_tokens
 from meshplan.specs.plan import TrainingPlan
 
-from test_interop_roundtrip import GRID, MODELS
+from meshplan.specs.plan import PrecisionRecipe
+from test_interop_roundtrip import GRID, MODELS, plan
 
 LLAMA70 = load_model("llama3-70b")
 
@@ -64,11 +65,11 @@ def _torchtitan_function(path: str, name: str):
     return scope[name]
 
 
-@pytest.mark.parametrize(("model_name", "p"), GRID["torchtitan"], ids=range(len(GRID["torchtitan"])))
+@pytest.mark.parametrize(("model_name", "p"), GRID["torchtitan@0.2"], ids=range(len(GRID["torchtitan@0.2"])))
 def test_torchtitan_config_manager_reads_flags_and_toml(model_name, p, tmp_path):
     ConfigManager = _torchtitan_manager()
     model = MODELS[model_name]
-    flags = arg_tokens(export("torchtitan", model, p).text)
+    flags = arg_tokens(export("torchtitan@0.2", model, p).text)
     toml = tmp_path / "job.toml"
     toml.write_text(export("torchtitan-toml", model, p).text)
     for args in (flags, ["--job.config_file", str(toml)]):
@@ -95,6 +96,58 @@ def test_torchtitan_config_manager_reads_flags_and_toml(model_name, p, tmp_path)
             assert tuple(sum(m.startswith("layers.") for m in part) for part in parts) == effective_split(model, p)
         else:
             assert tr.local_batch_size == p.micro_batch
+
+
+def _torchtitan03():
+    """torchtitan 0.3's ConfigManager (``--module``/``--config`` registry functions; importing them
+    needs triton, which a CPU venv installs as a plain wheel); skip when torchtitan is absent or older."""
+    try:
+        from torchtitan.config import ConfigManager
+    except ImportError as exc:
+        pytest.skip(f"torchtitan 0.3 does not import here: {exc}")
+    if not hasattr(ConfigManager, "_load_config"):
+        pytest.skip("torchtitan before 0.3 (JobConfig): see test_torchtitan_config_manager_reads_flags_and_toml")
+    return ConfigManager
+
+
+#: the six plan kinds users export (FSDP, TP x PP, interleaved PP, MoE with EP, long-context CP, FP8)
+TT03_GRID = GRID["torchtitan"] + [
+    ("llama3-8b", plan(dp=8, ep=4, zero=3, recompute="none", kernels="compiled")),  # EP over FSDP ranks
+    ("llama3-70b", plan(cp=8, dp=2, zero=3, seq_len=131072, recompute="full", kernels="compiled")),
+]
+AC_CLASS = {"none": "NoneType", "full": "FullAC", "op": "SelectiveAC", "selective": "SelectiveAC"}
+
+
+@pytest.mark.parametrize(("model_name", "p"), TT03_GRID, ids=range(len(TT03_GRID)))
+def test_torchtitan03_config_manager_reads_the_export(model_name, p):
+    ConfigManager = _torchtitan03()
+    r = export("torchtitan", MODELS[model_name], p)
+    assert r.warnings == (), r.warnings
+    c = ConfigManager().parse_args(arg_tokens(r.text))  # tyro: any unrecognized option is an error
+    par, tr = c.parallelism, c.training
+    assert c.model_spec.name == "llama3" and c.model_spec.flavor == {"llama3-8b": "8B", "llama3-70b": "70B"}[model_name]
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree, par.expert_parallel_degree) == (p.tp, p.pp, p.cp, p.ep)
+    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == p.dp
+    assert par.data_parallel_shard_degree == ((p.dp_shard or p.dp) if p.zero == 3 else 1)
+    assert (tr.global_batch_size, tr.seq_len) == (p.global_batch, p.seq_len)
+    assert (par.pipeline_parallel_microbatch_size if p.pp > 1 else tr.local_batch_size) == p.micro_batch
+    assert type(c.activation_checkpoint).__qualname__.split(".")[0] == AC_CLASS[p.recompute]  # not the registry's own
+    assert c.compile.enable == (p.stack.kernels == "compiled")
+    assert c.compile.enable_async_tensor_parallel == (p.tp > 1 and p.stack.tp_comm_overlap)
+    assert tr.disable_cuda_graphs == (p.pp > 1)
+
+
+@pytest.mark.parametrize("model_name", ["llama3-8b", "llama3-70b"])
+def test_torchtitan03_fp8_and_expert_tp_are_refused_by_name(model_name):
+    """0.3 takes Float8 linears from the registry function (no flag) and never splits experts over
+    TP under EP: the export names both, and the 0.2 line expresses them."""
+    fp8 = plan(dp=8, zero=3, precision=PrecisionRecipe(precision="fp8"), kernels="compiled", fsdp_fp8_all_gather=True)
+    assert {w.split(":")[0] for w in export("torchtitan", MODELS[model_name], fp8).warnings} == {"precision.precision", "fsdp_fp8_all_gather"}
+    assert export("torchtitan@0.2", MODELS[model_name], fp8).warnings == ()
+    moe = plan(tp=2, dp=4, ep=2, zero=3, kernels="compiled")
+    assert [w.split(":")[0] for w in export("torchtitan", MODELS[model_name], moe).warnings] == ["ep"]
+    assert export("torchtitan@0.2", MODELS[model_name], moe).warnings == ()
+    assert "--parallelism.expert_tensor_parallel_degree 2" in export("torchtitan@0.2", MODELS[model_name], moe).text
 
 
 class _Mpu:
@@ -157,3 +210,25 @@ def test_nanotron_dataclasses_read_the_sections(model_name, p):
     assert tok.micro_batch_size * tok.batch_accumulation_per_replica * par.dp == p.global_batch
     mc = from_dict(secs["model"]["model_config"], config_class=LlamaConfig)
     assert (mc.num_hidden_layers, mc.hidden_size, mc.num_key_value_heads) == (MODELS[model_name].n_layers, MODELS[model_name].hidden, MODELS[model_name].n_kv_heads)
+
+
+#: ``--to`` targets → the engine release their tests above run against (docs/interop.md's table)
+VALIDATED = {"torchtitan": "torchtitan 0.3.0", "torchtitan@0.3": "torchtitan 0.3.0", "torchtitan@0.2": "torchtitan 0.2.2",
+             "torchtitan-toml": "torchtitan 0.2.2", "deepspeed": "DeepSpeed 0.19.8", "nanotron": "nanotron 0.2"}
+
+
+def test_docs_version_table_is_the_tests():
+    """docs/interop.md's version table names every export target and the release its test runs."""
+    from pathlib import Path
+
+    from meshplan.interop import ENGINES
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "interop.md").read_text()
+    rows = {}
+    for line in doc.split("## Versions each export is validated against", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| `") and cells[0] != "`--to`":
+            for target in cells[0].replace("`", "").split(", "):
+                rows[target] = cells[1]
+    assert set(rows) == set(ENGINES)
+    assert {k: v for k, v in rows.items() if k in VALIDATED} == VALIDATED

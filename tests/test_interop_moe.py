@@ -91,12 +91,19 @@ def test_ep_in_every_engine():
     model, plan = load_model("mixtral-8x7b"), PLANS["mixtral-8x7b"]
     # torchtitan torchtitan/config/job_config.py Parallelism.expert_parallel_degree ("dp2ep":
     # context_parallel_degree <= expert_parallel_degree <= data_parallel_shard_degree x cp)
-    tt = interop.export("torchtitan", model, plan)
-    assert "--parallelism.expert_parallel_degree 8" in tt.text
+    tt = interop.export("torchtitan@0.2", model, plan)
+    assert "--parallelism.expert_parallel_degree 8" in tt.text and "--parallelism.expert_tensor_parallel_degree 2" in tt.text
     assert interop.parse_text(tt.text).plan["ep"] == 8
     assert not any(w.startswith("ep: ") for w in tt.warnings)
-    low = interop.export("torchtitan", model, TrainingPlan(tp=2, cp=4, dp=8, ep=2, global_batch=64, seq_len=4096))
-    assert any(w.startswith("ep: torchtitan needs cp <= expert_parallel_degree") for w in low.warnings)
+    assert interop.parse_text(tt.text.replace("expert_tensor_parallel_degree 2", "expert_tensor_parallel_degree 1")).notes[-1:] != ()
+    tt3 = interop.export("torchtitan", model, plan)  # 0.3: experts never split over TP under EP
+    assert interop.parse_text(tt3.text).plan["ep"] == 8 and any(w.startswith("ep: torchtitan 0.3") for w in tt3.warnings)
+    # torchtitan 0.2 splits the experts over TP as meshplan does (expert_tensor_parallel_degree = tp); EP
+    # then borrows only dp_shard x cp ranks. 0.3 has no expert TP: tp > 1 under EP is named
+    odd = TrainingPlan(tp=2, cp=1, dp=8, dp_shard=2, ep=4, zero=3, global_batch=64, seq_len=4096)
+    assert any(w.startswith("ep: torchtitan 0.2 needs expert_parallel_degree to divide dp_shard x cp (2)")
+               for w in interop.export("torchtitan@0.2", model, odd).warnings)
+    assert any(w.startswith("ep: torchtitan 0.3 never splits experts over TP") for w in interop.export("torchtitan", model, odd).warnings)
     # nanotron src/nanotron/config/parallelism_config.py ParallelismArgs.expert_parallel_size
     nt = interop.export("nanotron", model, plan)
     assert yaml.safe_load(nt.text)["parallelism"]["expert_parallel_size"] == 8

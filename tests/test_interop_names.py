@@ -54,8 +54,16 @@ TORCHTITAN = {
     "parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_microbatch_size",
     "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
     "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.context_parallel_degree",
-    "parallelism.expert_parallel_degree", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
+    "parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
+    "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
 }
+# torchtitan 0.3, torchtitan/config/manager.py (ConfigManager: --module, --config, tyro overrides of
+# Trainer.Config; configs.py CompileConfig.enable_async_tensor_parallel, TrainingConfig.disable_cuda_graphs),
+# the recompute as the activation-checkpoint:MODE subcommand (not a --name)
+TORCHTITAN03 = {n for n in TORCHTITAN if n.split(".")[0] in ("training", "parallelism", "compile")} - {
+    "parallelism.enable_async_tensor_parallel", "parallelism.expert_tensor_parallel_degree"} | {
+    "module", "config", "training.disable_cuda_graphs", "compile.no-enable", "compile.enable_async_tensor_parallel",
+    "compile.no-enable_async_tensor_parallel"}
 # torch.distributed.pipelining.schedules.get_schedule_class (torch 2.13): the names torchtitan accepts.
 TORCH_SCHEDULES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 # DeepSpeed, deepspeed/runtime/config.py and constants.py (train_batch_size,
@@ -96,7 +104,7 @@ def _paths(d, prefix=""):
 def names(engine: str, text: str) -> set[str]:
     if engine == "megatron":
         return {t for t in arg_tokens(text) if t.startswith("--")}
-    if engine == "torchtitan":
+    if engine.startswith("torchtitan") and "toml" not in engine:
         return {t[2:] for t in arg_tokens(text) if t.startswith("--")}
     if engine == "torchtitan-toml":
         return set(_paths(tomllib.loads(text)))
@@ -105,7 +113,7 @@ def names(engine: str, text: str) -> set[str]:
     return set(_paths(yaml.safe_load(text)))
 
 
-VOCAB = {"megatron": MEGATRON, "torchtitan": TORCHTITAN, "torchtitan-toml": TORCHTITAN,
+VOCAB = {"megatron": MEGATRON, "torchtitan": TORCHTITAN03, "torchtitan@0.2": TORCHTITAN, "torchtitan-toml": TORCHTITAN,
          "deepspeed": DEEPSPEED, "nanotron": NANOTRON}
 
 
@@ -149,8 +157,10 @@ def test_torchtitan_names_of_the_issue():
     for flag in ("--parallelism.tensor_parallel_degree 8", "--parallelism.pipeline_parallel_degree 4",
                  "--parallelism.pipeline_parallel_schedule Interleaved1F1B", "--parallelism.data_parallel_shard_degree 4",
                  "--training.local_batch_size 64", "--training.global_batch_size 256", "--training.seq_len 8192",
-                 "--activation_checkpoint.mode full", "--model.flavor 70B"):
+                 "activation-checkpoint:full", "--module llama3", "--config llama3_70b", "--training.disable_cuda_graphs"):
         assert flag in text, flag
+    text = export("torchtitan@0.2", load_model("llama3-70b"), BIG.replace(**{"zero": 3, "fsdp_accumulate_unsharded": True})).text
+    assert "--activation_checkpoint.mode full" in text and "--model.flavor 70B" in text
 
 
 def test_deepspeed_and_nanotron_names_of_the_issue():

@@ -23,7 +23,7 @@ from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "llama2-7b", "gpt3-175b", "nemotron4-15b")}
 #: engines whose config carries the model shape (torchtitan: by Llama 3.1 flavor)
 CARRIES_MODEL = {"megatron": set(MODELS), "nanotron": {"llama3-8b", "llama3-70b", "llama2-7b"},
-                 "torchtitan": {"llama3-8b", "llama3-70b"}, "torchtitan-toml": {"llama3-8b", "llama3-70b"}}
+                 **dict.fromkeys(("torchtitan", "torchtitan@0.3", "torchtitan@0.2", "torchtitan-toml"), {"llama3-8b", "llama3-70b"})}
 #: a warned field and the fields that change with it
 FOLLOWS = {
     "zero": {"reshard_after_forward", "fsdp_accumulate_unsharded", "dp_shard", "overlap_param_gather", "overlap_grad_reduce"},
@@ -112,7 +112,11 @@ GRID = {
         ("llama2-7b", plan(dp=4, zero=0, ep=2, precision=PrecisionRecipe(precision="fp32"), micro_batch=3)),
     ],
 }
-GRID["torchtitan-toml"] = GRID["torchtitan"] + [
+# torchtitan 0.3 (the bare name) takes FP8 from the registry function (llama3_405b's only): the
+# FP8 rows are the 0.2 line's
+GRID["torchtitan@0.2"] = GRID["torchtitan"]
+GRID["torchtitan"] = GRID["torchtitan@0.3"] = [(m, p) for m, p in GRID["torchtitan@0.2"] if p.precision.precision != "fp8"]
+GRID["torchtitan-toml"] = GRID["torchtitan@0.2"] + [
     ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, reshard_after_forward=False, kernels="eager")),
 ]
 assert set(GRID) == set(ENGINES)
@@ -222,6 +226,8 @@ def test_llama3_405b_plan_each_engine():
         assert (back.tp, back.pp, back.dp, back.global_batch, back.micro_batch) == (8, 16, 64, 2048, 1)
     assert lost["megatron"] == []  # ZeRO-2 as Megatron-FSDP optim_grads, tp,cp,pp,dp via --use-tp-pp-dp-mapping
     # the preset runs Megatron's fused stack: torchtitan writes compiled blocks and loss instead, DeepSpeed eager
-    assert lost["torchtitan"] == ["fsdp_accumulate_unsharded", "kernels", "overlap_grad_reduce", "pp_buffers", "rank_order", "zero"]
+    assert lost["torchtitan@0.2"] == ["fsdp_accumulate_unsharded", "kernels", "overlap_grad_reduce", "pp_buffers", "rank_order", "zero"]
+    # torchtitan 0.3's llama3_405b registry function builds Float8 linears, which no flag removes
+    assert lost["torchtitan"] == sorted(lost["torchtitan@0.2"] + ["precision.precision"])
     assert "schedule" in lost["deepspeed"] and "schedule" in lost["nanotron"]
     assert "kernels" in lost["deepspeed"] and "kernels" not in lost["nanotron"]

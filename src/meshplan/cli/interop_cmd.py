@@ -26,7 +26,7 @@ from meshplan.interop.common import catalog_match
 from meshplan.outfile import out_path, write_text
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, applied, field_text
 
-Engine = Literal["torchtitan", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
+Engine = Literal["torchtitan", "torchtitan@0.3", "torchtitan@0.2", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
 #: the stack profile each export target runs (catalog/data/stacks.yaml)
 ENGINE_STACK = {"torchtitan": "torchtitan", "torchtitan-toml": "torchtitan", "megatron": "megatron-core",
                 "deepspeed": "deepspeed", "nanotron": "nanotron"}
@@ -35,7 +35,7 @@ ENGINE_STACK = {"torchtitan": "torchtitan", "torchtitan-toml": "torchtitan", "me
 def stack_difference(plan, engine: str) -> Optional[str]:
     """One line when the plan's stack is not the engine's profile: the fields, as they apply to
     the plan, where the two differ (the plan's value first); None when they agree."""
-    name = ENGINE_STACK[engine]
+    name = ENGINE_STACK[engine.split("@")[0]]
     theirs = applied(load_stack(name), plan)
     diff = [f"{k} {field_text(getattr(plan.stack, k))} (there {field_text(getattr(theirs, k))})"
             for k in BEHAVIOUR_FIELDS if getattr(plan.stack, k) != getattr(theirs, k)]
@@ -49,7 +49,7 @@ def stack_difference(plan, engine: str) -> Optional[str]:
 @search_options(omit=("top",))
 def export(
     plan: PlanArgs,
-    to: Annotated[Engine, typer.Option("--to", help="Engine: torchtitan (--section.key flags), torchtitan-toml (sectioned TOML), megatron (torchrun + Megatron-LM arguments), deepspeed (JSON), nanotron (YAML sections).")],
+    to: Annotated[Engine, typer.Option("--to", help="Engine: torchtitan (its current release, 0.3: --module/--config and --section.key flags; torchtitan@0.2 for the 0.2 line), torchtitan-toml (sectioned TOML, 0.2), megatron (torchrun + Megatron-LM arguments), deepspeed (JSON), nanotron (YAML sections).")],
     out: Annotated[Optional[str], typer.Option("--out", help="Write the config to this file instead of stdout.", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
     from_search: Annotated[bool, typer.Option("--from-search", help="Export the best plan of `meshplan search` for these flags (layout flags fix axes, as in search); the search options below apply.")] = False,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 from meshplan.bounded_parse import check_file_size
 from meshplan.catalog import stack_names, stack_overrides
 from meshplan.errors import InputError
-from meshplan.interop import deepspeed, megatron, meshplan_json, nanotron, torchtitan
+from meshplan.interop import deepspeed, megatron, meshplan_json, nanotron, torchtitan, torchtitan03
 from meshplan.interop.common import ExportResult, ParseResult, canonical, plan_fields, to_plan
 from meshplan.interop.detect import FORMATS, detect
 from meshplan.specs.model import ModelSpec
@@ -27,9 +27,12 @@ __all__ = [
     "load_plan_file", "options_of", "parse_text", "plan_fields", "to_plan",
 ]
 
-#: engine name (``meshplan export --to``) → exporter
+#: engine name (``meshplan export --to``) → exporter; ``NAME@VERSION`` names a release line, the
+#: bare name the current release (torchtitan 0.3; its TOML exists only up to 0.2)
 ENGINES: dict[str, Callable[..., ExportResult]] = {
-    "torchtitan": torchtitan.export,
+    "torchtitan": torchtitan03.export,
+    "torchtitan@0.3": torchtitan03.export,
+    "torchtitan@0.2": torchtitan.export,
     "torchtitan-toml": torchtitan.export_toml,
     "megatron": megatron.export,
     "deepspeed": deepspeed.export,
@@ -44,7 +47,7 @@ PARSERS: dict[str, Callable[[str], ParseResult]] = {
     "nanotron": nanotron.parse,
     "meshplan": meshplan_json.parse,
 }
-assert set(ENGINES) | {"meshplan"} == set(PARSERS) == set(FORMATS)
+assert {e.split("@")[0] for e in ENGINES} | {"meshplan"} == set(PARSERS) == set(FORMATS)
 
 
 def export(engine: str, model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> ExportResult:

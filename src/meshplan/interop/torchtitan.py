@@ -143,8 +143,27 @@ def _compile(plan: TrainingPlan, led: Ledger) -> dict[str, Any]:
     return {"enable": True, "components": list(COMPONENTS if loss else COMPONENTS[:1])}
 
 
-def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, Any]], Ledger]:
-    """The JobConfig sections for a plan, and what could not be expressed."""
+def _experts(p: TrainingPlan, shard: int, par: dict[str, Any], led: Ledger, version: str) -> None:
+    """EP (ep > 1) as torchtitan ``version`` lays it out. meshplan splits the experts over TP: 0.2
+    says so with ``expert_tensor_parallel_degree`` = tp (1 or tp), and EP then borrows only the
+    dp_shard x cp ranks; 0.3 has no expert TP (experts sharded over efsdp x ep = dp_shard x cp x tp
+    ranks, never split over TP), so tp > 1 warns."""
+    par["expert_parallel_degree"] = p.ep
+    if version == "0.2":
+        par["expert_tensor_parallel_degree"] = p.tp
+        ranks, what = shard * p.cp, "dp_shard x cp"
+    else:
+        ranks, what = shard * p.cp * p.tp, "dp_shard x cp x tp"
+        if p.tp > 1:
+            led.lose("ep", f"torchtitan 0.3 never splits experts over TP under EP (efsdp x ep = dp_shard x cp x tp ranks); "
+                           f"meshplan models them split over the {p.tp} TP ranks: export with --to torchtitan@0.2")
+    if ranks % p.ep:
+        led.lose("ep", f"torchtitan {version} needs expert_parallel_degree to divide {what} ({ranks}); ep = {p.ep} will be refused at start")
+
+
+def sections(model: ModelSpec, plan: TrainingPlan, version: str = "0.2") -> tuple[dict[str, dict[str, Any]], Ledger]:
+    """The sections for a plan as torchtitan ``version`` (0.2: JobConfig; 0.3: its overrides, see
+    :mod:`meshplan.interop.torchtitan03`) reads them, and what could not be expressed."""
     led = Ledger()
     p = plan
     out: dict[str, dict[str, Any]] = {}
@@ -195,9 +214,7 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, dict[str, 
     attention_kernel(p, led, "torchtitan")
     par["context_parallel_degree"] = p.cp
     if p.ep > 1:
-        par["expert_parallel_degree"] = p.ep
-        if p.ep < p.cp:  # torchtitan's "dp2ep": cp <= ep <= dp_shard x cp (job_config.py)
-            led.lose("ep", f"torchtitan needs cp <= expert_parallel_degree <= dp_shard x cp; ep = {p.ep} < cp = {p.cp} will be refused at start")
+        _experts(p, shard, par, led, version)
     out["parallelism"] = par
 
     r = p.precision
@@ -282,10 +299,41 @@ def export_toml(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) ->
 # ---- parse ------------------------------------------------------------------------------------------
 
 
-def flag_sections(text: str) -> dict[str, dict[str, Any]]:
-    """``--section.key value`` overrides as sections (``--section.no-key`` / ``no_key``: false)."""
+#: torchtitan 0.3's config_registry functions (``--module llama3 --config NAME``) → meshplan's model
+REGISTRY = {"llama3_8b": "llama3-8b", "llama3_70b": "llama3-70b", "llama3_405b": "llama3-405b"}
+#: the registry functions whose model carries Float8 linears (``model_registry(converters=...)``)
+REGISTRY_FLOAT8 = ("llama3_405b",)
+AC_COMMAND = "activation-checkpoint:"  # torchtitan 0.3's recompute: a tyro subcommand, last on the line
+
+
+def registry_sections(tokens: list[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """torchtitan 0.3's words that are not ``--section.key`` overrides: ``--module``/``--config``
+    (the model, and the Float8 linears its registry function builds) and the
+    ``activation-checkpoint:MODE`` subcommand; the other tokens, and those as sections."""
     out: dict[str, dict[str, Any]] = {}
-    for name, value in arg_pairs(arg_tokens(text)):
+    rest: list[str] = []
+    pairs = dict(p for p in arg_pairs(tokens) if p[0] in ("--module", "--config"))
+    for tok in tokens:
+        if tok.replace("_", "-").startswith(AC_COMMAND):
+            mode = tok.split(":", 1)[1].replace("-", "_")  # 0.3's selective is op-level SAC (SelectiveAC)
+            out["activation_checkpoint"] = {"mode": mode, **({"selective_ac_option": "op"} if mode == "selective" else {})}
+        elif tok not in pairs and tok not in pairs.values() and tok.split("=")[0] not in ("--module", "--config"):
+            rest.append(tok)
+    config = pairs.get("--config")
+    if config is not None:
+        name = REGISTRY.get(config)
+        out["model"] = {"name": str(pairs.get("--module", "llama3")), "flavor": FLAVORS[name] if name else config}
+        if config in REGISTRY_FLOAT8:
+            out["model"]["converters"] = [FLOAT8[0]]
+    return rest, out
+
+
+def flag_sections(text: str) -> dict[str, dict[str, Any]]:
+    """``--section.key value`` overrides as sections (``--section.no-key`` / ``no_key``: false),
+    with torchtitan 0.3's ``--module``/``--config`` and recompute subcommand
+    (:func:`registry_sections`)."""
+    tokens, out = registry_sections(arg_tokens(text))
+    for name, value in arg_pairs(tokens):
         body = name[2:]
         if "." not in body:
             continue
@@ -336,6 +384,10 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     pp = get(par, "parallelism", "pipeline_parallel_degree", 1)
     cp = get(par, "parallelism", "context_parallel_degree", 1)
     f.update(tp=tp, pp=pp, cp=cp, ep=get(par, "parallelism", "expert_parallel_degree", 1))
+    etp = get(par, "parallelism", "expert_tensor_parallel_degree", 1)
+    if f["ep"] > 1 and tp > 1 and etp != tp:
+        notes.append(f"ep: expert_tensor_parallel_degree {etp} keeps whole experts on each TP rank; meshplan models them split "
+                     f"over the {tp} TP ranks (torchtitan 0.2: set it to {tp}; 0.3 cannot split experts over TP under EP)")
     rep = get(par, "parallelism", "data_parallel_replicate_degree", 1)
     shard = as_int("parallelism.data_parallel_shard_degree", par.get("data_parallel_shard_degree", -1), lo=-1)
     if shard in (0,) or shard < -1:
