@@ -132,3 +132,14 @@ def test_bad_input(call, field):
     with pytest.raises(InputError) as err:
         call()
     assert err.value.field == field
+
+
+def test_an_interval_far_longer_than_the_run_leaves_the_whole_run_as_one_segment():
+    # an MTBF of 1e40 s makes Daly's interval 1.3e24 s against 54 days of work: the run is one
+    # segment of W + C (it once rounded the work away, and 0 s expected time divided by zero)
+    from meshplan.calc.failures import daly_interval, expected_time, segments
+
+    W, C, M = 54 * 86400.0, 1000 * 86400.0, 1e40
+    tau = daly_interval(C, M)
+    assert segments(W, tau, C) == (0, tau + C, W + C)
+    assert expected_time(W, tau, C, 300.0, M) == pytest.approx(W + C, rel=1e-9)

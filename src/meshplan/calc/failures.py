@@ -87,7 +87,7 @@ def segments(work: float, tau: float, C: float) -> tuple[int, float, float]:
         raise InputError("interval", f"the run would have more than {MAX_SEGMENTS:,} checkpoint intervals; take a longer interval")
     n_full = int(math.floor(work / tau + 1e-12))
     rest = work - n_full * tau
-    if rest <= 1e-9 * tau:
+    if n_full and rest <= 1e-9 * tau:  # rounding after whole intervals; with none, all the work is the rest
         rest = 0.0
     if n_full + (rest > 0) > MAX_SEGMENTS:
         raise InputError("interval", f"the run would have more than {MAX_SEGMENTS:,} checkpoint intervals; take a longer interval")
