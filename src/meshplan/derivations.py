@@ -15,6 +15,7 @@ from meshplan.cost.fsdp_copies import fp8_gather_saving, runs_fsdp2
 from meshplan.cost.params import layer_params_per_rank
 from meshplan.cost.variability import THROUGHPUT_CV, expected_max_z, straggler_factor
 from meshplan.explain import Derivation
+from meshplan.pipeline.deepspeed_steps import runs_deepspeed
 from meshplan.pipeline.lockstep import runs_lockstep, runtime_words
 from meshplan.specs.plan import TrainingPlan
 from meshplan.specs.stack import field_text, settings_text
@@ -250,7 +251,9 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         + ((("FP8 casts", f"{fmt_seconds(t.fp8_weight_cast_s)}: the {est.model.n_layers} layers' weights cast and transposed "
                           "once per step (Megatron-Core's is_first_microbatch)"),) if t.fp8_weight_cast_s else ()),
         fmt_seconds(t.step_s), "event simulation of the schedule (meshplan.pipeline.simulate"
-        + ("; lockstep over torch's grid: meshplan.pipeline.lockstep)" if runs_lockstep(p.schedule, p.pp, p.stack.pipeline_runtime) else ")")))
+        + ("; lockstep over torch's grid: meshplan.pipeline.lockstep)" if runs_lockstep(p.schedule, p.pp, p.stack.pipeline_runtime)
+           else "; DeepSpeed's steps: meshplan.pipeline.deepspeed_steps)" if runs_deepspeed(p.schedule, p.pp, p.stack.pipeline_runtime)
+           else ")")))
     d.append(Derivation(
         "throughput.mfu", "Model FLOPs utilization", "model FLOPs per step / (GPUs × dense peak × step time)",
         (("model FLOPs", f"{f.model:.4e}"), ("GPUs", str(p.num_gpus)), ("peak", f"{est.mfu_peak / TFLOPS:.1f} TFLOP/s"),
