@@ -52,23 +52,29 @@ def tt_toml(p: TrainingPlan) -> dict:
 def test_torchtitan_compile_section(kernels, compile_loss, section):
     p = plan(kernels=kernels, compile_loss=compile_loss)
     assert tt_toml(p).get("compile") == section
-    flags = arg_tokens(export("torchtitan", MODEL, p).text)
+    flags = arg_tokens(export("torchtitan@0.2", MODEL, p).text)
     if section is None:
         assert not any(t.startswith("--compile.") for t in flags)
     else:
         assert "--compile.enable" in flags
         i = flags.index("--compile.components")
         assert flags[i + 1] == ",".join(section["components"])
-    warned = kernel_warnings(export("torchtitan", MODEL, p))
+    # torchtitan 0.3 (the default) always writes compile on or off: its 405B config turns it on
+    now = arg_tokens(export("torchtitan", MODEL, p).text)
+    assert ("--compile.enable" if section else "--compile.no-enable") in now
+    warned = kernel_warnings(export("torchtitan@0.2", MODEL, p))
     assert warned == ([FUSED_WARNING] if kernels == "fused" else [])
 
 
 def test_torchtitan_async_tp_needs_compiled_blocks():
-    eager = export("torchtitan", MODEL, plan(kernels="eager", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline"))
+    eager = export("torchtitan@0.2", MODEL, plan(kernels="eager", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline"))
     assert kernel_warnings(eager) == [
         "tp_comm_overlap: torchtitan's async TP needs the blocks compiled (compile.enable with \"model\" in compile.components) "
         "and refuses to start with eager ones; exported with it (give --set kernels=compiled)"]
     assert "--parallelism.enable_async_tensor_parallel" in eager.text
+    # torchtitan 0.3 moved the switch under compile
+    assert "--compile.enable_async_tensor_parallel" in export("torchtitan", MODEL, plan(
+        kernels="eager", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline")).text
     compiled = export("torchtitan", MODEL, plan(kernels="compiled", tp_comm_overlap=True, tp_overlap_kind="micro-pipeline"))
     assert kernel_warnings(compiled) == [] and "--compile.enable" in compiled.text
 
