@@ -451,3 +451,15 @@ def test_fsdp_fp8_all_gather_flag_in_the_json():
     assert "logits_grad" in a and a["gathered_weights"] == b["gathered_weights"]
     assert a["all_gather_pool"] - b["all_gather_pool"] == 218_103_808
     assert on["time"]["step_s"] < off["time"]["step_s"]
+
+
+def test_estimate_help_stays_half_as_long_as_before_the_stacks():
+    # 324 lines at 100 columns when the 15 behaviour fields were plan flags; at most half now
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "100", "TERM": "dumb"}
+    out = subprocess.run([sys.executable, "-c", "from meshplan.cli.app import main; raise SystemExit(main(['estimate', '--help']))"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    assert 100 < len(out.splitlines()) <= 324 // 2

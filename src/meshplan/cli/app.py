@@ -61,12 +61,12 @@ def estimate(
     plan: PlanArgs,
     json_out: JsonFlag = False,
     unit: Annotated[Literal["GiB", "GB"], typer.Option("--unit", help="Memory unit for display: GiB (2^30 bytes) or GB (1e9).")] = "GiB",
-    failure_rate: Annotated[Optional[float], _run_opt("--failure-rate", "Failures per GPU-hour; cluster MTBF = 1/(GPUs x rate). (default: 1.973e-5, Llama 3's 419 unexpected interruptions in 54 days on 16,384 GPUs)")] = None,
+    failure_rate: Annotated[Optional[float], _run_opt("--failure-rate", "Failures per GPU-hour; MTBF = 1/(GPUs x rate). (default: 1.973e-5, Llama 3's rate)")] = None,
     mtbf: Annotated[Optional[str], _run_opt("--mtbf", "The cluster's mean time between failures instead, e.g. 3h.")] = None,
     ckpt_write_bw: Annotated[Optional[float], _run_opt("--ckpt-write-bw", "GB/s each GPU writes its checkpoint shard at. (default: 1)")] = None,
-    ckpt_fs_bw: Annotated[Optional[float], _run_opt("--ckpt-fs-bw", "GB/s the filesystem takes in total; 0: no cap. (default: 2000, Llama 3's Tectonic)")] = None,
-    restart: Annotated[Optional[str], _run_opt("--restart", "Restart after a failure: detect, reschedule, reload. (default: 5min)")] = None,
-    no_advice: Annotated[bool, typer.Option("--no-advice", help="Leave out the advice: the best changes of one or two settings when the plan does not fit or a change is faster by more than the estimate's error.")] = False,
+    ckpt_fs_bw: Annotated[Optional[float], _run_opt("--ckpt-fs-bw", "GB/s the filesystem takes in all; 0: no cap. (default: 2000)")] = None,
+    restart: Annotated[Optional[str], _run_opt("--restart", "Restart after a failure. (default: 5min)")] = None,
+    no_advice: Annotated[bool, typer.Option("--no-advice", help="Leave out the advice (changes that fit or run faster).")] = False,
     interval: IntervalOpt = LEVEL,
 ) -> None:
     """Estimate one plan: memory per pipeline rank, step time and where it goes, throughput, MFU, FLOPs per step, and the cost of a token budget (--tokens).

@@ -63,7 +63,7 @@ P_RUN = "Run budget"
 P_STACK = "Software stack"
 
 #: ``--interval``: the level of the step time's prediction interval (meshplan.accuracy.interval)
-IntervalOpt = Annotated[float, typer.Option("--interval", help="Level of the step time's prediction interval (split-conformal, from the residuals of validated runs like the plan), e.g. 0.9.")]
+IntervalOpt = Annotated[float, typer.Option("--interval", help="Level of the step's prediction interval, e.g. 0.9.")]
 
 
 def _opt(decl: str, help: str, panel: str, **kw: Any) -> typer.models.OptionInfo:
@@ -76,7 +76,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "plan_file": (Optional[str], _opt("--plan", "Start from an engine config: a torchtitan TOML or --section.key list, Megatron-LM arguments, a DeepSpeed JSON or a nanotron YAML (see `meshplan import`); other options override it.", P_MODEL)),
     "model": (Optional[str], _opt("--model", "Catalog model name (see `meshplan models`) or path to a Hugging Face config.json / meshplan model YAML. (default: llama3-8b)", P_MODEL)),
     "gpu": (Optional[str], _opt("--gpu", "Catalog GPU name (see `meshplan gpus`) or a GPU YAML file for a part outside the catalog (docs/hardware.md). (default: h100-sxm-80gb)", P_MODEL)),
-    "gpu_power": (Optional[float], _opt("--gpu-power", "Board power cap in watts, above the GPU's static power and up to its TDP: every dense peak scaled by the sustained clock, ((P - P_static) / (P_TDP - P_static))^(1/3); HBM bandwidth unchanged (docs/hardware.md). (default: the TDP)", P_MODEL)),
+    "gpu_power": (Optional[float], _opt("--gpu-power", "Board power cap, W: peaks scaled by the sustained clock (docs/hardware.md). (default: the TDP)", P_MODEL)),
     "stack": (Optional[str], _opt("--stack", f"The software that runs the plan: {', '.join(stack_names())} (see `meshplan stacks`). (default: {DEFAULT_STACK}, or the preset's or --plan file's)", P_STACK)),
     "set_fields": (Optional[list[str]], _opt("--set", "Override one field of the stack, FIELD=VALUE, e.g. --set kernels=eager --set pp_buffers=per-micro-batch (repeatable; fields: `meshplan stacks NAME`).", P_STACK)),
     "gpus": (Optional[int], _opt("--gpus", "Number of GPUs. (default: tp·cp·pp·dp when --dp is given, else 8)", P_LAYOUT)),
@@ -86,7 +86,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "ep": (Optional[int], _opt("--ep", "Expert-parallel size (dense models: 1). (default: 1)", P_LAYOUT)),
     "dp": (Optional[int], _opt("--dp", "Data-parallel size. (default: gpus / (tp·cp·pp))", P_LAYOUT)),
     "vpp": (Optional[int], _opt("--vpp", "Virtual stages per pipeline rank; > 1 selects the interleaved schedule. (default: 1)", P_LAYOUT)),
-    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv", "dualpipe", "dualpipev"]], _opt("--schedule", "Pipeline schedule: 1f1b, interleaved, gpipe, zbh1 (zero bubble), interleaved-zb, zbv (zero bubble, V-shaped); dualpipe and dualpipev are refused with why (not modelled). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
+    "schedule": (Optional[Literal["1f1b", "interleaved", "gpipe", "zbh1", "interleaved-zb", "zbv", "dualpipe", "dualpipev"]], _opt("--schedule", "Pipeline schedule (zbh1, interleaved-zb, zbv: zero bubble; dualpipe(v): not modelled). (default: 1f1b, or interleaved when --vpp > 1)", P_LAYOUT)),
     "layer_split": (Optional[str], _opt("--layer-split", "Layers per virtual stage in pipeline order, e.g. '7,8*14,7' (N*K repeats N K times); a preset's or --plan file's split is dropped when --pp, --vpp or --schedule is given. (default: even, remainder to the inner stages)", P_LAYOUT)),
     "rank_order": (Optional[str], _opt("--rank-order", "Mesh axes innermost first, e.g. tp,cp,pp,dp (Llama 3). (default: tp,cp,dp,pp)", P_LAYOUT)),
     "micro_batch": (Optional[int], _opt("--micro-batch", "Sequences per forward on one DP rank. (default: 1)", P_BATCH)),
