@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Optional
 
+from meshplan.cost.variability import straggler_factor
 from meshplan.units import GiB, US
 
 
@@ -255,8 +256,6 @@ def synchronized(cal: Calibration, n_gpus: int) -> Calibration:
     FP8 GEMM, attention) divided by the straggler factor f(N) = 1 + (σ/μ)·z(N)
     (:func:`meshplan.cost.variability.straggler_factor`), so that compute takes the slowest GPU's
     time; memory-bound kernels, launches and links keep their rates."""
-    from meshplan.cost.variability import straggler_factor
-
     f = straggler_factor(n_gpus)
     if f == 1.0:
         return cal

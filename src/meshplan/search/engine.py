@@ -215,11 +215,7 @@ class Engine:
         self.model, self.cluster, self.base = model, cluster, base
         # the stack as requested, not as it applies to the base plan: its rules apply per plan
         self.stack = base.stack if stack is None else stack
-        # ZeRO-3 that keeps weights gathered and gradients unsharded through the step (a stack
-        # that applies to the engine's plans, :meth:`_parts`)
-        self.once_per_step = self.stack.fsdp_accumulate_unsharded
         self.rec = base.precision
-        self.e = self.rec.activation_bytes
         # the SM shares of hidden collectives (meshplan.cost.contention), as estimate takes them
         self.nccl_share = sm_share(NCCL_CTAS, cluster.gpu.sm_count)
         self.tp_share = sm_share(tp_overlap_ctas(self.stack.tp_overlap_kind), cluster.gpu.sm_count)
@@ -342,7 +338,9 @@ class Engine:
             n_layers=n_layers, overlap_grad_reduce=self.stack.overlap_grad_reduce,
             overlap_param_gather=self.stack.overlap_param_gather, nccl_share=self.nccl_share,
         )
-        if self.once_per_step and runs_fsdp2(3, self.stack.kernels):  # FSDP2's copies of the step's one reduce-scatter and all-gather
+        # ZeRO-3 keeping weights gathered and gradients unsharded through the step (the stack as it
+        # applies to this engine's plans, :meth:`_parts`)
+        if self.stack.fsdp_accumulate_unsharded and runs_fsdp2(3, self.stack.kernels):  # FSDP2's copies of the step's one reduce-scatter and all-gather
             after, pg = self._step_copies(after, pg, g.mesh_rows, g.mesh_inv, cls.params[ci], n_layers + first_ + holds_head, n_layers)
         cls.busy[ci] = g.m * (last_bwd + first_fwd)
         cls.after[ci], cls.pg[ci], cls.head[ci] = after, pg, holds_head
@@ -521,7 +519,7 @@ class Engine:
             layer_params=per_tp[1:2], head_params=head_params,
             kept_embedding_params=per_tp[3:4] if model.tied_embeddings and pp == 1 else 0,
             weight_bytes=rec.weight_bytes, grad_bytes=rec.grad_bytes, reshard_after_forward=self.stack.reshard_after_forward,
-            once_per_step=self.once_per_step, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
+            once_per_step=self.stack.fsdp_accumulate_unsharded, tp=t, act_msg=cm["act_msg"][None, :], pp=pp, p2p_bytes=cm["p2p_bytes"][None, :],
             pp_messages=pp_messages, working=k["working"][None, :],
             root_embedding_params=per_tp[3:4] if root and not model.tied_embeddings else 0,
             head_in_root=root, down_params=per_tp[4:5], layer_stored=k["layer_stored"][None, :], logits_block=logits_block,
