@@ -95,7 +95,7 @@ def test_collective_trace_and_hierarchical():
     assert "reduce-scatter step 1/3: 0→1 c0, 1→2 c1, 2→3 c2, 3→0 c3" in res.stdout
     assert "result equals the element-wise sum on every rank" in res.stdout
     d = json.loads(invoke("collective", "--size", "20GB", "--n", "64", "--bw", "600", "--latency", "0", "--gpus-per-node", "8",
-                          "--inter-bw", "12.5", "--inter-latency", "0", "--algorithm", "ring", "--simulate", "--json").stdout)
+                          "--inter-bw", "12.5", "--inter-latency", "0", "--base-latency", "0", "--algorithm", "ring", "--simulate", "--json").stdout)
     assert [p["time_s"] for p in d["phases"]][1] == pytest.approx(0.35)
     assert d["simulation"]["correct"] and d["simulation"]["steps"] == 126
 

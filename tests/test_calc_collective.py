@@ -24,6 +24,7 @@ GB = 1e9
 
 
 def flat(bw_gbps: float, latency: float = 0.0) -> Network:
+    """The seeds' α–β network: a bandwidth and a per-step latency, no per-call base latency."""
     return Network(bw=bw_gbps * GB, latency=latency)
 
 

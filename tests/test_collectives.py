@@ -16,7 +16,8 @@ from meshplan.specs import ClusterSpec
 
 H100 = load_gpu("h100-sxm-80gb")
 A100 = load_gpu("a100-sxm-80gb")
-IDEAL = dataclasses.replace(HOPPER, scale_up_efficiency=1.0, scale_out_efficiency=1.0)
+IDEAL = dataclasses.replace(HOPPER, scale_up_efficiency=1.0, scale_out_efficiency=1.0, collective_base_latency=0.0)
+NO_BASE = dataclasses.replace(HOPPER, collective_base_latency=0.0)  # the α–β model: no per-call latency
 MEGATRON_ORDER = ("tp", "cp", "dp", "pp")
 LLAMA3_ORDER = ("tp", "cp", "pp", "dp")
 
@@ -63,12 +64,12 @@ def test_busbw_of_a_ring_all_reduce_is_the_link_bandwidth():
 def test_ring_single_tier_exact(n, S):
     c = cluster()
     B, eta = c.scale_up.bandwidth, HOPPER.scale_up_efficiency
-    ar = collective_cost("all_reduce", S, one_node(n), c, HOPPER, "ring")
+    ar = collective_cost("all_reduce", S, one_node(n), c, NO_BASE, "ring")
     assert ar.time == 2 * (n - 1) / n * S / (B * eta)
     assert ar.latency_time == 0.0
-    ag = collective_cost("all_gather", S, one_node(n), c, HOPPER)
+    ag = collective_cost("all_gather", S, one_node(n), c, NO_BASE)
     assert ag.time == (n - 1) / n * S / (B * eta)
-    rs = collective_cost("reduce_scatter", S, one_node(n), c, HOPPER)
+    rs = collective_cost("reduce_scatter", S, one_node(n), c, NO_BASE)
     assert rs.time == ag.time
     assert ar.time == pytest.approx(ag.time + rs.time, rel=1e-15)  # all-reduce = RS + AG
 
@@ -180,26 +181,53 @@ def test_placement_uneven_straddle_counts_every_node():
 @pytest.mark.parametrize("latency", [0.0, 2e-6])
 @pytest.mark.parametrize("k,g", [(8, 2), (8, 16), (4, 8), (2, 64)])
 def test_hierarchical_all_reduce(latency, k, g):
-    """All-reduce across g domains of k members = intra RS(S) + inter AR(S/k) + intra AG(S)."""
+    """All-reduce across g domains of k members: bandwidth of intra RS(S) + inter AR(S/k) + intra
+    AG(S); latency of NCCL's flat ring through all n = k·g members, α₀ + 2((n − g)·α + (g − 1)·α_out)."""
     c = cluster(n=1024, latency=latency)
-    S = 3e8
-    pl = GroupPlacement(k * g, k, g, 1)
+    S, n = 3e8, k * g
+    pl = GroupPlacement(n, k, g, 1)
     total = collective_cost("all_reduce", S, pl, c, HOPPER, "ring")
-    rs = collective_cost("reduce_scatter", S, one_node(k), c, HOPPER)
-    ag = collective_cost("all_gather", S, one_node(k), c, HOPPER)
-    inter = collective_cost("all_reduce", S / k, GroupPlacement(g, 1, g, 1), c, HOPPER, "ring")
-    assert total.time == pytest.approx(rs.time + inter.time + ag.time, rel=1e-12)
-    assert total.latency_time == pytest.approx(rs.latency_time + inter.latency_time + ag.latency_time, rel=1e-12)
+    rs = collective_cost("reduce_scatter", S, one_node(k), c, NO_BASE)
+    ag = collective_cost("all_gather", S, one_node(k), c, NO_BASE)
+    inter = collective_cost("all_reduce", S / k, GroupPlacement(g, 1, g, 1), c, NO_BASE, "ring")
+    bandwidth = [x.time - x.latency_time for x in (total, rs, inter, ag)]
+    assert bandwidth[0] == pytest.approx(sum(bandwidth[1:]), rel=1e-12)
+    steps = 2 * (n - g) + 2 * (g - 1)
+    assert steps == 2 * (n - 1)  # a ring's step count, whatever the domains
+    assert total.latency_time == pytest.approx(HOPPER.collective_base_latency + steps * latency, rel=1e-12)
 
 
 def test_hierarchical_all_gather():
     c = cluster(n=128)
     S = 1e9
     pl = GroupPlacement(64, 8, 8, 1)
-    total = collective_cost("all_gather", S, pl, c, HOPPER)
-    intra = collective_cost("all_gather", S, one_node(8), c, HOPPER)
-    inter = collective_cost("all_gather", S / 8, GroupPlacement(8, 1, 8, 1), c, HOPPER)
-    assert total.time == pytest.approx(intra.time + inter.time, rel=1e-12)
+    total = collective_cost("all_gather", S, pl, c, NO_BASE)
+    intra = collective_cost("all_gather", S, one_node(8), c, NO_BASE)
+    inter = collective_cost("all_gather", S / 8, GroupPlacement(8, 1, 8, 1), c, NO_BASE)
+    # bandwidth of the two phases; the in-domain steps repeat in each of the 8 domains (flat ring)
+    assert total.time == pytest.approx(intra.time + inter.time + 7 * intra.latency_time, rel=1e-12)
+
+
+def test_flat_ring_latency_at_a_thousand_gpus_is_nccls():
+    """NCCL's cost model (src/graph/tuning.cc) for an all-gather over 1,024 H100 in 128 nodes of 8,
+    Simple protocol: baseLat 8.4 µs + (1024 − 128) NVLink steps × 3.4 µs + 127 network steps × 14 µs
+    = 4,832.8 µs, which meshplan's Hopper calibration reproduces; the domain-by-domain count of
+    the textbook (7 + 127 steps) would give 1,810.2 µs."""
+    c = ClusterSpec.of(H100, 1024)  # the calibration's latencies
+    assert (c.scale_up.latency, c.scale_out.latency, HOPPER.collective_base_latency) == pytest.approx((3.4e-6, 14e-6, 8.4e-6), rel=1e-12)
+    ag = collective_cost("all_gather", 1e9, GroupPlacement(1024, 8, 128, 1), c, HOPPER)
+    assert ag.latency_time == pytest.approx(4832.8e-6, rel=1e-12)
+    rs = collective_cost("reduce_scatter", 1e9, GroupPlacement(1024, 8, 128, 1), c, HOPPER)
+    assert rs.latency_time == ag.latency_time
+    one_per_node = collective_cost("all_gather", 1e9, GroupPlacement(128, 1, 128, 1), c, HOPPER)
+    assert one_per_node.latency_time == pytest.approx((8.4 + 127 * 14) * 1e-6, rel=1e-12)
+
+
+def test_point_to_point_pays_no_base_latency():
+    c = ClusterSpec.of(H100, 16)
+    assert collective_cost("send_recv", 1e6, GroupPlacement(2, 2, 1, 1), c, HOPPER).latency_time == pytest.approx(3.4e-6, rel=1e-12)
+    a2a = collective_cost("all_to_all", 1e6, one_node(8), c, HOPPER)
+    assert a2a.latency_time == pytest.approx(7 * 3.4e-6, rel=1e-12)
 
 
 def test_oversubscription_only_when_rings_exceed_uplinks():

@@ -34,7 +34,7 @@ from meshplan.calc.inputs import choice, count, positive
 from meshplan.calc.result import CalcResult, derive, num, rate, secs, size
 from meshplan.catalog import load_gpu
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.collectives import OPS, bus_factor, collective_cost, collective_phases, placement, wire
+from meshplan.cost.collectives import LAUNCHED, OPS, bus_factor, collective_cost, collective_phases, placement, wire
 from meshplan.errors import InputError
 from meshplan.specs.hardware import ClusterSpec, NetworkTier
 from meshplan.specs.plan import AXES
@@ -48,7 +48,7 @@ OP_ALIASES = {
     "send_recv": "send_recv", "sendrecv": "send_recv", "p2p": "send_recv", "send": "send_recv",
 }
 ALGORITHMS = ("auto", "ring", "tree")
-SOURCE = "Patarasuk & Yuan 2009 (ring); NCCL double binary tree; nccl-tests PERFORMANCE.md (algbw, busbw)"
+SOURCE = "Patarasuk & Yuan 2009 (ring); NCCL double binary tree; NCCL src/graph/tuning.cc (latencies); nccl-tests PERFORMANCE.md (algbw, busbw)"
 MAX_N = 1_000_000
 MAX_SIM_RANKS = 256
 MAX_SIM_ELEMENTS = 10_000_000
@@ -67,6 +67,7 @@ class Network:
     inter_latency: float | None = None
     efficiency: float = 1.0
     gpu: str = "h100-sxm-80gb"
+    base_latency: float = 0.0  # α₀ per call; 0 is the α–β model the sources teach
 
 
 def network_for_gpu(gpu: str = "h100-sxm-80gb", **overrides) -> Network:
@@ -75,7 +76,7 @@ def network_for_gpu(gpu: str = "h100-sxm-80gb", **overrides) -> Network:
     spec = load_gpu(gpu)
     cal = calibration_for(spec)
     base = dict(bw=spec.scale_up_bandwidth, latency=cal.scale_up_latency, inter_bw=spec.nic_bandwidth,
-                inter_latency=cal.scale_out_latency, gpu=spec.name)
+                inter_latency=cal.scale_out_latency, gpu=spec.name, base_latency=cal.collective_base_latency)
     base.update({k: v for k, v in overrides.items() if v is not None})
     return Network(**base)
 
@@ -99,7 +100,8 @@ def _cluster(n: int, net: Network):
         scale_up=NetworkTier(name="scale-up", size=k, bandwidth=net.bw, latency=net.latency),
         scale_out=NetworkTier(name="scale-out", size=n, bandwidth=inter_bw, latency=inter_lat),
     )
-    cal = dataclasses.replace(calibration_for(gpu), scale_up_efficiency=eff, scale_out_efficiency=eff)
+    cal = dataclasses.replace(calibration_for(gpu), scale_up_efficiency=eff, scale_out_efficiency=eff,
+                              collective_base_latency=positive("base_latency", net.base_latency, allow_zero=True))
     sizes = {a: 1 for a in AXES} | {"dp": n}
     return cluster, cal, placement(cluster, sizes, AXES, ("dp",))
 
@@ -158,7 +160,8 @@ def collective(op: str, nbytes: float, n: int, net: Network, algorithm: str = "a
         ],
     }
     tier_syms = [("B", f"{rate(net.bw)} per GPU per direction" + (" inside a domain" if hier else "")),
-                 ("α", f"{secs(net.latency)} per step"), ("η", f"{cal.scale_up_efficiency:g} (efficiency)")]
+                 ("α", f"{secs(net.latency)} per step"), ("α₀", f"{secs(cal.collective_base_latency)} per call"),
+                 ("η", f"{cal.scale_up_efficiency:g} (efficiency)")]
     if hier:
         tier_syms += [("k", f"{k} GPUs per domain"), ("g", f"{g} domains"),
                       ("B_out", f"{rate(cluster.scale_out.bandwidth)} per GPU across domains"),
@@ -206,24 +209,28 @@ def _sent_formula(op: str, alg: str, hier: bool) -> str:
 
 def _steps_formula(op: str, alg: str, hier: bool) -> str:
     if hier and op == "all_reduce":
-        return "2(k−1) + steps of the inter-domain all-reduce over g"
+        return ("2(k−1) + 2⌈log₂ g⌉" if alg == "tree"
+                else "2(n−g) inside domains + 2(g−1) across (NCCL's flat ring)")
+    if hier and op in ("all_gather", "reduce_scatter"):
+        return "(n−g) inside domains + (g−1) across (NCCL's flat ring)"
     if alg == "tree":
         return "2⌈log₂ n⌉" if op == "all_reduce" else "⌈log₂ n⌉"
     return {"all_reduce": "2(n−1)", "send_recv": "1"}.get(op, "n−1")
 
 
 def _formula(op: str, alg: str, hier: bool) -> str:
+    base = "α₀ + " if op in LAUNCHED else ""
     if hier and op == "all_reduce":
-        return ("[2(k−1)·α + 2(k−1)/k·S/(η·B)] + [inter all-reduce of S/k over g: "
-                + ("2⌈log₂ g⌉·α_out + 2·(S/k)/(η·B_out)]" if alg == "tree" else "2(g−1)·α_out + 2(g−1)/g·(S/k)/(η·B_out)]"))
+        return (base + ("2(k−1)·α + 2⌈log₂ g⌉·α_out" if alg == "tree" else "2(n−g)·α + 2(g−1)·α_out")
+                + " + 2(k−1)/k·S/(η·B) + " + ("2·(S/k)/(η·B_out)" if alg == "tree" else "2(g−1)/g·(S/k)/(η·B_out)"))
     if hier and op in ("all_gather", "reduce_scatter"):
-        return "(k−1)·α + (k−1)/k·S/(η·B) + (g−1)·α_out + (g−1)/g·(S/k)/(η·B_out)"
+        return base + "(n−g)·α + (g−1)·α_out + (k−1)/k·S/(η·B) + (g−1)/g·(S/k)/(η·B_out)"
     if hier and op == "all_to_all":
         return "(n−1)·max(α, α_out) + max((k−1)/n·S/(η·B), (n−k)/n·S/(η·B_out))  (intra and inter concurrently)"
     if hier:
-        return "t(inter, g) + t(intra, k)"
+        return base + "t(inter, g) + t(intra, k)"
     steps, sent = _steps_formula(op, alg, False), _sent_formula(op, alg, False)
-    return f"{steps}·α + {sent}/(η·B)"
+    return f"{base}{steps}·α + {sent}/(η·B)"
 
 
 # ---- the ring all-reduce, step by step, on numpy arrays -----------------------------------------

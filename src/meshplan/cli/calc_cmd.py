@@ -157,10 +157,11 @@ def collective(
     algorithm: Annotated[str, typer.Option("--algorithm", help="auto (the faster of ring and tree), ring, tree.")] = "auto",
     gpu: Gpu = "h100-sxm-80gb",
     bw: Annotated[Optional[float], typer.Option("--bw", help="GB/s per GPU per direction inside a scale-up domain (default: the GPU's, H100 450).", show_default=False)] = None,
-    latency: Annotated[Optional[str], typer.Option("--latency", help="Per-step latency inside a domain (default: 1us).", show_default=False)] = None,
+    latency: Annotated[Optional[str], typer.Option("--latency", help="Per-step latency inside a domain (default: NCCL's 3.4us).", show_default=False)] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per scale-up domain; fewer than --n makes the collective hierarchical (default: all n in one domain).", show_default=False)] = None,
     inter_bw: Annotated[Optional[float], typer.Option("--inter-bw", help="GB/s per GPU per direction across domains (default: the GPU's NIC, H100 50).", show_default=False)] = None,
-    inter_latency: Annotated[Optional[str], typer.Option("--inter-latency", help="Per-step latency across domains (default: 5us).", show_default=False)] = None,
+    inter_latency: Annotated[Optional[str], typer.Option("--inter-latency", help="Per-step latency across domains (default: NCCL's 14us).", show_default=False)] = None,
+    base_latency: Annotated[Optional[str], typer.Option("--base-latency", help="Fixed latency per call (default: NCCL's 8.4us; 0us for the textbook α–β model).", show_default=False)] = None,
     efficiency: Annotated[float, typer.Option("--efficiency", help="Achieved / line-rate bandwidth (1 = ideal, as the sources; meshplan estimate uses 0.82 NVLink, 0.92 NIC on Hopper).")] = 1.0,
     simulate: Annotated[bool, typer.Option("--simulate", help="Also run a ring all-reduce step by step on numpy arrays of --elements float32 values per rank.")] = False,
     elements: Annotated[Optional[int], typer.Option("--elements", help="Values per rank in the simulation (default: 4·n).", show_default=False)] = None,
@@ -172,7 +173,7 @@ def collective(
     """One collective: steps, bytes each GPU sends, time (latency + bandwidth), algbw and busbw as nccl-tests reports them, the ring/tree crossover; hierarchical when the group spans domains."""
     net = coll_mod.network_for_gpu(gpu, bw=_bw("bw", bw), latency=_dur("latency", latency), gpus_per_node=gpus_per_node,
                                    inter_bw=_bw("inter_bw", inter_bw), inter_latency=_dur("inter_latency", inter_latency),
-                                   efficiency=efficiency)
+                                   base_latency=_dur("base_latency", base_latency), efficiency=efficiency)
     res = coll_mod.collective(op, parse_size("size", size_), n, net, algorithm)
     sim = None
     if simulate or trace:

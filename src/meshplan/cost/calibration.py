@@ -24,6 +24,7 @@ scale_up_efficiency      achieved bus bandwidth / line rate inside a scale-up do
 scale_out_efficiency     achieved bus bandwidth / line rate across the fabric, per NIC
 scale_up_latency         per-step latency of a collective inside a node (s)
 scale_out_latency        per-step latency across the fabric (s)
+collective_base_latency  fixed cost of one collective call, whatever its size and group (s)
 runtime_reserve          HBM taken by the CUDA/ROCm context, library workspaces and NCCL buffers
 =======================  ==========================================================================
 
@@ -61,6 +62,7 @@ class Calibration:
     scale_out_efficiency: float
     scale_up_latency: float
     scale_out_latency: float
+    collective_base_latency: float
     runtime_reserve: float
     rationale: str
     attention_cudnn: Optional[tuple[float, float, float, float]] = None
@@ -110,10 +112,13 @@ HOPPER = Calibration(
     # 46-48 GB/s of 50 (0.93-0.96) -- NCCL maintainers in nccl-tests #212, #290.
     scale_up_efficiency=0.82,
     scale_out_efficiency=0.92,
-    # NCCL LL/Simple per-step latencies: ~1 us over NVLink, ~5 us over IB (seed 000 ex. 2 uses
-    # the same figures).
-    scale_up_latency=1 * US,
-    scale_out_latency=5 * US,
+    # NCCL's own cost model (src/graph/tuning.cc, 2.19-2.27, the Simple protocol that moves the
+    # large buffers of training): a ring step costs 3.4 us over NVLink (hwLat) and 14 us across
+    # the network, and every call a base of 8.4 us (baseLat). Small buffers take NCCL's LL/LL128
+    # protocols (0.6-4 us a step), not modelled: meshplan prices every collective as Simple.
+    scale_up_latency=3.4 * US,
+    scale_out_latency=14 * US,
+    collective_base_latency=8.4 * US,
     runtime_reserve=2 * GiB,
     rationale="H100/H800/H200 with CUDA 12, cuBLAS, FlashAttention 2/3, NCCL 2.18+",
 )
@@ -122,7 +127,7 @@ HOPPER = Calibration(
 # they do not set is Hopper's, for the reason given at each.
 
 # A100 runs the same CUDA/NCCL stack over the same kind of fabric: Hopper's HBM efficiency,
-# scale-out efficiency, NCCL per-step latencies and runtime reserve, and Hopper's FlashAttention
+# scale-out efficiency, NCCL per-step and per-call latencies and runtime reserve, and Hopper's FlashAttention
 # half-efficiency lengths (the same FA2 kernel structure: 128-query blocks, the same per-block
 # prologue and epilogue; not separately fitted).
 AMPERE = replace(
@@ -179,8 +184,10 @@ CDNA3 = replace(
     kernel_overhead=6 * US,
     scale_up_efficiency=0.70,
     scale_out_efficiency=0.90,
-    scale_up_latency=2 * US,
-    scale_out_latency=6 * US,
+    # RCCL's tuning model (tuning_model_0): a ring step over xGMI 3.6 us, a base of 17 us a
+    # call (Simple); across the network NCCL's 14 us is kept (no RCCL figure taken).
+    scale_up_latency=3.6 * US,
+    collective_base_latency=17 * US,
     rationale="MI300X with ROCm 6, hipBLASLt, CK FlashAttention, RCCL",
 )
 

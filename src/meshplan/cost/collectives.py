@@ -11,11 +11,19 @@ Ring (Patarasuk & Yuan 2009): all-reduce sends ``2(n−1)/n·S`` per GPU in ``2(
 all-gather and reduce-scatter ``(n−1)/n·S`` in ``n−1`` steps.
 Tree (NCCL's double binary tree): all-reduce in ``2⌈log₂ n⌉`` latency steps, each GPU sending
 about ``2·S``; faster than the ring only for small buffers.
+Every all-reduce, all-gather, reduce-scatter, broadcast and reduce also pays a fixed ``α₀`` per
+call (NCCL's ``baseLat``; ``Calibration.collective_base_latency``): ``t = α₀ + steps·α + …``.
 
 A group that spans scale-up domains (``k`` members per domain, ``g = n/k`` domains) runs
 hierarchically, as NCCL does with one NIC per GPU ("rail"): all-reduce = intra-domain
 reduce-scatter of S + inter-domain all-reduce of S/k over each GPU's own NIC + intra-domain
-all-gather of S. A group that spans ``P`` pods of a fabric oversubscribed ``o``:1 above the pods
+all-gather of S. Its bandwidth terms are those three phases'; its latency is NCCL's flat ring's
+(``src/graph/tuning.cc``, ``ncclTopoTuneModel``): a ring through all ``n`` members crosses the
+``g`` domains once each, so of its ``n − 1`` steps per pass ``g − 1`` cross the fabric (``α_out``)
+and ``n − g`` stay inside a domain (``α``): ``t_lat = α₀ + r·((n − g)·α + (g − 1)·α_out)`` with
+``r = 2`` passes for all-reduce, 1 for all-gather and reduce-scatter. The latency of a ring thus
+grows with the GPU count, not the domain count: for all-gathers over a thousand GPUs it is
+milliseconds. A tree all-reduce keeps ``2((k − 1)·α + ⌈log₂ g⌉·α_out)``. A group that spans ``P`` pods of a fabric oversubscribed ``o``:1 above the pods
 gets ``min(1, g/(o·P))`` of the NIC bandwidth across pods: each of the ``g``-member rings leaves a
 pod once, and the pod's uplinks (1/o of its NIC capacity) are shared by the rings crossing them.
 
@@ -25,6 +33,7 @@ tp, cp, dp, pp): axis ``x``'s groups are strided by the product of the sizes of 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -178,6 +187,7 @@ def _latency_bandwidth(op: str, S: float, pl: GroupPlacement, cluster: ClusterSp
     out_bw = cluster.scale_out.bandwidth * cal.scale_out_efficiency
     if pl.pods > 1:
         out_bw *= min(1.0, g / (cluster.oversubscription * pl.pods))
+    flat = _flat_ring_repeats(op, g, algorithm)
     if op == "send_recv":
         lat, bw = _single(op, S, 2, out_a if g > 1 else up_a, out_bw if g > 1 else up_bw, algorithm)
     elif g == 1:
@@ -187,11 +197,11 @@ def _latency_bandwidth(op: str, S: float, pl: GroupPlacement, cluster: ClusterSp
     elif op == "all_reduce":
         l1, b1 = _single("reduce_scatter", S, k, up_a, up_bw, "ring")
         l2, b2 = _single("all_reduce", S / k, g, out_a, out_bw, algorithm)
-        lat, bw = 2 * l1 + l2, 2 * b1 + b2
+        lat, bw = 2 * flat * l1 + l2, 2 * b1 + b2
     elif op in ("all_gather", "reduce_scatter"):
         l1, b1 = _single(op, S, k, up_a, up_bw, "ring")
         l2, b2 = _single(op, S / k, g, out_a, out_bw, "ring")
-        lat, bw = l1 + l2, b1 + b2
+        lat, bw = flat * l1 + l2, b1 + b2
     elif op == "all_to_all":
         # intra- and inter-domain parts run concurrently over different links
         lat = (n - 1) * max(up_a, out_a)
@@ -200,7 +210,25 @@ def _latency_bandwidth(op: str, S: float, pl: GroupPlacement, cluster: ClusterSp
         l1, b1 = _single(op, S, g, out_a, out_bw, algorithm)
         l2, b2 = _single(op, S, k, up_a, up_bw, algorithm)
         lat, bw = l1 + l2, b1 + b2
-    return lat, bw
+    return lat + base_latency(op, n, S, cal), bw
+
+
+#: The collectives NCCL launches as one call with its base latency (send/recv and all-to-all are
+#: grouped point-to-point calls, priced per step only).
+LAUNCHED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+
+
+def base_latency(op: str, n: int, nbytes: float, cal: Calibration) -> float:
+    """``α₀``, the fixed cost of one call of ``op`` (NCCL's ``baseLat``, module docstring); 0
+    for a group of one, an empty buffer, or a point-to-point operation."""
+    return cal.collective_base_latency if op in LAUNCHED and n > 1 and nbytes > 0 else 0.0
+
+
+def _flat_ring_repeats(op: str, g: int, algorithm: str) -> int:
+    """How many times a flat ring's in-domain steps exceed one domain's ring: ``g`` (its
+    ``n − g = g·(k − 1)`` steps inside domains, module docstring) for the ring all-reduce,
+    all-gather and reduce-scatter; 1 for the tree and the other operations."""
+    return g if algorithm == "ring" and op in ("all_reduce", "all_gather", "reduce_scatter") else 1
 
 
 def collective_time(op: str, nbytes: float, pl: GroupPlacement, cluster: ClusterSpec, cal: Calibration) -> float:
@@ -277,8 +305,17 @@ def collective_phases(
                 (f"inter-domain {op}", "scale-out", op, S, inter, algorithm),
                 (f"intra-domain {op}", "scale-up", op, S, intra, algorithm),
             ]
+    repeats = _flat_ring_repeats(op, g, algorithm) if k > 1 else 1
     phases = []
     for name, tier, o, size, group, alg in parts:
         steps, sent = wire(o, size, group.size, alg)
-        phases.append(Phase(name, tier, collective_cost(o, size, group, cluster, cal, alg), steps, sent))
+        cost = collective_cost(o, size, group, cluster, cal, alg)
+        if len(parts) > 1 and tier == "scale-up":
+            # one call for the whole collective: its base latency sits in the inter-domain phase;
+            # the flat ring repeats the in-domain steps in every domain (module docstring)
+            steps_lat = cost.latency_time - base_latency(o, group.size, size, cal)
+            cost = dataclasses.replace(cost, time=cost.time - cost.latency_time + repeats * steps_lat,
+                                       latency_time=repeats * steps_lat)
+            steps *= repeats
+        phases.append(Phase(name, tier, cost, steps, sent))
     return tuple(phases)

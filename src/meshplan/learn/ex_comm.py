@@ -34,8 +34,9 @@ def _ring(op: str, S: float, n: int, bw: float, latency: float = 0.0, algorithm:
 
 def _calc_links(S: float, n: int, bw: float, latency: float = 0.0, op: str = "all-reduce", algorithm: str = "ring", **extra):
     lat = f"{latency / US:g}us"
+    extra = {"base_latency": "0us"} | extra  # the α–β model the exercises state: no per-call latency
     cmd = command("calc", "collective", op=op, size=gb(S), n=n, bw=bw / GB, latency=lat, algorithm=algorithm, explain=True,
-                  **{k: v for k, v in extra.items()})
+                  **extra)
     link = url("/calc/collective", op=op, size=gb(S), n=n, bw=bw / GB, latency=lat, algorithm=algorithm, **extra)
     return cmd, link
 
@@ -364,15 +365,16 @@ def cp_kv(v: Variant) -> Problem:
 # ---- communication hidden behind compute still costs SMs ----------------------------------------
 
 
-def _node_all_gather(gpu_name: str, n: int, S: float) -> tuple[float, float, float, float]:
-    """(T, B, η, α): meshplan's time of an all-gather of ``S`` bytes over ``n`` GPUs of one node of
+def _node_all_gather(gpu_name: str, n: int, S: float) -> tuple[float, float, float, float, float]:
+    """(T, B, η, α, α₀): meshplan's time of an all-gather of ``S`` bytes over ``n`` GPUs of one node of
     ``gpu_name`` (:func:`meshplan.cost.collectives.collective_time` on the group's placement in an
-    HGX node), with the node's NVLink bandwidth B, its calibrated efficiency η and latency α."""
+    HGX node), with the node's NVLink bandwidth B, its calibrated efficiency η, its latency α per
+    step and NCCL's α₀ per call."""
     gpu = load_gpu(gpu_name)
     cluster, cal = ClusterSpec.of(gpu, n), calibration_for(gpu)
     group = placement(cluster, {a: 1 for a in AXES} | {"dp": n}, AXES, ("dp",))
     t = collective_time("all_gather", S, group, cluster, cal)
-    return t, cluster.scale_up.bandwidth, cal.scale_up_efficiency, cluster.scale_up.latency
+    return t, cluster.scale_up.bandwidth, cal.scale_up_efficiency, cluster.scale_up.latency, cal.collective_base_latency
 
 
 @exercise("overlap-contention", "overlap", "Compute slowed by a hidden all-gather", "hard",
@@ -384,7 +386,7 @@ def overlap_contention(v: Variant) -> Problem:
     m, gpu = load_model(name), load_gpu(gpu_name)
     per, per_derivation = layer_params_derivation(m, 1)
     S = 2.0 * per  # bf16 weights of one layer, gathered whole
-    t, bw, eta, alpha = _node_all_gather(gpu_name, n, S)
+    t, bw, eta, alpha, alpha0 = _node_all_gather(gpu_name, n, S)
     share = sm_share(NCCL_CTAS, gpu.sm_count)
     delta = contention_time(t, share)
     other_name = "a100-sxm-80gb" if gpu_name != "a100-sxm-80gb" else "h100-sxm-80gb"
@@ -392,20 +394,20 @@ def overlap_contention(v: Variant) -> Problem:
     t_o = _node_all_gather(other_name, n, S)[0]
     delta_o = contention_time(t_o, sm_share(NCCL_CTAS, other.sm_count))
     opts = dict(op="all-gather", size=gb(S), n=n, gpu=gpu_name, bw=bw / GB, latency=f"{alpha / US:g}us",
-                algorithm="ring", efficiency=eta)
+                base_latency=f"{alpha0 / US:g}us", algorithm="ring", efficiency=eta)
     return Problem(
         prompt=f"FSDP over {n} {gpu_name} GPUs of one node ({gpu.sm_count} SMs each) trains {name}: before each layer's "
                f"forward, its bf16 weights ({num(per)} parameters) are all-gathered, and the all-gather runs entirely "
                f"behind the previous layer's forward. NVLink gives {num(bw / GB)} GB/s per GPU per direction at an "
-               f"efficiency of {eta:g}, with {num(alpha / US)} µs per ring step; NCCL runs the all-gather as "
+               f"efficiency of {eta:g}, with {num(alpha / US)} µs per ring step and {num(alpha0 / US)} µs per call; NCCL runs the all-gather as "
                f"{NCCL_CTAS} CTAs, each holding one SM for the collective's whole duration. By how many µs does the "
                f"layer's forward finish later than it would without the all-gather beside it?",
         answer=Numeric(delta, "µs", US, 0.01),
         solution=[
             per_derivation,
             derive("contention.bytes", "all-gather output", "S = 2 bytes · P_layer", [("P_layer", num(per))], size(S)),
-            derive("contention.hidden", "all-gather time, all of it hidden", "T_h = (n − 1)·α + (n − 1)/n · S / (B·η)",
-                   [("n", str(n)), ("α", f"{num(alpha / US)} µs"), ("S", size(S)), ("B", f"{num(bw / GB)} GB/s"), ("η", f"{eta:g}")],
+            derive("contention.hidden", "all-gather time, all of it hidden", "T_h = α₀ + (n − 1)·α + (n − 1)/n · S / (B·η)",
+                   [("n", str(n)), ("α₀", f"{num(alpha0 / US)} µs"), ("α", f"{num(alpha / US)} µs"), ("S", size(S)), ("B", f"{num(bw / GB)} GB/s"), ("η", f"{eta:g}")],
                    f"{num(t / MS)} ms", "Patarasuk & Yuan 2009; meshplan.cost.collectives.collective_time"),
             derive("contention.share", "share of the SMs the all-gather holds", "n_c / n_SM",
                    [("n_c", f"{NCCL_CTAS} CTAs (NCCL channels)"), ("n_SM", str(gpu.sm_count))], pct(share),
@@ -416,7 +418,7 @@ def overlap_contention(v: Variant) -> Problem:
         hints=("First the all-gather's time: it sends (n − 1)/n of the gathered layer per GPU.",
                "While it runs, the layer's kernels have n_c of the n_SM SMs fewer and progress at 1 − n_c/n_SM of their rate."),
         params={"model": name, "gpu": gpu_name, "n": n, "layer_params": per, "size_bytes": S, "bw": bw, "efficiency": eta,
-                "latency": alpha, "sm_count": gpu.sm_count, "ctas": NCCL_CTAS},
+                "latency": alpha, "base_latency": alpha0, "sm_count": gpu.sm_count, "ctas": NCCL_CTAS},
         command=command("calc", "collective", **opts, explain=True), url=url("/calc/collective", **opts),
         explanation=f"Hidden is not free: with every one of the {m.n_layers} layers' all-gathers hidden this way, the forward loses {num(m.n_layers * delta / MS)} ms. On "
                     f"{other_name} ({other.sm_count} SMs) the same all-gather takes {num(t_o / MS)} ms and delays the "
