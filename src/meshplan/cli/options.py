@@ -335,6 +335,10 @@ def resolve(args: PlanArgs) -> Setup:
         from meshplan.interop import load_plan_file
 
         imported = load_plan_file(args.plan_file)
+        gap = imported.model_gap()
+        if gap is not None and "model" not in given and "model" not in base:
+            raise InputError("model", f"--plan {args.plan_file}: {gap}; give --model (a catalog name, a Hugging Face config.json "
+                                      "or a model YAML)")
         base.update(imported.options)
     v: dict[str, Any] = {**DEFAULTS, **base, **given}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+import re
 from typing import Any, Callable, Optional
 
 from meshplan.bounded_parse import check_file_size
@@ -125,6 +126,15 @@ class ImportedPlan:
     def apply_extra(self, fields: dict[str, Any]) -> dict[str, Any]:
         """Add the fields no option sets to the plan's keyword arguments, where they still apply."""
         return apply_extra_fields(fields, self.extra)
+
+    def model_gap(self) -> Optional[str]:
+        """Why the file gives no model meshplan knows (its own note, or that it says none), or None
+        when it carries one: ``--plan`` then needs ``--model``, never a silent default."""
+        if self.parsed.model is not None or "model" in self.options:
+            return None
+        said = [re.sub(r"\s*(\(give --model\)|: give --model)$", "", n.split(": ", 1)[1])
+                for n in self.parsed.notes if n.startswith("model: ")]
+        return said[0] if said else f"the {self.parsed.format} config does not say the model"
 
 
 def stack_values(f: dict[str, Any]) -> dict[str, Any]:

@@ -178,11 +178,8 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
         if zero.get(gone, 1) not in (1, -1, None):
             notes.append(f"dp_shard: zero_optimization.{gone} is not read (meshplan's HSDP differs)")
 
-    bf16 = as_bool("bf16.enabled", cfg.get("bf16", {}).get("enabled", False)) if cfg.get("bf16", {}).get("enabled") != "auto" else False
-    fp16 = as_bool("fp16.enabled", cfg.get("fp16", {}).get("enabled", False)) if cfg.get("fp16", {}).get("enabled") != "auto" else False
-    if bf16 and fp16:
-        raise InputError("bf16.enabled", "bf16 and fp16 cannot both be enabled")
-    prec = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    _refuse_offload(zero)
+    prec = _precision(cfg, notes)
     default_grad = "fp32" if prec != "fp16" else "fp16"
     grad = choice("data_types.grad_accum_dtype", cfg.get("data_types", {}).get("grad_accum_dtype") or default_grad, DTYPES)
     f["precision"] = {"precision": prec, "grad_dtype": grad}
@@ -202,6 +199,43 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
     if not any(k in cfg for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization")):
         raise InputError("plan", "no DeepSpeed batch or zero_optimization settings in the JSON")
     return ParseResult("deepspeed", f, None, tuple(notes))
+
+
+#: ZeRO-Offload's keys: the optimizer state (and with ZeRO-3 the parameters) in CPU or NVMe memory,
+#: and the Adam step on the CPU (Ren et al. 2021); ``cpu_offload`` is the pre-0.5 spelling.
+OFFLOAD_KEYS = ("offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params")
+
+
+def _refuse_offload(zero: dict[str, Any]) -> None:
+    """One line naming the field when the config offloads to the CPU or NVMe: meshplan prices every
+    state in GPU memory and every step on the GPU, so an estimate of the same plan without the
+    offload would be a different job (less CPU traffic, more GPU memory), never a silent one."""
+    for key in OFFLOAD_KEYS:
+        value = zero.get(key)
+        device = value.get("device", "none") if isinstance(value, dict) else value
+        if device not in (None, False, "none", "None"):
+            raise InputError(f"zero_optimization.{key}", "ZeRO-Offload (optimizer state or parameters in CPU/NVMe memory, the "
+                             "optimizer step on the CPU) is not modelled; remove it (or set its device to \"none\") to "
+                             "estimate the plan with everything on the GPU")
+
+
+def _precision(cfg: dict[str, Any], notes: list[str]) -> str:
+    """The compute precision from ``bf16.enabled`` / ``fp16.enabled``. ``"auto"`` is the Hugging Face
+    Trainer's placeholder, filled from its ``--bf16``/``--fp16`` flags when it starts DeepSpeed: read
+    as the precision it stands for (bf16 when both are ``"auto"``), with a note, never as fp32."""
+    raw = {k: cfg.get(k, {}).get("enabled", False) for k in ("bf16", "fp16")}
+    auto = [k for k, v in raw.items() if v == "auto"]
+    on = {k: as_bool(f"{k}.enabled", v) for k, v in raw.items() if v != "auto"}
+    if on.get("bf16") and on.get("fp16"):
+        raise InputError("bf16.enabled", "bf16 and fp16 cannot both be enabled")
+    if on.get("bf16") or on.get("fp16"):
+        return "bf16" if on.get("bf16") else "fp16"
+    if auto:
+        prec = "bf16" if "bf16" in auto else "fp16"
+        notes.append(f"precision: {prec}.enabled is \"auto\" (the Hugging Face Trainer fills it from --bf16/--fp16); "
+                     f"read as {prec} (give --precision to change it)")
+        return prec
+    return "fp32"
 
 
 def parse(text: str) -> ParseResult:
