@@ -111,3 +111,63 @@ def test_a_non_llama_torchtitan_export_reads_back_as_an_error_not_llama3_8b(tmp_
     code, _, err = run_cli("export", "--to", "torchtitan", "--model", "mixtral-8x7b", "--gpus", "8", "--out", str(path))
     assert code == 0 and "warning: model" in err, err
     one_error(*run_cli("estimate", "--plan", str(path)), "error: model:", "give --model")
+
+
+# ---- torchtitan's own llama3 TOMLs: no global batch, the shard degree -1 ------------------------
+
+#: torchtitan's train_configs/llama3_405b.toml ("a preset for 128 H100 GPUs"), its training and
+#: parallelism sections field for field (0.1 calls the local batch ``batch_size``).
+TT_405B = """[model]
+name = "llama3"
+flavor = "405B"
+converters = "float8"
+
+[training]
+batch_size = 2
+seq_len = 8192
+max_norm = 1.0
+steps = 3000
+compile = true
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+enable_async_tensor_parallel = true
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+
+[activation_checkpoint]
+mode = 'full'
+
+[float8]
+enable_fsdp_float8_all_gather = true
+precompute_float8_dynamic_scale_for_fsdp = true
+filter_fqns = "output"
+"""
+
+
+def test_torchtitan_405b_toml_on_128_gpus_runs_its_32_sequences(tmp_path):
+    """global_batch_size = -1 is local x dp: 2 sequences x 16 data-parallel ranks (128 / TP 8) = 32,
+    where meshplan used to plan its own default of about 4M tokens (512 sequences)."""
+    path = tmp_path / "llama3_405b.toml"
+    path.write_text(TT_405B)
+    code, out, err = run_cli("estimate", "--plan", str(path), "--gpus", "128", "--json")
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    assert (plan["tp"], plan["dp"], plan["micro_batch"], plan["global_batch"], plan["seq_len"]) == (8, 16, 2, 32, 8192)
+    code, out, err = run_cli("estimate", "--plan", str(path), "--gpus", "256", "--json")
+    assert json.loads(out)["plan"]["global_batch"] == 64  # the batch follows the ranks, as in torchtitan
+    code, out, err = run_cli("estimate", "--plan", str(path), "--gpus", "128", "--global-batch", "64", "--json")
+    assert json.loads(out)["plan"]["global_batch"] == 64  # a flag still wins
+
+
+def test_torchtitan_local_batch_is_split_into_pipeline_micro_batches(tmp_path):
+    text = TT_405B.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4\npipeline_parallel_microbatch_size = 1"
+                           ).replace("batch_size = 2", "local_batch_size = 8")
+    path = tmp_path / "pp.toml"
+    path.write_text(text)
+    code, out, err = run_cli("estimate", "--plan", str(path), "--gpus", "128", "--json")
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    assert (plan["pp"], plan["dp"], plan["micro_batch"], plan["global_batch"]) == (4, 4, 1, 32)  # 8 per rank x dp 4

@@ -410,6 +410,8 @@ def resolve(args: PlanArgs) -> Setup:
         global_batch = int(n) // s
     elif v.get("global_batch") is not None:
         global_batch = v["global_batch"]
+    elif v.get("micro_batches") is not None:  # a config's batch per DP rank (torchtitan's local batch)
+        global_batch = b * dp * v["micro_batches"]
     else:
         m = round(DEFAULT_BATCH_TOKENS / (s * b * dp))
         m = min(max(m, 1), MAX_DEFAULT_MICROBATCHES)

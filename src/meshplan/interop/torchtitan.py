@@ -412,12 +412,20 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     if f["tp_comm_overlap"]:
         f["tp_overlap_kind"] = "micro-pipeline"
 
+    if "local_batch_size" not in tr and "batch_size" in tr:  # torchtitan 0.1's name for it
+        tr = {**tr, "local_batch_size": tr["batch_size"]}
     local = get(tr, "training", "local_batch_size", 8)
     gbs = as_int("training.global_batch_size", tr.get("global_batch_size", -1), lo=-1)
     if gbs == -1 and "dp" in f:
         gbs = local * f["dp"]
     if gbs > 0:
         f["global_batch"] = gbs
+    options = {}
+    if gbs == -1:  # torchtitan's global batch is then local x dp, with dp the ranks left over
+        options["micro_batches"] = local // get(par, "parallelism", "pipeline_parallel_microbatch_size", 1) if pp > 1 else 1
+        notes.append(f"global_batch: training.global_batch_size = -1 is local_batch_size ({local}) x the data-parallel ranks, "
+                     f"which the file does not say: `meshplan estimate --plan FILE --gpus N` plans {local} x dp; "
+                     f"with flags, give --global-batch {local} x dp")
     f["seq_len"] = get(tr, "training", "seq_len", 2048)
 
     f["schedule"], f["vpp"] = "1f1b", 1
@@ -489,7 +497,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     f["rank_order"] = DEFAULT_RANK_ORDER
     if not (par or tr):
         raise InputError("plan", "no torchtitan parallelism or training settings in the file")
-    return ParseResult(fmt, f, model, tuple(notes))
+    return ParseResult(fmt, f, model, tuple(notes), options)
 
 
 def _float8_section(s: dict[str, dict[str, Any]]) -> dict[str, Any]:
