@@ -171,3 +171,83 @@ def test_torchtitan_local_batch_is_split_into_pipeline_micro_batches(tmp_path):
     assert code == 0, err
     plan = json.loads(out)["plan"]
     assert (plan["pp"], plan["dp"], plan["micro_batch"], plan["global_batch"]) == (4, 4, 1, 32)  # 8 per rank x dp 4
+
+
+# ---- Megatron-LM and Megatron-DeepSpeed launch scripts ----------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from meshplan.interop import megatron  # noqa: E402
+
+ENGINE_CONFIGS = Path(__file__).parent / "data" / "engine_configs"
+
+
+def _llama3_8b_args(tmp_path) -> str:
+    path = tmp_path / "args.sh"
+    code, _, err = run_cli("export", "--to", "megatron", "--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--out", str(path))
+    assert code == 0, err
+    text = path.read_text()
+    assert megatron.parse(text).model.name == "llama3-8b"
+    return text
+
+
+def test_grad_reduce_in_bf16_is_bf16_gradients(tmp_path):
+    text = _llama3_8b_args(tmp_path)
+    assert megatron.parse(text).plan["precision"]["grad_dtype"] == "fp32"
+    assert megatron.parse(text + " --grad-reduce-in-bf16\n").plan["precision"]["grad_dtype"] == "bf16"
+
+
+def test_legacy_rotary_switch_and_deepspeed_kv_heads_read_llama3_8b(tmp_path):
+    """Megatron's pre-2024 --use-rotary-position-embeddings is RoPE (read as learned positions, the
+    8B became an unknown 8.57B model); Megatron-DeepSpeed's --num-key-value-heads is GQA."""
+    text = _llama3_8b_args(tmp_path)
+    legacy = text.replace("--position-embedding-type rope", "--use-rotary-position-embeddings")
+    assert legacy != text and megatron.parse(legacy).model.name == "llama3-8b"
+    mds = legacy.replace("--group-query-attention", "").replace("--num-query-groups 8", "--num-key-value-heads 8")
+    assert "--num-query-groups" not in mds
+    model = megatron.parse(mds).model
+    assert (model.name, model.n_kv_heads, model.position) == ("llama3-8b", 8, "rope")
+
+
+def test_megatron_gpt3_175b_example_script_reads_its_variables_and_arrays():
+    """Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh (GPUS_PER_NODE=8, arrays passed as
+    ${GPT_MODEL_ARGS[@]}): the 175B model, TP 8, PP 16, its batch; its one-node launcher cannot hold
+    TP x PP = 128 ranks, which a note says."""
+    r = megatron.parse((ENGINE_CONFIGS / "megatron_train_gpt3_175b_distributed.sh").read_text())
+    assert r.model.name == "gpt3-175b"
+    assert (r.plan["tp"], r.plan["pp"], r.plan["micro_batch"], r.plan["global_batch"], r.plan["seq_len"]) == (8, 16, 1, 1536, 2048)
+    assert r.plan["precision"]["precision"] == "fp16" and "dp" not in r.plan
+    assert any(n.startswith("dp: the launcher's world size 8") for n in r.notes)
+    assert any(n.startswith("global_batch: --rampup-batch-size") for n in r.notes)
+    code, out, err = run_cli("estimate", "--plan", str(ENGINE_CONFIGS / "megatron_train_gpt3_175b_distributed.sh"),
+                             "--gpus", "1024", "--json")
+    assert code == 0, err
+    assert json.loads(out)["plan"]["dp"] == 8
+
+
+def test_megatron_deepspeed_llama2_example_reads_gqa_rope_and_skips_the_untaken_branch():
+    """Megatron-DeepSpeed's examples_deepspeed/pretrain_llama2_distributed.sh: TP=2 PP=2 on one
+    8-GPU node, GQA with NUM_KV_HEADS=4, RoPE by the legacy switch, ZeRO stage 0 by --zero-stage;
+    the recompute flags sit in an `if` branch its activation_checkpoint="false" does not take. The
+    tokenizer is a SentencePiece model, so the vocabulary (32,000 for Llama 2) is added."""
+    text = (ENGINE_CONFIGS / "megatron_deepspeed_pretrain_llama2_distributed.sh").read_text()
+    with pytest.raises(InputError) as e:
+        megatron.parse(text)
+    assert e.value.field == "vocab-size"
+    r = megatron.parse(text + "--vocab-size 32000\n")
+    m = r.model
+    assert (m.n_layers, m.hidden, m.ffn_hidden, m.n_heads, m.n_kv_heads, m.position, m.mlp, m.norm) == (
+        24, 2048, 5504, 16, 4, "rope", "swiglu", "rmsnorm")
+    assert not m.tied_embeddings and not m.linear_bias
+    p = r.plan
+    assert (p["tp"], p["pp"], p["dp"], p["micro_batch"], p["global_batch"], p["zero"], p["recompute"]) == (2, 2, 2, 4, 32, 0, "none")
+
+
+def test_a_variable_the_script_does_not_set_is_named(tmp_path):
+    path = tmp_path / "run.sh"
+    path.write_text("torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size $TP "
+                    "--micro-batch-size 1\n")
+    one_error(*run_cli("import", str(path)), "error: tensor-model-parallel-size: is $TP, a shell variable the file does not set")
+    path.write_text("TP=4\n" + path.read_text())
+    code, out, err = run_cli("import", str(path), "--json")
+    assert code == 0 and json.loads(out)["plan"]["tp"] == 4, err

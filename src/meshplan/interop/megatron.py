@@ -58,6 +58,7 @@ import shlex
 from typing import Any, Optional
 
 from meshplan.errors import InputError
+from meshplan.interop import shell
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_int, choice,
     dependency_pipeline, effective_split, fp8_all_gather, fp8_library, fsdp_root_unit, single_values, stage_buffers,
@@ -322,13 +323,16 @@ def _flag(values: dict[str, Optional[str]], name: str) -> bool:
 
 
 def parse(text: str) -> ParseResult:
-    pairs = arg_pairs(arg_tokens(text))
+    pairs = arg_pairs(arg_tokens(shell.expand(text)))
     v = single_values(pairs, "Megatron-LM")
     notes: list[str] = []
 
     def num(name: str, default: Optional[int] = None, lo: int = 1) -> Optional[int]:
         if name not in v:
             return default
+        if v[name] is not None and shell.unresolved(v[name]):
+            raise InputError(name.lstrip("-"), f"is {v[name]}, a shell variable the file does not set: set it in the file "
+                                               "(NAME=value) or give the value to meshplan")
         return as_int(name.lstrip("-"), v[name], lo)
 
     def val(name: str) -> Optional[str]:
@@ -344,14 +348,15 @@ def parse(text: str) -> ParseResult:
     launcher = [v.get(k) for k in ("--nnodes", "--nproc-per-node", "--nproc_per_node")]
     nodes = num("--nnodes") if str(launcher[0]).isdigit() else None  # shell variables: unknown
     per_node = next((int(x) for x in launcher[1:] if str(x).isdigit()), None)
-    if nodes is not None and per_node is not None:
-        world = nodes * per_node
-        if world % (tp * pp * cp):
-            raise InputError("nnodes", f"world size {world:,} (--nnodes x --nproc-per-node) is not a multiple of tp x cp x pp = {tp * cp * pp:,}")
-        f["dp"] = world // (tp * pp * cp)
+    if nodes is not None and per_node is not None and (nodes * per_node) % (tp * pp * cp):
+        notes.append(f"dp: the launcher's world size {nodes * per_node:,} (--nnodes {nodes} x --nproc-per-node {per_node}) is not a "
+                     f"multiple of tp x cp x pp = {tp * cp * pp:,}, so Megatron would not start it: give --gpus or --dp")
+    elif nodes is not None and per_node is not None:
+        f["dp"] = nodes * per_node // (tp * pp * cp)
     else:
         notes.append("dp: no torchrun --nnodes/--nproc-per-node in the file, so the world size is unknown (give --gpus or --dp)")
 
+    _gpt2_vocab(v, notes)
     model = _parse_model(v, num, val, _flag)
 
     # pipeline chunks and split
@@ -395,6 +400,8 @@ def parse(text: str) -> ParseResult:
         f["layer_split"] = split
 
     f["micro_batch"] = num("--micro-batch-size", 1)
+    if "--rampup-batch-size" in v:
+        notes.append("global_batch: --rampup-batch-size grows the batch over the first samples; planned at --global-batch-size")
     gb = num("--global-batch-size")
     if gb is not None:
         f["global_batch"] = gb
@@ -419,6 +426,10 @@ def parse(text: str) -> ParseResult:
     elif _flag(v, "--use-torch-fsdp2"):
         f["zero"] = 3
         f["reshard_after_forward"] = not _flag(v, "--torch-fsdp2-no-reshard-after-forward")
+    elif "--zero-stage" in v:  # Megatron-DeepSpeed: DeepSpeed's ZeRO under Megatron's model
+        f["zero"] = num("--zero-stage", 0, lo=0)
+        if f["zero"] > 3:
+            raise InputError("zero-stage", f"must be 0, 1, 2 or 3 (got {f['zero']})")
     else:
         f["zero"] = 1 if _flag(v, "--use-distributed-optimizer") else 0
     inst = num("--num-distributed-optimizer-instances", 1)
@@ -435,9 +446,9 @@ def parse(text: str) -> ParseResult:
     prec: dict[str, Any] = {}
     if v.get("--fp8-format") is not None or "--fp8-format" in v:
         choice("fp8-format", val("--fp8-format"), {"hybrid": 1, "e4m3": 1})
-        prec.update(precision="fp8", grad_dtype="fp32")
+        prec.update(precision="fp8", grad_dtype="bf16" if _flag(v, "--grad-reduce-in-bf16") else "fp32")
     elif bf16:
-        prec.update(precision="bf16", grad_dtype="fp32")
+        prec.update(precision="bf16", grad_dtype="bf16" if _flag(v, "--grad-reduce-in-bf16") else "fp32")
     elif fp16:
         fp32_grads = _flag(v, "--accumulate-allreduce-grads-in-fp32")
         prec.update(precision="fp16", grad_dtype="fp32" if fp32_grads else "fp16", grad_fp32_copy=not fp32_grads)
@@ -457,6 +468,21 @@ def parse(text: str) -> ParseResult:
     if not any(name in v for name in ("--tensor-model-parallel-size", "--micro-batch-size", "--num-layers", "--global-batch-size")):
         raise InputError("plan", "no Megatron-LM parallelism, batch or model arguments in the file")
     return ParseResult(FORMAT, f, model, tuple(notes))
+
+
+#: GPT-2's byte-level BPE (Radford et al. 2019): the vocabulary of Megatron's GPT2BPETokenizer
+GPT2_VOCAB = 50257
+
+
+def _gpt2_vocab(v: dict[str, Optional[str]], notes: list[str]) -> None:
+    """A script that gives GPT-2's vocab and merge files (Megatron's GPT2BPETokenizer, which its GPT-3
+    examples use) and no --vocab-size has GPT-2's 50,257 tokens: set it in ``v``, with a note."""
+    kind = v.get("--tokenizer-type")
+    if "--vocab-size" in v or "--vocab-file" not in v or "--merge-file" not in v or kind not in (None, "GPT2BPETokenizer"):
+        return
+    v["--vocab-size"] = str(GPT2_VOCAB)
+    notes.append(f"vocab_size: --vocab-file with --merge-file is GPT-2's BPE, {GPT2_VOCAB:,} tokens (Megatron pads it to a "
+                 "multiple of --make-vocab-size-divisible-by x tp; meshplan counts the tokens)")
 
 
 def _prob(name: str, text: Optional[str]) -> float:
@@ -498,7 +524,8 @@ def _parse_model(v, num, val, flag) -> Optional[ModelSpec]:
         if need not in v:
             raise InputError(need.lstrip("-"), "is needed with --num-layers to read the model (Megatron takes the vocabulary from the tokenizer; give --vocab-size)")
     h, a = num("--hidden-size"), num("--num-attention-heads")
-    g = num("--num-query-groups", 1) if flag(v, "--group-query-attention") else a
+    # Megatron-DeepSpeed names the K/V heads --num-key-value-heads (Megatron-LM: --num-query-groups)
+    g = num("--num-query-groups", 1) if flag(v, "--group-query-attention") else num("--num-key-value-heads", a)
     given = [m for m, f in MLP_FLAGS.items() if flag(v, f)]
     if len(given) > 1:
         raise InputError("swiglu", "and --squared-relu are exclusive: give one MLP activation")
@@ -506,7 +533,8 @@ def _parse_model(v, num, val, flag) -> Optional[ModelSpec]:
     if "--quick-geglu" in v:
         raise InputError("quick-geglu", "is not modelled by meshplan")
     norm = choice("normalization", val("--normalization") or "LayerNorm", {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"})
-    pos = choice("position-embedding-type", val("--position-embedding-type") or "learned_absolute",
+    legacy_rope = "rope" if flag(v, "--use-rotary-position-embeddings") else None  # Megatron's pre-2024 switch
+    pos = choice("position-embedding-type", val("--position-embedding-type") or legacy_rope or "learned_absolute",
                  {"learned_absolute": "learned", "rope": "rope"})
     bias = not flag(v, "--disable-bias-linear")
     drop = [_prob(n.lstrip("-"), val(n)) for n in ("--attention-dropout", "--hidden-dropout")]
