@@ -1,5 +1,6 @@
 """What-if and sensitivity of ``meshplan estimate``: ``--vs FIELD=VALUE`` beside the baseline,
-``--sensitivity`` (elasticities of the step to the hardware, ``--out`` a tornado chart).
+``--sensitivity`` (elasticities of the step to the hardware, ``--out`` a tornado chart), and
+``meshplan search --vs``.
 
 Every figure is the engine's own: an alternative is checked against ``meshplan estimate`` with the
 flags it names, an elasticity against the estimates it comes from, and the elasticities together
@@ -276,3 +277,20 @@ def test_sensitivity_text_and_tornado(tmp_path, preset_vs):
     assert code == 2 and "must be a .svg file" in err
     code, _, err = run_cli("estimate", "--out", str(tmp_path / "t.svg"))
     assert code == 2 and err.startswith("error: out: draws the sensitivity's tornado chart")
+
+
+# ---- search --vs ---------------------------------------------------------------------------------
+
+
+def test_search_vs_reports_whether_the_best_plan_changes():
+    """Within one node the NIC carries nothing: the best plan and its step stay; a B200 is faster."""
+    code, out, err = run_cli("search", "--model", "llama3-8b", "--gpus", "8", "--top", "1", "--json",
+                             "--vs", "nic_gbps=100", "--vs", "gpu=b200")
+    assert code == 0 and err == ""
+    d = json.loads(out)
+    nic, b200 = d["vs"]
+    assert nic["changed"] is False and nic["best"] == nic["baseline_best"]
+    assert nic["baseline_best"]["step_s"] == d["top"][0]["time"]["step_s"]
+    assert b200["best"]["gpu"] == "b200" and b200["best"]["step_s"] < b200["baseline_best"]["step_s"]
+    code, _, err = run_cli("search", "--model", "llama3-8b", "--gpus", "8", "--vs", "tp=2", "--stacks", "torchtitan")
+    assert code == 2 and err.startswith("error: --vs: ")
