@@ -294,3 +294,15 @@ def test_search_vs_reports_whether_the_best_plan_changes():
     assert b200["best"]["gpu"] == "b200" and b200["best"]["step_s"] < b200["baseline_best"]["step_s"]
     code, _, err = run_cli("search", "--model", "llama3-8b", "--gpus", "8", "--vs", "tp=2", "--stacks", "torchtitan")
     assert code == 2 and err.startswith("error: --vs: ")
+
+
+def test_schema_doc_lists_the_new_keys(preset_vs):
+    from test_cli import _schema_keys
+
+    documented = _schema_keys()
+    (alt,) = preset_vs["vs"]
+    keys = ["vs", "sensitivity"] + [f"vs[].{k}" for k in alt] + [f"sensitivity[].{k}" for r in preset_vs["sensitivity"] for k in r]
+    code, out, _ = run_cli("search", "--model", "llama3-8b", "--gpus", "8", "--top", "1", "--json", "--vs", "zero=3")
+    assert code == 0
+    keys += [f"vs[].{k}" for k in json.loads(out)["vs"][0]]
+    assert sorted({k for k in keys if k not in documented}) == []
