@@ -12,15 +12,15 @@ import contextlib
 import dataclasses
 import io
 import json
-import math
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from meshplan.cli.app import main
 from meshplan.cli.options import PlanArgs, resolve
-from meshplan.cli.whatif import split_fields
+from meshplan.cli.whatif import alternatives, split_fields, vs_entries
 from meshplan.cost import calibration
+from meshplan.errors import InputError
 from meshplan.estimate import estimate
 from meshplan.sensitivity import DELTA, FACTORED, central, scale_hardware, scaled, sensitivity
 
@@ -306,3 +306,23 @@ def test_schema_doc_lists_the_new_keys(preset_vs):
     assert code == 0
     keys += [f"vs[].{k}" for k in json.loads(out)["vs"][0]]
     assert sorted({k for k in keys if k not in documented}) == []
+
+
+@pytest.mark.parametrize("field", ["tp", "gpus", "nic_gbps", "hbm_gbps", "peak_tflops", "peak_tflops.fp8", "zero", "kernels",
+                                   "global_batch_tokens", "tokens", "sequence_parallel", "sm_count", "generation", "gpu_power"])
+def test_vs_hostile_values_keep_the_error_contract(field):
+    """Every value of the CLI fuzz's hostile list gives an alternative whose figures are finite
+    (JSON refuses the others) or one ``--vs`` error on one line, what the CLI prints as
+    ``error: --vs: ...`` with exit status 2 (test_vs_errors_are_one_line)."""
+    from test_fuzz import HOSTILE
+
+    args = PlanArgs()
+    s = resolve(args)
+    est = estimate(s.model, s.cluster, s.plan, s.budget)
+    for value in HOSTILE:
+        try:
+            _, entries = vs_entries(est, alternatives(args, [f"{field}={value}"]), 0.8)
+        except InputError as err:
+            assert err.field == "--vs" and "\n" not in str(err), (value, str(err))
+            continue
+        json.dumps(entries, allow_nan=False)

@@ -198,11 +198,16 @@ def resolve_alternative(alt: Alternative) -> Setup:
 
 
 def estimate_alternative(alt: Alternative) -> Estimate:
+    """The alternative's estimate; its refusals, and a step that is not a finite number of seconds
+    (a rate so small that a time overflows), as ``--vs``'s errors."""
     setup = resolve_alternative(alt)
     try:
-        return estimate(setup.model, setup.cluster, setup.plan, setup.budget)
+        est = estimate(setup.model, setup.cluster, setup.plan, setup.budget)
     except InputError as err:
         raise _bad(f"{alt.text!r}: {err}") from None
+    if not (math.isfinite(est.time.step_s) and est.time.step_s > 0):
+        raise _bad(f"{alt.text!r}: the step is not a finite time ({est.time.step_s!r} s): a figure too small for the model")
+    return est
 
 
 # ---- the comparison -------------------------------------------------------------------------------
