@@ -151,6 +151,15 @@ def test_vs_text_puts_both_side_by_side(preset_vs):
     assert f"cost ($M) {preset_vs['run']['dollars'] / 1e6:,.2f} {alt['dollars'] / 1e6:,.2f}" in text
 
 
+def test_vs_text_keeps_the_other_options():
+    """--unit sets the memory unit of the comparison; the failure options are checked as without --vs."""
+    (alt,) = run_json("--vs", "zero=3")["vs"]
+    code, out, _ = run_cli("estimate", "--vs", "zero=3", "--unit", "GB")
+    assert code == 0 and "peak memory (GB)" in out and f"{alt['peak_bytes'] / 1e9:.2f}" in out
+    code, out, err = run_cli("estimate", "--vs", "zero=3", "--mtbf", "x")
+    assert code == 2 and out == "" and err.startswith("error: mtbf: ")
+
+
 # ---- --sensitivity -------------------------------------------------------------------------------
 
 

@@ -81,12 +81,12 @@ def estimate(
     setup = resolve(plan)
     alts = alternatives(plan, vs)
     print_plan_notes(plan.plan_file)
+    fm = failure_model(failure_rate, mtbf, ckpt_write_bw, ckpt_fs_bw, restart)
     est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
     what_if = run_what_if(est, alts, sensitivity, level, picture, out) if alts or sensitivity else None
     if what_if is not None and not json_out:  # the comparison and the sensitivity, not the full report
-        print_what_if(est, what_if, level, render.header(est, setup.preset, setup.stack))
+        print_what_if(est, what_if, level, render.header(est, setup.preset, setup.stack), unit)
         return
-    fm = failure_model(failure_rate, mtbf, ckpt_write_bw, ckpt_fs_bw, restart)
     failures, tips = extras(est, fm, not no_advice, "--global-batch-tokens" if plan.global_batch_tokens else "--global-batch")
     if json_out:
         d = report_json(est, failures, tips, level)

@@ -19,6 +19,11 @@ The alternative is what ``meshplan estimate`` gives with the baseline's options 
 options are resolved the same way (:func:`meshplan.cli.options.resolve`) and estimated by the same
 engine. A field that is not one of these, or a value its rule refuses, is one error line,
 ``error: --vs: ...``, naming the alternative, the field and the rule.
+
+The comparison shows each alternative's key figures (:func:`key_figures`) beside the baseline's
+with ``delta`` = alternative − baseline and ``change`` = alternative / baseline − 1. The same
+module renders ``--sensitivity`` (:mod:`meshplan.sensitivity`: the table, what it means, and the
+tornado chart of :mod:`meshplan.tornado` for ``--out``).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from meshplan.outfile import out_path, write_text
 from meshplan.sensitivity import DELTA, FACTORED, Elasticity, e_words, sensitivity
 from meshplan.specs.stack import BEHAVIOUR_FIELDS
 from meshplan.tornado import svg_tornado
-from meshplan.units import GiB, TFLOPS
+from meshplan.units import GB, GiB, TFLOPS
 
 #: the plan options ``--vs`` changes: every option of the plan but where it starts from and ``--set``
 VS_OPTIONS: tuple[str, ...] = tuple(k for k in PLAN_OPTIONS if k not in ("preset", "plan_file", "set_fields"))
@@ -53,6 +58,7 @@ GPU_KEYS: tuple[str, ...] = tuple(k for k in FIGURE_KEYS if k not in VS_OPTIONS)
 _REPLACES = {"gpus": "dp", "dp": "gpus", "global_batch": "global_batch_tokens", "global_batch_tokens": "global_batch"}
 _NEXT_FIELD = re.compile(r",(?=\s*[A-Za-z][\w.-]*\s*=)")
 MAX_ALTERNATIVES = 8
+_UNITS = {"GiB": GiB, "GB": GB}
 
 
 def _bad(rule: str) -> InputError:
@@ -257,8 +263,8 @@ def _pct(x: Optional[float]) -> str:
     return "" if x is None else f"{100 * x:+.1f}%"
 
 
-def _rows(fig: dict[str, Any], level: float) -> list[tuple[str, str]]:
-    """(figure, value) rows of one column."""
+def _rows(fig: dict[str, Any], level: float, unit: str = "GiB") -> list[tuple[str, str]]:
+    """(figure, value) rows of one column, memory in ``unit`` (GiB or GB)."""
     rows = [("GPUs", f"{fig['num_gpus']:,}"), ("GPU", fig["gpu"]), ("layout", fig["layout"]), ("pipeline", fig["pipeline"]),
             ("step (s)", f"{fig['step_s']:.3f}"),
             (f"  {100 * level:g} % interval", "{:.2f}–{:.2f}".format(*fig["step_s_interval"])), ("MFU", f"{100 * fig['mfu']:.1f}%"),
@@ -268,30 +274,31 @@ def _rows(fig: dict[str, Any], level: float) -> list[tuple[str, str]]:
     if "dollars" in fig:
         rows += [("cost ($M)", f"{fig['dollars'] / 1e6:,.2f}"),
                  ("  cost interval", "{:,.1f}–{:,.1f}".format(*(x / 1e6 for x in fig["dollars_interval"])))]
-    return rows + [("peak memory (GiB)", f"{fig['peak_bytes'] / GiB:.2f}"), ("fits", "yes" if fig["fits"] else "NO")]
+    return rows + [(f"peak memory ({unit})", f"{fig['peak_bytes'] / _UNITS[unit]:.2f}"), ("fits", "yes" if fig["fits"] else "NO")]
 
 
-def _deltas(entry: dict[str, Any]) -> dict[str, str]:
+def _deltas(entry: dict[str, Any], unit: str = "GiB") -> dict[str, str]:
     ch, d = entry["change"], entry["delta"]
     out = {"step (s)": _pct(ch["step_s"]), "MFU": f"{100 * d['mfu']:+.1f} pt", "tokens/s": _pct(ch["tokens_per_s"]),
-           "peak memory (GiB)": f"{d['peak_bytes'] / GiB:+.2f}"}
+           f"peak memory ({unit})": f"{d['peak_bytes'] / _UNITS[unit]:+.2f}"}
     for key, label in (("days", "days"), ("dollars", "cost ($M)")):
         if key in ch:
             out[label] = _pct(ch[key])
     return out
 
 
-def vs_table(base: dict[str, Any], entries: list[dict[str, Any]], level: float) -> Table:
-    """The baseline and each alternative side by side, each with its Δ against the baseline."""
+def vs_table(base: dict[str, Any], entries: list[dict[str, Any]], level: float, unit: str = "GiB") -> Table:
+    """The baseline and each alternative side by side, each with its Δ against the baseline (memory
+    in ``unit``, GiB or GB)."""
     t = Table(title="What if (Δ: against the baseline)", box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("figure")
     t.add_column("baseline", justify="right")
     for e in entries:
         t.add_column(e["vs"], justify="right", overflow="fold")
         t.add_column("Δ", justify="right")
-    columns = [dict(_rows(fig, level)) for fig in (base, *entries)]
-    labels = list(dict.fromkeys(label for fig in (base, *entries) for label, _ in _rows(fig, level)))
-    deltas = [_deltas(e) for e in entries]
+    columns = [dict(_rows(fig, level, unit)) for fig in (base, *entries)]
+    labels = list(dict.fromkeys(label for fig in (base, *entries) for label, _ in _rows(fig, level, unit)))
+    deltas = [_deltas(e, unit) for e in entries]
     for label in labels:
         cells = [label, columns[0].get(label, "")]
         for col, dl in zip(columns[1:], deltas):
@@ -376,8 +383,8 @@ def add_json(d: dict[str, Any], w: WhatIf) -> None:
         d["sensitivity"] = [r.to_dict() for r in w.rows]
 
 
-def print_what_if(est: Estimate, w: WhatIf, level: float, header: list[str]) -> None:
-    """The baseline in words (``header``), then the comparison and the sensitivity."""
+def print_what_if(est: Estimate, w: WhatIf, level: float, header: list[str], unit: str = "GiB") -> None:
+    """The baseline in words (``header``), then the comparison (memory in ``unit``) and the sensitivity."""
     from meshplan.cli import render
 
     out = render.console()
@@ -385,7 +392,7 @@ def print_what_if(est: Estimate, w: WhatIf, level: float, header: list[str]) -> 
         out.print(line)
     if w.base is not None:
         out.print()
-        out.print(vs_table(w.base, w.entries, level))
+        out.print(vs_table(w.base, w.entries, level, unit))
         out.print("(the full estimate of one: `meshplan estimate` with the baseline's options and the alternative's flags)",
                   markup=False, highlight=False)
     if w.rows is not None:
