@@ -130,24 +130,35 @@ def gpu_entry(name: str) -> dict[str, Any]:
     return {"name": key, **table[key]}
 
 
+#: ``gpus.yaml`` key -> (GPUSpec field, conversion from the unit the key is written in)
+ENTRY_FIELDS: dict[str, tuple[str, Any]] = {
+    "vendor": ("vendor", lambda x: x),
+    "generation": ("generation", lambda x: x),
+    "hbm_gib": ("hbm_bytes", lambda x: float(x) * GiB),
+    "hbm_gbps": ("hbm_bandwidth", lambda x: float(x) * GBPS),
+    "sm_count": ("sm_count", int),
+    "scale_up_size": ("scale_up_size", int),
+    "scale_up_gbps": ("scale_up_bandwidth", lambda x: float(x) * GBPS),
+    "nic_gbps": ("nic_bandwidth", lambda x: float(x) * GBPS),
+    "tdp_watts": ("tdp_watts", float),
+}
+
+
+def spec_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The GPUSpec fields of the ``gpus.yaml`` keys ``d`` holds, in the spec's units (bytes, bytes/s,
+    FLOP/s); ``peak_tflops`` becomes ``peak_flops``, a mapping of dtype to FLOP/s."""
+    out = {field: convert(d[key]) for key, (field, convert) in ENTRY_FIELDS.items() if key in d}
+    if "peak_tflops" in d:
+        out["peak_flops"] = {k: (None if v is None else float(v) * TFLOPS) for k, v in d["peak_tflops"].items()}
+    return out
+
+
 def gpu_from_entry(name: str, d: dict[str, Any], where: str) -> GPUSpec:
     """A GPUSpec from a ``gpus.yaml``-style entry (TFLOP/s, GiB, GB/s: converted here)."""
     try:
-        peak = {k: (None if v is None else float(v) * TFLOPS) for k, v in d["peak_tflops"].items()}
-        return GPUSpec(
-            name=name,
-            vendor=d["vendor"],
-            generation=d["generation"],
-            peak_flops=PeakFlops(**peak),
-            hbm_bytes=float(d["hbm_gib"]) * GiB,
-            hbm_bandwidth=float(d["hbm_gbps"]) * GBPS,
-            sm_count=int(d["sm_count"]),
-            scale_up_size=int(d["scale_up_size"]),
-            scale_up_bandwidth=float(d["scale_up_gbps"]) * GBPS,
-            nic_bandwidth=float(d["nic_gbps"]) * GBPS,
-            tdp_watts=float(d["tdp_watts"]),
-            sources=dict(d.get("sources", {})),
-        )
+        fields = spec_fields(d)
+        peak = PeakFlops(**fields.pop("peak_flops"))
+        return GPUSpec(name=name, peak_flops=peak, **fields, sources=dict(d.get("sources", {})))
     except ValidationError as exc:  # a broken catalog entry is a packaging bug, but say where
         raise input_error_from(exc, where) from None
 

@@ -102,13 +102,15 @@ _KEYS: dict[str, tuple[_Check, bool]] = {
 }
 
 
-def _peak_errors(value: Any) -> list[InputError]:
+def _peak_errors(value: Any, partial: bool = False) -> list[InputError]:
+    """The bad dtypes and values of a ``peak_tflops`` mapping; ``partial``: only the dtypes it
+    gives (the others kept from a GPU)."""
     if not isinstance(value, dict):
         return [InputError("gpu.peak_tflops", f"must be a mapping of dtype: TFLOP/s ({', '.join(_DTYPES)})")]
     errors = [InputError(f"gpu.peak_tflops.{k}", f"unknown dtype (dtypes: {', '.join(_DTYPES)})") for k in value if k not in _DTYPES]
     for dtype, required in _DTYPES.items():
         v = value.get(dtype)
-        if v is None and not required:
+        if v is None and (not required or partial):
             continue
         rule = "is required" if v is None else _positive_number(v)
         if rule:
@@ -116,8 +118,9 @@ def _peak_errors(value: Any) -> list[InputError]:
     return errors
 
 
-def _field_errors(data: dict[str, Any], has_base: bool) -> list[InputError]:
-    """Every bad key of ``data``, one InputError each."""
+def _field_errors(data: dict[str, Any], has_base: bool, some_peaks: bool = False) -> list[InputError]:
+    """Every bad key of ``data``, one InputError each (``some_peaks``: ``peak_tflops`` may give some
+    dtypes only)."""
     errors = [InputError(f"gpu.{k}", f"unknown key (keys: {', '.join(_KEYS)})") for k in data if k not in _KEYS]
     for key, (check, required) in _KEYS.items():
         if key not in data:
@@ -125,7 +128,7 @@ def _field_errors(data: dict[str, Any], has_base: bool) -> list[InputError]:
                 errors.append(InputError(f"gpu.{key}", "is required (or give base: a catalog GPU to start from)"))
             continue
         if key == "peak_tflops":
-            errors += _peak_errors(data[key])
+            errors += _peak_errors(data[key], partial=some_peaks)
             continue
         rule = check(data[key])
         if rule:
@@ -157,6 +160,32 @@ def gpu_from_file_data(data: Any, default_name: str):
     if "power_watts" in data:
         gpu = with_power_cap(gpu, data["power_watts"], "gpu.power_watts", name=gpu.name)
     return gpu
+
+
+#: the keys :func:`gpu_with_keys` takes: those of a GPU's figures (not its name, base, power cap or sources)
+FIGURE_KEYS: tuple[str, ...] = tuple(k for k in _KEYS if k not in ("name", "base", "power_watts", "sources"))
+
+
+def gpu_with_keys(gpu, data: dict[str, Any]):
+    """``gpu`` with the figures ``data`` gives in a GPU file's keys and units (module docstring;
+    :data:`FIGURE_KEYS`, ``peak_tflops`` any of its dtypes), the others kept as they are; every bad
+    key reported as a GPU file's are, one :class:`~meshplan.errors.InputError` each."""
+    from pydantic import ValidationError
+
+    from meshplan.catalog import spec_fields
+    from meshplan.specs.base import input_error_from
+
+    errors = [InputError(f"gpu.{k}", f"not a GPU figure (keys: {', '.join(FIGURE_KEYS)})") for k in data if k not in FIGURE_KEYS]
+    errors += _field_errors({k: v for k, v in data.items() if k in FIGURE_KEYS}, has_base=True, some_peaks=True)
+    if errors:
+        raise InputErrors(errors)
+    fields = spec_fields(data)
+    if "peak_flops" in fields:
+        fields["peak_flops"] = type(gpu.peak_flops)(**{**gpu.peak_flops.model_dump(), **fields["peak_flops"]})
+    try:
+        return type(gpu)(**{**dict(gpu), **fields})
+    except ValidationError as exc:
+        raise input_error_from(exc, "gpu") from None
 
 
 def with_power_cap(gpu, watts: Any, field: str, name: Optional[str] = None):

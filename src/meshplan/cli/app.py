@@ -26,6 +26,7 @@ from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
 from meshplan.cli.stacks_cmd import stacks as stacks_command
 from meshplan.cli.search_cmd import search as search_command
 from meshplan.cli.validate_cmd import validate as validate_command
+from meshplan.cli.whatif import add_json, alternatives, print_what_if, run_what_if, tornado_path
 from meshplan.cli.verify_cmd import verify_app
 from meshplan.cli.calc_cmd import calc_app
 from meshplan.cli.interop_cmd import export as export_command, import_ as import_command, print_plan_notes
@@ -68,18 +69,30 @@ def estimate(
     restart: Annotated[Optional[str], _run_opt("--restart", "Restart after a failure. (default: 5min)")] = None,
     no_advice: Annotated[bool, typer.Option("--no-advice", help="Leave out the advice (changes that fit or run faster).")] = False,
     interval: IntervalOpt = LEVEL,
+    vs: Annotated[Optional[list[str]], typer.Option("--vs", metavar="F=V", help="What if FIELD=VALUE[,...]: beside the baseline (repeatable).", show_default=False)] = None,
+    sensitivity: Annotated[bool, typer.Option("--sensitivity", help="Elasticity of the step to each hardware figure.")] = False,
+    out: Annotated[Optional[str], typer.Option("--out", help="With --sensitivity: its tornado chart, .svg.", show_default=False)] = None,
 ) -> None:
     """Estimate one plan: memory per pipeline rank, step time and where it goes, throughput, MFU, FLOPs per step, and the cost of a token budget (--tokens).
 
     Defaults: llama3-8b on 8 h100-sxm-80gb, dp = gpus / (tp·cp·pp), sequences of 4,096 tokens, and a global batch of about 4M tokens (micro_batch·dp·m sequences with m = round(4,194,304 / (seq_len·micro_batch·dp)) micro-batches per DP rank, between 1 and 1,024, a multiple of pp when interleaved)."""
     level = check_level(interval)
+    picture = tornado_path(out, sensitivity)
     setup = resolve(plan)
+    alts = alternatives(plan, vs)
     print_plan_notes(plan.plan_file)
-    est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
     fm = failure_model(failure_rate, mtbf, ckpt_write_bw, ckpt_fs_bw, restart)
+    est = run_estimate(setup.model, setup.cluster, setup.plan, setup.budget)
+    what_if = run_what_if(est, alts, sensitivity, level, picture, out) if alts or sensitivity else None
+    if what_if is not None and not json_out:  # the comparison and the sensitivity, not the full report
+        print_what_if(est, what_if, level, render.header(est, setup.preset, setup.stack), unit)
+        return
     failures, tips = extras(est, fm, not no_advice, "--global-batch-tokens" if plan.global_batch_tokens else "--global-batch")
     if json_out:
-        typer.echo(json.dumps(report_json(est, failures, tips, level), allow_nan=False))
+        d = report_json(est, failures, tips, level)
+        if what_if is not None:
+            add_json(d, what_if)
+        typer.echo(json.dumps(d, allow_nan=False))
         return
     render.print_estimate(est, setup.preset, unit, setup.stack, failures, tips, estimate_interval(est, level))
 

@@ -63,7 +63,7 @@ P_RUN = "Run budget"
 P_STACK = "Software stack"
 
 #: ``--interval``: the level of the step time's prediction interval (meshplan.accuracy.interval)
-IntervalOpt = Annotated[float, typer.Option("--interval", help="Level of the step's prediction interval, e.g. 0.9.")]
+IntervalOpt = Annotated[float, typer.Option("--interval", help="Level of the step's prediction interval.")]
 
 
 def _opt(decl: str, help: str, panel: str, **kw: Any) -> typer.models.OptionInfo:
@@ -325,8 +325,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def resolve(args: PlanArgs) -> Setup:
-    """Defaults, then the preset, then what the user gave; checked field by field."""
+def _layers(args: PlanArgs) -> tuple[dict[str, Any], Optional[Preset], dict[str, Any], Any, dict[str, Any]]:
+    """(given, preset, base, imported, values): what the user gave, the preset, the preset's and
+    ``--plan`` file's values, the imported file, and all of them over :data:`DEFAULTS`."""
     given = {k: v for k, v in asdict(args).items() if v is not None and k not in ("preset", "plan_file")}
     preset = get_preset(args.preset) if args.preset is not None else None
     base = dict(preset.values) if preset else {}
@@ -340,7 +341,22 @@ def resolve(args: PlanArgs) -> Setup:
             raise InputError("model", f"--plan {args.plan_file}: {gap}; give --model (a catalog name, a Hugging Face config.json "
                                       "or a model YAML)")
         base.update(imported.options)
-    v: dict[str, Any] = {**DEFAULTS, **base, **given}
+    return given, preset, base, imported, {**DEFAULTS, **base, **given}
+
+
+def _gpu_of(v: dict[str, Any]) -> GPUSpec:
+    return v["gpu"] if isinstance(v["gpu"], GPUSpec) else resolve_gpu(v["gpu"])
+
+
+def plan_gpu(args: PlanArgs) -> GPUSpec:
+    """The GPU ``args`` name (the option, else the ``--plan`` file's, the preset's or the default),
+    before any power cap (``--gpu-power``)."""
+    return _gpu_of(_layers(args)[-1])
+
+
+def resolve(args: PlanArgs) -> Setup:
+    """Defaults, then the preset, then what the user gave; checked field by field."""
+    given, preset, base, imported, v = _layers(args)
 
     for name in ("tp", "pp", "cp", "ep", "micro_batch", "seq_len"):
         _positive_int(name, v[name], cap=100_000_000)
@@ -350,7 +366,7 @@ def resolve(args: PlanArgs) -> Setup:
     if "layer_split" not in given and any(k in given for k in ("pp", "vpp", "schedule")):
         v.pop("layer_split", None)  # a preset's split fits its own stages only
     model = v["model"] if isinstance(v["model"], ModelSpec) else load_model(v["model"])
-    gpu = v["gpu"] if isinstance(v["gpu"], GPUSpec) else resolve_gpu(v["gpu"])
+    gpu = _gpu_of(v)
     if v.get("gpu_power") is not None:
         gpu = with_power_cap(gpu, v["gpu_power"], "gpu_power")
 

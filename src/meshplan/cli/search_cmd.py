@@ -24,7 +24,10 @@ from meshplan.cli.options import IntervalOpt, PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 from meshplan.cli.search_options import SearchArgs, search_options
-from meshplan.cli.search_report import impossible_line, overlap_line, overlaps, plan_row, save_plot, search_stack_line, top_intervals
+from meshplan.cli.search_report import (
+    impossible_line, overlap_line, overlaps, plan_row, save_plot, search_stack_line, top_intervals, vs_search_entry, vs_search_line,
+)
+from meshplan.cli.whatif import Alternative, alternatives
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot
 from meshplan.estimate import Budget, Estimate
@@ -345,6 +348,7 @@ def search(
     stacks: Annotated[Optional[str], typer.Option("--stacks", help="Compare stacks: search for each of these profiles (comma-separated, e.g. megatron-core,torchtitan) and print the best plan of each.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
     interval: IntervalOpt = LEVEL,
+    vs: Annotated[Optional[list[str]], typer.Option("--vs", metavar="F=V", help="What if FIELD=VALUE[,...] (as estimate's --vs): search again with it; does the best plan change? (repeatable)", show_default=False)] = None,
 ) -> None:
     """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs (and ep for mixture-of-experts models) with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism, TP communication overlap and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
 
@@ -352,6 +356,9 @@ def search(
     _out_path(out)  # checked before any work: a new .svg or .png file
     level = check_level(interval)
     progress = _Progress(not json_out)
+    alts = alternatives(plan, vs)
+    if alts and (stacks is not None or gpus_range is not None):
+        raise InputError("--vs", "searches one plan space again: not with --stacks or --gpus-range")
     if stacks is not None:
         _compare_stacks(plan, search, stacks, json_out, progress, level)
         return
@@ -371,16 +378,31 @@ def search(
         return
     try:
         result, cluster, budget = execute(plan, search, baseline=baseline, pareto=pareto or out is not None, progress=progress)
+        entries = [vs_search_entry(a.text, a.fields, list(a.flags), result, _search_alternative(a, search, baseline, progress))
+                   for a in alts]
     finally:
         progress.close()
     if out is not None:
         _write_front(result, out)
     if json_out:
-        typer.echo(json.dumps(_json(result, cluster.num_gpus, level), allow_nan=False))
+        d = _json(result, cluster.num_gpus, level)
+        if alts:
+            d["vs"] = entries
+        typer.echo(json.dumps(d, allow_nan=False))
     else:
         _print(result, bool(budget.tokens), budget.price_per_gpu_hour is not None, cluster.num_gpus, level)
+        for entry in entries:
+            render.console().print(vs_search_line(entry), markup=False, highlight=False, soft_wrap=True)
     if not result.top:
         raise typer.Exit(1)
+
+
+def _search_alternative(alt: Alternative, search: SearchArgs, baseline: Optional[str], progress) -> SearchResult:
+    """The same search with one ``--vs``'s options; its refusals are ``--vs``'s."""
+    try:
+        return execute(alt.args, search, baseline=baseline, progress=progress)[0]
+    except InputError as err:
+        raise InputError("--vs", f"{alt.text!r}: {err}") from None
 
 
 def _compare_stacks(plan: PlanArgs, search: SearchArgs, names: str, json_out: bool, progress, level: float = LEVEL) -> None:

@@ -95,3 +95,48 @@ def overlap_line(ivs: list) -> str:
         return f"No two top plans' {level} step-time intervals overlap: the ranking holds beyond meshplan's error."
     return (f"Within each other's {level} step-time interval (the ranking between them is within meshplan's error): "
             + "; ".join(pairs))
+
+
+# ---- what if (--vs) ------------------------------------------------------------------------------
+
+
+def best_plan(result: SearchResult) -> dict[str, Any] | None:
+    """The best plan of a search in words and figures: layout, pipeline, batch shape, memory
+    settings, step, MFU and peak memory (None when nothing fits)."""
+    if not result.top:
+        return None
+    est = result.top[0].estimate
+    row = plan_row(est)
+    return {"layout": row["layout"], "pipeline": row["pipeline"], "batch": row["batch"], "memory": row["memory"],
+            "step_s": est.time.step_s, "mfu": est.mfu, "peak_bytes": est.peak_bytes, "num_gpus": est.plan.num_gpus,
+            "gpu": est.cluster.gpu.name}
+
+
+def _shape(best: dict[str, Any] | None) -> tuple | None:
+    return None if best is None else (best["layout"], best["pipeline"], best["batch"], best["memory"])
+
+
+def vs_search_entry(text: str, fields: dict[str, Any], flags: list[str], base: SearchResult, other: SearchResult) -> dict[str, Any]:
+    """One ``search --vs``: its fields and flags, the best plan of the search with them, the
+    baseline search's, and whether the best layout changed (``changed``)."""
+    a, b = best_plan(base), best_plan(other)
+    return {"vs": text, "fields": fields, "flags": flags, "best": b, "baseline_best": a, "changed": _shape(a) != _shape(b),
+            "feasible": other.feasible}
+
+
+def _plan_words(best: dict[str, Any]) -> str:
+    pipe = "" if best["pipeline"] == "-" else f" {best['pipeline']}"
+    return f"{best['layout']}{pipe}, b x m {best['batch']} ({best['memory']}), step {best['step_s']:.3f} s"
+
+
+def vs_search_line(entry: dict[str, Any]) -> str:
+    """``What if nic_gbps=100: the best plan stays ...`` or ``... changes from ... to ...``."""
+    a, b = entry["baseline_best"], entry["best"]
+    head = f"What if {entry['vs']}: "
+    if a is None or b is None:
+        return head + ("nothing fits either" if a is b else f"the best plan is {_plan_words(b)} (none fits without it)" if b
+                       else f"nothing fits (the best without it: {_plan_words(a)})")
+    change = f"{100 * (b['step_s'] / a['step_s'] - 1):+.1f}%"
+    if not entry["changed"]:
+        return head + f"the best plan stays {_plan_words(a)} -> {b['step_s']:.3f} s ({change})"
+    return head + f"the best plan changes from {_plan_words(a)} to {_plan_words(b)} ({change})"
