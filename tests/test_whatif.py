@@ -194,20 +194,23 @@ def test_sensitivity_points_are_the_estimates_of_the_options(preset_vs):
 
 @pytest.fixture
 def overhead(monkeypatch):
-    """Set the calibration's per-kernel overhead of a generation to ``factor`` times its own (the one
-    time no hardware figure sets)."""
+    """Set the calibration's fixed costs of a generation, its per-kernel overhead t_k and the
+    collectives' per-call latency α₀, to ``factor`` times their own (the times no hardware figure
+    sets)."""
     own = dict(calibration.CALIBRATIONS)
 
     def set_(generation: str, factor: float) -> None:
         cal = own[generation]
-        monkeypatch.setitem(calibration.CALIBRATIONS, generation, dataclasses.replace(cal, kernel_overhead=cal.kernel_overhead * factor))
+        monkeypatch.setitem(calibration.CALIBRATIONS, generation, dataclasses.replace(
+            cal, kernel_overhead=cal.kernel_overhead * factor, collective_base_latency=cal.collective_base_latency * factor))
     return set_
 
 
 @pytest.mark.parametrize("kw", [dict(preset="llama3-405b-16k"), dict(), dict(gpus=1, global_batch=2)])
 def test_scaling_all_hardware_scales_the_step_exactly(kw, overhead):
     """Every rate x2 and every latency /2 halve the step, bit for bit, once the per-kernel overhead
-    is halved too; with the overhead as it is the step lies strictly between t/2 and t."""
+    and the collectives' per-call latency are halved too; with them as they are the step lies
+    strictly between t/2 and t."""
     s, est = setup_of(**kw)
     t = est.time.step_s
     fast = scale_hardware(s.cluster, 2.0)

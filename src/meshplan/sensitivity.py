@@ -28,11 +28,12 @@ Days at a fixed token budget and batch are steps × t, so their elasticity is t'
 (N·t) and dollars add 1 to the GPU count's.
 
 The model's times are bytes over a rate, FLOPs over a rate, latencies α and the calibration's
-per-kernel overhead t_k (:mod:`meshplan.cost.calibration`), combined by sums, products with
-counts, maxima and the pipeline's schedule (sums and maxima). Scaling F, W, B_up and B_out by λ
-and α, t_k by 1/λ therefore scales every time, and the step, by exactly 1/λ (bit for bit when λ
-is a power of 2: :func:`scale_hardware`), and Euler's theorem on homogeneous functions gives, for
-exact derivatives,
+fixed costs t_k, the per-kernel overhead and the collectives' per-call latency α₀
+(:mod:`meshplan.cost.calibration`), combined by sums, products with counts, maxima and the
+pipeline's schedule (sums and maxima). Scaling F, W, B_up and B_out by λ and α, t_k by 1/λ
+therefore scales every time, and the step, by exactly 1/λ (bit for bit when λ is a power of 2:
+:func:`scale_hardware`), and Euler's theorem on homogeneous functions gives, for exact
+derivatives,
 
     e_F + e_W + e_up + e_out − e_α − e_tk = −1.
 """
@@ -117,8 +118,8 @@ def scaled(cluster: ClusterSpec, parameter: str, factor: float) -> ClusterSpec:
 
 def scale_hardware(cluster: ClusterSpec, factor: float) -> ClusterSpec:
     """``cluster`` with every rate (F, W, B_up, B_out) times ``factor`` and every latency α over it:
-    the step of any plan on it is t/``factor`` but for the calibration's per-kernel overhead t_k,
-    which no hardware figure sets (module docstring)."""
+    the step of any plan on it is t/``factor`` but for the calibration's fixed costs t_k (per-kernel
+    overhead, per-call collective latency), which no hardware figure sets (module docstring)."""
     for parameter in FACTORED:
         cluster = scaled(cluster, parameter, 1.0 / factor if parameter == "latency" else factor)
     return cluster

@@ -344,8 +344,8 @@ def sensitivity_notes(est: Estimate, rows: list[Elasticity], delta: float = DELT
     total = sum(e[k] for k in FACTORED if k != "latency") - e["latency"]
     lines = [f"e: a 1 % larger x changes the step by about e %; central difference at x·(1 ± {delta:g}); GPU count at the "
              f"nearest valid counts with the same global batch ({est.plan.global_batch:,} sequences), tp·cp·pp kept",
-             f"the rates' e less the latency's: {total:+.3f} (for small changes −1 less the per-kernel overhead's e: the step "
-             "scales as 1/λ with every rate x λ and every latency and kernel overhead x 1/λ)"]
+             f"the rates' e less the latency's: {total:+.3f} (for small changes −1 less the fixed costs' e, per kernel and per "
+             "collective call: the step scales as 1/λ with every rate x λ and every latency and fixed cost x 1/λ)"]
     if est.run_cost() and e["gpus"] is not None:
         lines.append(f"days move as the step (the same e); GPU-hours and $ go as GPUs x step: e = {e['gpus'] + 1:+.3f} "
                      "for the GPU count")
