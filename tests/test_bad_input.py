@@ -68,6 +68,7 @@ BAD = [
     (["--tokens", "inf"], "error: tokens:"),
     (["--pue", "0.5"], "error: pue:"),
     (["--nic-gbps", "0"], "error: nic_gbps:"),
+    (["--nic-gbps", "5e-324", "--gpus", "16", "--json"], "error: nic_gbps: must be at least 0.001"),  # an infinite step otherwise
     (["--oversubscription", "0.5"], "error: oversubscription:"),
     (["--global-batch-tokens", "12345"], "error: global_batch_tokens: 12,345 tokens is not a multiple of seq_len (4,096)"),
     (["--global-batch-tokens", "-4M"], "error: global_batch_tokens:"),

@@ -475,7 +475,7 @@ def resolve(args: PlanArgs) -> Setup:
         raise InputError("pod_size", f"pod_size ({v['pod_size']:,}) must be a multiple of the {k} GPUs per node")
     nic = None
     if v.get("nic_gbps") is not None:
-        nic = _finite("nic_gbps", v["nic_gbps"], 0.0, 1e6, lo_open=True) * GBPS
+        nic = _finite("nic_gbps", v["nic_gbps"], 1e-3, 1e6) * GBPS
     over = 1.0 if v.get("oversubscription") is None else _finite("oversubscription", v["oversubscription"], 1.0, 1000.0)
     try:
         cluster = ClusterSpec.of(
