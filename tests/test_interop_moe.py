@@ -26,6 +26,7 @@ MEGATRON_MOE = {
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
     "--moe-shared-expert-gate", "--moe-layer-freq", "--expert-model-parallel-size", "--multi-latent-attention",
     "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--qk-layernorm",
+    "--moe-token-dispatcher-type", "--moe-grouped-gemm",  # TransformerConfig's moe_token_dispatcher_type, moe_grouped_gemm
 }
 
 PLANS = {

@@ -37,7 +37,8 @@ MEGATRON = {
     "--num-virtual-stages-per-pipeline-rank", "--overlap-grad-reduce", "--overlap-param-gather",
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
     "--num-distributed-optimizer-instances", "--context-parallel-size", "--use-tp-pp-dp-mapping",
-    "--expert-model-parallel-size", "--fp8-format",
+    "--expert-model-parallel-size", "--fp8-format", "--ckpt-format",
+    "--moe-token-dispatcher-type", "--moe-grouped-gemm",  # TransformerConfig's fields, as arguments since 2025
     "--nnodes", "--nproc-per-node",
 }
 # torchtitan, torchtitan/config/job_config.py (pytorch/torchtitan, JobConfig of v0.2.2): sections

@@ -251,3 +251,51 @@ def test_a_variable_the_script_does_not_set_is_named(tmp_path):
     path.write_text("TP=4\n" + path.read_text())
     code, out, err = run_cli("import", str(path), "--json")
     assert code == 0 and json.loads(out)["plan"]["tp"] == 4, err
+
+
+# ---- Megatron-LM exports that pass validate_args --------------------------------------------------
+
+
+def _megatron_export(tmp_path, *flags: str) -> tuple[str, str]:
+    path = tmp_path / "args.sh"
+    code, _, err = run_cli("export", "--to", "megatron", *flags, "--out", str(path), "--force")
+    assert code == 0, err
+    return path.read_text(), err
+
+
+def test_megatron_fsdp_export_writes_fsdp_dtensor_checkpoints_and_unsets_device_connections(tmp_path):
+    """validate_args: "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format" and "FSDP
+    requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"."""
+    text, err = _megatron_export(tmp_path, "--model", "llama3-8b", "--gpus", "16", "--zero", "3", "--tp", "2")
+    assert "--ckpt-format fsdp_dtensor" in text and "--use-megatron-fsdp" in text
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in text and "CUDA_DEVICE_MAX_CONNECTIONS=1" not in text
+    assert "note: CUDA_DEVICE_MAX_CONNECTIONS:" in err
+    assert megatron.parse(text).plan["zero"] == 3
+
+
+def test_megatron_tp_or_cp_export_sets_one_device_connection(tmp_path):
+    """validate_args (before Blackwell): "Using tensor model parallelism or context parallelism
+    require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"."""
+    for flags in (("--tp", "2"), ("--cp", "2", "--seq-len", "8192")):
+        text, _ = _megatron_export(tmp_path, "--model", "llama3-8b", "--gpus", "16", "--zero", "1", *flags)
+        assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+        assert shell_value(text, "CUDA_DEVICE_MAX_CONNECTIONS") == "1"
+    text, _ = _megatron_export(tmp_path, "--model", "llama3-8b", "--gpus", "16", "--zero", "1")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in text  # pure data parallelism: nothing asserted
+
+
+def shell_value(text: str, name: str) -> str:
+    from meshplan.interop import shell
+
+    return shell.assignments(text)[name]
+
+
+def test_megatron_moe_export_runs_the_all_to_all_meshplan_prices(tmp_path):
+    """Megatron-Core's default dispatcher is allgather (TransformerConfig.moe_token_dispatcher_type),
+    which gathers every token to every expert rank; meshplan prices the all-to-all one."""
+    text, _ = _megatron_export(tmp_path, "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "4", "--ep", "8")
+    assert "--moe-token-dispatcher-type alltoall" in text and "--moe-grouped-gemm" in text
+    r = megatron.parse(text)
+    assert r.model.name == "mixtral-8x7b" and not any(n.startswith("ep: --moe-token-dispatcher-type") for n in r.notes)
+    legacy = megatron.parse(text.replace("--moe-token-dispatcher-type alltoall", ""))
+    assert any(n.startswith("ep: --moe-token-dispatcher-type allgather") for n in legacy.notes)

@@ -137,8 +137,11 @@ def _moe_mla_args(m: ModelSpec) -> list[tuple[str, Optional[str]]]:
     """Megatron-Core's mixture-of-experts and multi-latent-attention arguments of ``m``."""
     a: list[tuple[str, Optional[str]]] = []
     if m.is_moe:
+        # the all-to-all dispatcher meshplan prices (Megatron-Core's default is allgather) and the
+        # experts' GEMMs grouped, as Megatron-Core's MoE guide runs them
         a += [("--num-experts", str(m.n_experts)), ("--moe-router-topk", str(m.experts_per_token)),
-              ("--moe-ffn-hidden-size", str(m.expert_ffn_hidden))]
+              ("--moe-ffn-hidden-size", str(m.expert_ffn_hidden)), ("--moe-token-dispatcher-type", "alltoall"),
+              ("--moe-grouped-gemm", None)]
         if m.shared_expert_ffn_hidden:
             a.append(("--moe-shared-expert-intermediate-size", str(m.shared_expert_ffn_hidden)))
         if m.shared_expert_gate:
@@ -233,7 +236,9 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
     if p.zero == 1:
         a.append(("--use-distributed-optimizer", None))
     elif p.zero in SHARDING:
-        a += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", SHARDING[p.zero])]
+        # validate_args: "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format"
+        a += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", SHARDING[p.zero]),
+              ("--ckpt-format", "fsdp_dtensor")]
         if p.zero == 3 and not p.stack.reshard_after_forward:
             led.lose("reshard_after_forward", "Megatron-FSDP reshards weights after forward; exported resharding")
         if p.stack.fsdp_accumulate_unsharded:
@@ -281,11 +286,28 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
     lines = [
         f"# Megatron-LM arguments ({SOURCE}), written by meshplan for {model.name} on {gpus:,} GPUs:",
         f"# dp = {p.dp} = world size / (tp x cp x pp). Add the data, tokenizer, learning-rate and checkpoint arguments.",
+        *_device_connections(p, led),
         f"torchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py \\",
     ]
     body = [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}") for flag, value in a]
     lines += [x + " \\" for x in body[:-1]] + body[-1:]
     return led.result("\n".join(lines) + "\n")
+
+
+def _device_connections(p: TrainingPlan, led: Ledger) -> list[str]:
+    """The ``CUDA_DEVICE_MAX_CONNECTIONS`` line Megatron-LM's ``validate_args`` needs before Blackwell:
+    TP or CP > 1 asserts it is 1 (one hardware queue, so the TP/CP communication kernels launch in
+    the order they overlap compute); Megatron-FSDP asserts it is not 1 (and with TP/CP only warns
+    that the two want different settings)."""
+    fsdp = p.zero in SHARDING
+    if fsdp:
+        if p.tp > 1 or p.cp > 1:
+            led.note("CUDA_DEVICE_MAX_CONNECTIONS: Megatron-FSDP needs it unset or above 1, tensor/context parallelism "
+                     "wants 1 on Hopper and earlier (validate_args warns); unset here")
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP asserts it is not 1"]
+    if p.tp > 1 or p.cp > 1:
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP > 1 on Hopper and earlier: validate_args asserts it"]
+    return []
 
 
 # ---- parse ------------------------------------------------------------------------------------------
@@ -358,6 +380,10 @@ def parse(text: str) -> ParseResult:
 
     _gpt2_vocab(v, notes)
     model = _parse_model(v, num, val, _flag)
+    dispatcher = v.get("--moe-token-dispatcher-type") or "allgather"  # Megatron-Core's default
+    if model is not None and model.is_moe and dispatcher != "alltoall":
+        notes.append(f"ep: --moe-token-dispatcher-type {dispatcher} gathers every token to every expert rank; meshplan "
+                     "prices the all-to-all dispatcher (--moe-token-dispatcher-type alltoall)")
 
     # pipeline chunks and split
     layout = val("--pipeline-model-parallel-layout")
