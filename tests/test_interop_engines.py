@@ -161,13 +161,31 @@ class _Mpu:
 DS_GRID = [p for _, p in GRID["deepspeed"]] + [TrainingPlan(tp=8, pp=4, dp=4, micro_batch=1, global_batch=256, seq_len=4096, zero=1)]
 
 
+DS_GRID += [TrainingPlan(tp=4, dp=2, micro_batch=1, global_batch=8, seq_len=4096, zero=2),  # AutoTP, 8 ranks
+            TrainingPlan(tp=4, cp=8, dp=2, micro_batch=1, global_batch=16, seq_len=32768, zero=1)]  # with Ulysses
+
+
+def _deepspeed_mpu(p: TrainingPlan):
+    """The mpu DeepSpeedConfig gets as its users run each plan: a pipeline's PipelineModule topology
+    (data-parallel size dp), none for AutoTP (its tutorial's path: every rank counts) and for
+    Ulysses without a pipeline (the ranks over sequence_parallel_size count), else dp."""
+    if p.pp == 1 and (p.tp > 1 or p.cp > 1):
+        return None
+    return _Mpu(p.dp)
+
+
 @pytest.mark.parametrize("p", DS_GRID, ids=range(len(DS_GRID)))
 def test_deepspeed_config_class_reads_the_json(p, monkeypatch):
     config_mod = pytest.importorskip("deepspeed.runtime.config")
     monkeypatch.setattr(config_mod.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(config_mod.dist, "get_world_size", lambda *a, **k: p.num_gpus)
     cfg = json.loads(export("deepspeed", LLAMA70, p).text)
-    ds = config_mod.DeepSpeedConfig(cfg, mpu=_Mpu(p.dp))  # its batch assertion: train = micro x gas x dp
-    assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (p.global_batch, p.micro_batch, p.grad_accum)
+    ds = config_mod.DeepSpeedConfig(cfg, mpu=_deepspeed_mpu(p))  # its batch assertion: train = micro x gas x its world
+    assert (ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (p.micro_batch, p.grad_accum)
+    if "train_batch_size" in cfg:
+        assert ds.train_batch_size == p.global_batch
+    else:  # DeepSpeed's own count, over the ranks it takes as data-parallel
+        assert p.tp > 1 or p.cp > 1
     assert ds.zero_optimization_stage == p.zero
     if p.zero:
         assert ds.zero_config.overlap_comm == p.stack.overlap_grad_reduce

@@ -299,3 +299,21 @@ def test_megatron_moe_export_runs_the_all_to_all_meshplan_prices(tmp_path):
     assert r.model.name == "mixtral-8x7b" and not any(n.startswith("ep: --moe-token-dispatcher-type") for n in r.notes)
     legacy = megatron.parse(text.replace("--moe-token-dispatcher-type alltoall", ""))
     assert any(n.startswith("ep: --moe-token-dispatcher-type allgather") for n in legacy.notes)
+
+
+def test_deepspeed_autotp_export_leaves_the_total_to_deepspeed_and_reads_back(tmp_path):
+    """DeepSpeedConfig asserts train_batch_size == micro x accumulation x its world size, which counts
+    the AutoTP ranks without an mpu (4 != 1 x 4 x 2 on 2 ranks of TP 2): the export leaves the total
+    out, and reading it back takes micro x accumulation x dp once --gpus gives dp."""
+    path = tmp_path / "ds.json"
+    code, _, err = run_cli("export", "--to", "deepspeed", "--model", "llama3-8b", "--gpus", "16", "--tp", "4",
+                           "--global-batch", "32", "--out", str(path))
+    assert code == 0, err
+    cfg = json.loads(path.read_text())
+    assert "train_batch_size" not in cfg and (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (1, 8)
+    assert "1 x 8 x dp 4 = 32 sequences" in err
+    code, out, err = run_cli("estimate", "--plan", str(path), "--model", "llama3-8b", "--gpus", "16", "--tp", "4",
+                             "--seq-len", "4096", "--json")
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    assert (plan["dp"], plan["micro_batch"], plan["global_batch"]) == (4, 1, 32)

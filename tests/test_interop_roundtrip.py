@@ -48,6 +48,10 @@ def roundtrip(engine: str, model, plan: TrainingPlan):
     if engine == "deepspeed":  # DeepSpeed's JSON carries neither the sequence length nor the model
         assert "seq_len" not in fields
         fields["seq_len"] = plan.seq_len
+        if "micro_batches" in parsed.options:  # no train_batch_size (TP or CP): the GPU count gives dp
+            assert "dp" not in fields and "global_batch" not in fields
+            fields["dp"] = plan.dp
+            fields["global_batch"] = fields["micro_batch"] * parsed.options["micro_batches"] * plan.dp
     back = to_plan(fields)
     return result, parsed, back
 

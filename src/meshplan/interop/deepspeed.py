@@ -53,6 +53,14 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         "train_micro_batch_size_per_gpu": p.micro_batch,
         "gradient_accumulation_steps": p.grad_accum,
     }
+    if p.tp > 1 or p.cp > 1:
+        # DeepSpeedConfig asserts train_batch_size == micro x accumulation x its world size, which is
+        # every rank without an mpu (AutoTP's tutorial path) or the ranks over sequence_parallel_size
+        # (Ulysses): the TP ranks count as data-parallel there. Left out, DeepSpeed derives it.
+        del cfg["train_batch_size"]
+        led.note(f"train_batch_size: left for DeepSpeed to derive (micro x accumulation x its world size, in which "
+                 f"{'AutoTP ranks count' if p.tp > 1 else 'the ranks over sequence_parallel_size count'}); the plan's global "
+                 f"batch is {p.micro_batch} x {p.grad_accum} x dp {p.dp} = {p.global_batch} sequences")
     if r.precision in ("bf16", "fp8"):
         cfg["bf16"] = {"enabled": True}
         if r.precision == "fp8":
@@ -158,6 +166,9 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
         f["micro_batch"] = micro
     if train is not None:
         f["global_batch"] = train
+    options: dict[str, Any] = {}
+    if train is None and micro is not None and gas is not None:
+        options["micro_batches"] = gas  # DeepSpeed's batch is then micro x accumulation x the data-parallel ranks
     if train is not None and micro is not None and gas is not None:
         if train % (micro * gas):
             raise InputError("train_batch_size", f"{train} is not train_micro_batch_size_per_gpu x gradient_accumulation_steps ({micro} x {gas}) x data-parallel ranks")
@@ -198,7 +209,7 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
     notes.append("model: a DeepSpeed config does not carry the model (give --model)")
     if not any(k in cfg for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization")):
         raise InputError("plan", "no DeepSpeed batch or zero_optimization settings in the JSON")
-    return ParseResult("deepspeed", f, None, tuple(notes))
+    return ParseResult("deepspeed", f, None, tuple(notes), options)
 
 
 #: ZeRO-Offload's keys: the optimizer state (and with ZeRO-3 the parameters) in CPU or NVMe memory,
