@@ -93,6 +93,9 @@ class Worker:
         self.proc = ctx.Process(target=serve, args=(child, PRELOAD), name="meshplan-heavy", daemon=True)
         try:
             self.proc.start()
+        except OSError as err:  # out of processes or of file descriptors
+            self.conn.close()
+            raise WorkerLost(f"no worker process could start ({err.strerror or err}); try again shortly") from None
         finally:
             child.close()
         if not self.conn.poll(START_S):
@@ -126,6 +129,7 @@ class Worker:
             return False
 
     def exit_status(self) -> str:
+        """How the process ended, for the error's line: ``exit status N`` or ``signal N``."""
         self.proc.join(1)
         code = self.proc.exitcode
         if code is None:
