@@ -19,8 +19,9 @@ time the server and the clients spent per request (the server's from /proc), aga
 ``--mode heavy`` runs ``cheap`` and ``contended`` and then, for each of the worst requests the
 server allows (:data:`WORST`: the Plan view at the 131,072 micro-batch-stage bound, the failures
 calculator near its event bound, a search near its 1,000,000-plan bound), starts a fresh server,
-sends it alone and reports its time and the server's peak memory above its idle resident size
-(VmHWM − VmRSS from /proc). ``--mode all`` runs every mode, then the worst requests.
+sends it alone and reports its time, the server's peak memory above its idle resident size
+(VmHWM − VmRSS from /proc) and the peak of the largest process under it (the heavy request's worker
+process, where the request ran in one). ``--mode all`` runs every mode, then the worst requests.
 
     python benchmarks/web_load.py [--clients 50] [--seconds 30] [--mode all|both|repeat|distinct|cheap|contended|heavy] [--workers 1]
 
@@ -99,18 +100,29 @@ def start_server(port: int, workers: int) -> subprocess.Popen:
     raise SystemExit("the server did not start within 60 s")
 
 
-def server_cpu_s(pid: int) -> Optional[float]:
-    """User + system CPU seconds of process ``pid`` and its children (uvicorn's workers), from
-    /proc; None where there is no /proc."""
-    try:
-        pids = [pid]
-        for p in os.listdir("/proc"):
-            if p.isdigit():
+def descendants(pid: int) -> list[int]:
+    """Process ``pid`` and every process under it (uvicorn's workers, the heavy requests' worker
+    processes under their forkserver), from /proc."""
+    parent = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
                 with open(f"/proc/{p}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        pids.append(int(p))
+                    parent[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass  # gone meanwhile
+    out = [pid]
+    for p in out:
+        out += [c for c, pp in parent.items() if pp == p]
+    return out
+
+
+def server_cpu_s(pid: int) -> Optional[float]:
+    """User + system CPU seconds of process ``pid`` and the processes under it, from /proc; None
+    where there is no /proc."""
+    try:
         total = 0
-        for p in pids:
+        for p in descendants(pid):
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
@@ -235,13 +247,18 @@ async def drive(port: int, clients: int, seconds: float, mode: str) -> tuple[lis
     return lat, errors, time.perf_counter() - t0, heavy
 
 
+#: A quick heavy request: the warm-up starts a heavy slot's worker process with it.
+QUICK_HEAVY = "/api/pipeline?pp=4&microbatches=8"
+
+
 async def warm(port: int) -> None:
-    """Imports, catalogs and the repeated plans' first estimates, before the clock starts."""
+    """Imports, catalogs, the repeated plans' first estimates and a heavy slot's worker process,
+    before the clock starts."""
     conn = await connect(port)
-    for p in plans():
-        status, body = await conn.get(request_bytes(target(p), port))
+    for path in [target(p) for p in plans()] + [QUICK_HEAVY]:
+        status, body = await conn.get(request_bytes(path, port))
         if status != 200:
-            raise SystemExit(f"warm-up request {p} answered {status}: {body[:200]!r}")
+            raise SystemExit(f"warm-up request {path} answered {status}: {body[:200]!r}")
     conn.transport.close()
 
 
@@ -301,9 +318,10 @@ def send_worst(port: int, what) -> tuple[int, str]:
 
 
 def worst_requests() -> None:
-    """Each :data:`WORST` request alone on a fresh server: its time and the server's peak resident
-    memory above the resident size it had just before."""
-    print("worst allowed requests, each alone on a fresh server (peak resident memory above idle):")
+    """Each :data:`WORST` request alone on a fresh server: its time, the server's peak resident
+    memory above the resident size it had just before, and the peak of the largest process under
+    it (a heavy request's worker process, started by the request)."""
+    print("worst allowed requests, each alone on a fresh server (peak resident memory above idle; the largest worker process's peak):")
     for name, what in WORST.items():
         port = free_port()
         server = start_server(port, 1)
@@ -313,10 +331,12 @@ def worst_requests() -> None:
             status, head = send_worst(port, what)
             seconds = time.perf_counter() - t0
             _, hwm = memory_kb(server.pid)
+            workers = [memory_kb(p)[1] for p in descendants(server.pid)[1:]]
         finally:
             server.terminate()
             server.wait(10)
-        print(f"  {name}: status {status}, {seconds:.2f} s, +{(hwm - rss0) / 1024:,.0f} MB (peak {hwm / 1024:,.0f} MB)"
+        worker = f", worker peak {max(workers) / 1024:,.0f} MB" if workers else ""
+        print(f"  {name}: status {status}, {seconds:.2f} s, +{(hwm - rss0) / 1024:,.0f} MB (peak {hwm / 1024:,.0f} MB){worker}"
               + ("" if status == 200 else f"  {head}"))
 
 

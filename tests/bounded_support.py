@@ -9,37 +9,40 @@ import contextlib
 import io
 import time
 import tracemalloc
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 #: What one hostile or careless request may take: 10 s and 1 GB.
 SECONDS, BYTES = 10.0, 2**30
 
 
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
+def _status_kib(key: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
-    raise OSError(f"no {key} in /proc/self/status")
+    raise OSError(f"no {key} in /proc/{pid}/status")
 
 
-def _reset_high_water_mark() -> bool:
+def _reset_high_water_mark(pid: int | str = "self") -> bool:
     try:
-        with open("/proc/self/clear_refs", "w") as f:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")
-        _status_kib("VmHWM")
+        _status_kib("VmHWM", pid)
         return True
     except OSError:
         return False
 
 
-def bounded(fn: Callable[[], Any]) -> tuple[Any, float, int]:
-    """``(fn(), seconds, bytes the process grew by at its peak while fn ran)``."""
-    if _reset_high_water_mark():
-        before = _status_kib("VmRSS")
+def bounded(fn: Callable[[], Any], processes: Sequence[int] = ()) -> tuple[Any, float, int]:
+    """``(fn(), seconds, bytes the process grew by at its peak while fn ran)``; with ``processes``
+    (the web server's worker processes, on Linux) their growth is added to this one's."""
+    pids = ["self", *processes]
+    if all(_reset_high_water_mark(pid) for pid in pids):
+        before = [_status_kib("VmRSS", pid) for pid in pids]
         t0 = time.perf_counter()
         value = fn()
-        return value, time.perf_counter() - t0, max(0, _status_kib("VmHWM") - before) * 1024
+        seconds = time.perf_counter() - t0
+        return value, seconds, sum(max(0, _status_kib("VmHWM", pid) - b) for pid, b in zip(pids, before)) * 1024
     tracemalloc.start()
     t0 = time.perf_counter()
     try:

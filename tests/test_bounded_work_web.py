@@ -1,10 +1,15 @@
 """Hostile and careless web requests: a 422 (or 503) whose body is the OpenAPI error schema, or a bounded
 answer, within 10 s and 1 GB; heavy requests run side by side (no global lock), in a bounded
-number of slots with a bounded wait."""
+number of slots with a bounded wait, each in a worker process with a time limit, and answer as
+if they had run in the server."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,14 +19,21 @@ pytest.importorskip("fastapi", reason="fastapi is not installed (the web extra)"
 pytest.importorskip("httpx", reason="httpx is not installed (the test extra)")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from meshplan.web import Limits, create_app  # noqa: E402
+from meshplan.errors import InputError  # noqa: E402
+from meshplan.web import Limits, calc_api, create_app, pipeline_api, plan_api  # noqa: E402
+from meshplan.web.errors import ErrorBody, error_body  # noqa: E402
+from meshplan.web.heavy import Unavailable  # noqa: E402
 
 KEYS = {"field", "rule", "detail"}
+#: A heavy request that takes seconds (the failures calculator near its event bound).
+SLOW = "/api/calc/failures?work=54d&checkpoint_time=98s&mtbf=2.4h&runs=15000"
+QUICK = "/api/calc/failures?work=1h&checkpoint_time=98s&mtbf=24h&runs=2"
 
 
 @pytest.fixture(scope="module")
 def web():
-    return TestClient(create_app(), raise_server_exceptions=False)
+    with TestClient(create_app(), raise_server_exceptions=False) as client:  # the lifespan stops the workers
+        yield client
 
 
 def refusal(r, field: str, status: int = 422) -> str:
@@ -51,7 +63,8 @@ def test_refused_within_bounds(web, url, field):
     "/api/view/plan?gpus=8&pp=4&global_batch=16384",  # too many actions for the Gantt: summarised without it
 ])
 def test_answered_within_bounds(web, url):
-    r, seconds, peak = bounded(lambda: web.get(url))
+    assert web.get(QUICK).status_code == 200  # a worker process started: its memory is counted too
+    r, seconds, peak = bounded(lambda: web.get(url), web.app.state.heavy.pool.pids())
     assert r.status_code == 200, r.text[:500]
     assert seconds < SECONDS and peak < BYTES
 
@@ -108,3 +121,110 @@ def test_calculators_run_side_by_side_and_keep_their_answers_apart(web):
     with ThreadPoolExecutor(4) as pool:
         together = [r.json() for r in pool.map(web.get, urls)]
     assert together == alone
+
+
+# ---- heavy work in worker processes ------------------------------------------------------------
+
+SIM = {"schedule": "zbh1", "pp": 4, "m": 8, "vpp": None, "fwd": None, "bwd": None, "wgrad": None, "transfer": 0.0,
+       "stage_times": None, "runtime": None}
+
+
+@pytest.mark.parametrize("url,work,args", [
+    ("/api/view/plan?model=llama3-8b&gpus=8&pp=2", plan_api.plan_view_json, ({"model": "llama3-8b", "gpus": 8, "pp": 2},)),
+    ("/api/explain?preset=llama3-405b-16k", plan_api.explain_json, ({"preset": "llama3-405b-16k"},)),
+    ("/api/pipeline?schedule=zbh1&pp=4&microbatches=8", pipeline_api.pipeline_json, (SIM,)),
+    ("/api/view/pipeline?schedule=zbh1&pp=4&microbatches=8", pipeline_api.pipeline_view_json, (SIM,)),
+    ("/api/calc/failures?work=1h&checkpoint_time=98s&mtbf=24h&runs=50&seed=3", calc_api.run_calculator,
+     ("failures", [("work", "1h"), ("checkpoint_time", "98s"), ("mtbf", "24h"), ("runs", "50"), ("seed", "3")])),
+])
+def test_heavy_answer_is_the_one_computed_in_the_server(web, url, work, args):
+    r = web.get(url)
+    assert r.status_code == 200, r.text[:500]
+    assert r.json() == json.loads(json.dumps(work(*args)))
+
+
+def test_heavy_work_runs_in_another_process(web):
+    assert web.app.state.heavy.run(os.getpid) != os.getpid()
+
+
+@pytest.mark.parametrize("url,work,args", [
+    ("/api/pipeline?fwd=1e308&bwd=1e308", pipeline_api.pipeline_json, ({**SIM, "schedule": None, "fwd": 1e308, "bwd": 1e308},)),
+    ("/api/view/pipeline?schedule=zbh1&pp=4&microbatches=8&stage_times=1:2,x", pipeline_api.pipeline_view_json,
+     ({**SIM, "stage_times": "1:2,x"},)),
+    ("/api/calc/failures?work=abc&checkpoint_time=98s&mtbf=24h", calc_api.run_calculator,
+     ("failures", [("work", "abc"), ("checkpoint_time", "98s"), ("mtbf", "24h")])),
+])
+def test_bad_input_found_in_the_worker_is_the_servers_422(web, url, work, args):
+    with pytest.raises(InputError) as here:
+        work(*args)
+    r = web.get(url)
+    assert r.status_code == 422 and r.json() == error_body(here.value)
+
+
+def test_validation_error_in_the_worker_is_an_input_error(web):
+    with pytest.raises(InputError) as err:
+        web.app.state.heavy.run(ErrorBody.model_validate, {"field": "x"})
+    assert (err.value.field, err.value.rule) == ("rule", "is required")
+
+
+def test_heavy_work_past_its_time_limit_is_stopped_with_503():
+    with TestClient(create_app(Limits(heavy_slots=1, heavy_timeout_s=0.3)), raise_server_exceptions=False) as web:
+        assert web.get(QUICK).status_code == 200
+        t0 = time.perf_counter()
+        rule = refusal(web.get(SLOW), "server", 503)
+        assert time.perf_counter() - t0 < 2 and "passed the 0.3 s a heavy request may take" in rule
+        assert web.get(QUICK).status_code == 200  # a new worker process took its place
+
+
+def test_a_worker_killed_at_work_gives_503_and_is_replaced():
+    with TestClient(create_app(Limits(heavy_slots=1)), raise_server_exceptions=False) as web:
+        pool = web.app.state.heavy.pool
+        assert web.get(QUICK).status_code == 200
+        (pid,) = pool.pids()
+        with ThreadPoolExecutor(1) as run:
+            slow = run.submit(web.get, SLOW)
+            while pool.pids():  # taken for the request
+                time.sleep(0.01)
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+            assert "stopped (signal 9)" in refusal(slow.result(), "server", 503)
+        assert web.get(QUICK).status_code == 200 and pool.pids() != [pid]
+
+
+def killed(pid: int) -> None:
+    """Kill process ``pid`` and wait until it has exited (its pipes closed)."""
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(500):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                    return
+        except OSError:
+            return
+        time.sleep(0.01)
+
+
+def test_dead_idle_workers_are_replaced(web):
+    assert web.get(QUICK).status_code == 200
+    for pid in web.app.state.heavy.pool.pids():
+        killed(pid)
+    assert web.get(QUICK).status_code == 200
+
+
+def test_a_worker_that_exits_or_runs_out_of_memory_is_unavailable_then_replaced(web):
+    heavy = web.app.state.heavy
+    with pytest.raises(Unavailable, match="stopped \\(exit status 3\\)"):
+        heavy.run(os._exit, 3)
+    with pytest.raises(Unavailable, match="ran out of memory"):
+        heavy.run(bytearray, 1 << 62)
+    assert heavy.run(os.getpid) in heavy.pool.pids()
+
+
+def test_shutdown_stops_the_workers():
+    with TestClient(create_app()) as web:
+        assert web.get(QUICK).status_code == 200
+        pids = web.app.state.heavy.pool.pids()
+    assert pids
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

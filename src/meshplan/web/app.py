@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 from fastapi import FastAPI
 
@@ -15,12 +17,22 @@ from meshplan.web.search_api import Searches
 @dataclass(frozen=True)
 class Limits:
     """Work one request may cause: plans a search may evaluate and seconds it may run; heavy
-    requests running at once and how long one waits for a slot (:mod:`meshplan.web.heavy`)."""
+    requests running at once (each in a worker process), how long one waits for a slot and how
+    long its work may run (:mod:`meshplan.web.heavy`)."""
 
     max_search_plans: int = 1_000_000
     search_seconds: float = 60.0
     heavy_slots: int = 2
     heavy_wait_s: float = 30.0
+    heavy_timeout_s: float = 60.0
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The server's life: its heavy requests' worker processes start when first needed and stop
+    with it."""
+    yield
+    app.state.heavy.close()
 
 
 def create_app(limits: Limits = Limits()) -> FastAPI:
@@ -32,10 +44,11 @@ def create_app(limits: Limits = Limits()) -> FastAPI:
         version="1",
         docs_url=None,  # Swagger UI and ReDoc load their scripts from a CDN: only /openapi.json is served
         redoc_url=None,
+        lifespan=lifespan,
     )
     app.state.limits = limits
     app.state.searches = Searches(limits.max_search_plans, limits.search_seconds)
-    app.state.heavy = HeavySlots(limits.heavy_slots, limits.heavy_wait_s)
+    app.state.heavy = HeavySlots(limits.heavy_slots, limits.heavy_wait_s, limits.heavy_timeout_s)
     errors.install(app)
     for module in (plan_api, search_api, pipeline_api, calc_api, learn_api):
         app.include_router(module.router)

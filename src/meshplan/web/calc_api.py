@@ -7,15 +7,15 @@ is a repeated option. ``GET /api/calc`` lists every calculator with its options 
 default, help), from the same declarations; the Calculators view builds its forms from it.
 
 Bounded work: besides the library's own caps, a web request may ask for at most the values of
-:data:`WEB_CAPS` (Monte Carlo runs, simulated steps and elements). A calculator runs in one of the
-server's heavy slots (:mod:`meshplan.web.heavy`) and hands its JSON back through
-:data:`~meshplan.cli.calc_cmd.json_sink`, not stdout, so several run at once.
+:data:`WEB_CAPS` (Monte Carlo runs, simulated steps and elements), checked in the server. A
+calculator runs in one of the server's heavy slots, in its worker process
+(:mod:`meshplan.web.heavy`), and hands its JSON back through
+:data:`~meshplan.cli.calc_cmd.json_sink`, not stdout.
 """
 
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from functools import lru_cache
 from typing import Any, Optional
 
@@ -124,16 +124,14 @@ def argv_of(name: str, items: list[tuple[str, str]]) -> list[str]:
     return args + ["--json", "--explain"] + (["--"] + positional if positional else [])
 
 
-def run_calculator(name: str, items: list[tuple[str, str]], slots: Optional[HeavySlots] = None) -> dict[str, Any]:
-    """Run ``meshplan calc NAME ... --json --explain`` (in one of ``slots`` when given); its JSON,
-    or its bad input raised (InputError, pydantic's ValidationError)."""
-    args = argv_of(name, items)
+def calc_json(name: str, args: list[str]) -> dict[str, Any]:
+    """The JSON of ``meshplan calc NAME ARGS`` (``args`` from :func:`argv_of`), or its bad input
+    raised (InputError, pydantic's ValidationError); run in a worker process."""
     cmd = _commands()[name]
     sink: list[str] = []
     token = json_sink.set(sink)
     try:
-        with slots.slot() if slots is not None else nullcontext():
-            cmd.main(args=args, prog_name=f"meshplan calc {name}", standalone_mode=False)
+        cmd.main(args=args, prog_name=f"meshplan calc {name}", standalone_mode=False)
     except typer.TyperException as exc:  # click's own checks: a missing option, a bad number
         param = getattr(exc, "param", None)
         field = param.name if param is not None else "input"
@@ -143,6 +141,14 @@ def run_calculator(name: str, items: list[tuple[str, str]], slots: Optional[Heav
     if len(sink) != 1:
         raise InputError("calculator", f"the {name} calculator gave no JSON")
     return json.loads(sink[0])
+
+
+def run_calculator(name: str, items: list[tuple[str, str]], slots: Optional[HeavySlots] = None) -> dict[str, Any]:
+    """Run ``meshplan calc NAME ... --json --explain`` (in one of ``slots``' worker processes when
+    given, else here); its JSON, or its bad input raised. The options and their web caps are
+    checked here, before any work."""
+    args = argv_of(name, items)
+    return slots.run(calc_json, name, args) if slots is not None else calc_json(name, args)
 
 
 router = APIRouter(prefix="/api")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from meshplan.errors import InputError
 from meshplan.specs.base import input_error_from
-from meshplan.web.heavy import Busy
+from meshplan.web.heavy import Unavailable
 
 
 class ErrorBody(BaseModel):
@@ -21,7 +21,7 @@ class ErrorBody(BaseModel):
     detail: str = Field(description="field: rule, as the CLI prints it after 'error: '.")
 
 
-#: Paths whose requests take a heavy slot (meshplan.web.heavy), hence may be answered 503.
+#: Paths whose requests run in a heavy slot (meshplan.web.heavy), hence may be answered 503.
 HEAVY_PATHS = ("/api/calc/{name}", "/api/explain", "/api/view/plan", "/api/pipeline", "/api/view/pipeline")
 
 
@@ -86,7 +86,8 @@ def document_errors(app: FastAPI) -> None:
                 if path == "/api/search/{job_id}":
                     answers["404"] = {"description": "No such search (finished searches are kept for a while)"}
                 if path in HEAVY_PATHS:
-                    answers["503"] = {"description": "Every slot for heavy requests stayed busy: try again shortly"}
+                    answers["503"] = {"description": "Every slot for heavy requests stayed busy, or the work passed its time limit "
+                                                     "or lost its worker process: try again shortly"}
                 for code in ("404", "429", "503"):
                     if code in answers:
                         answers[code]["content"] = body
@@ -98,8 +99,8 @@ def document_errors(app: FastAPI) -> None:
 
 
 def install(app: FastAPI) -> None:
-    """Map every kind of bad input to 422 with one line (and a heavy request that found no slot
-    to 503 with the same body); document those bodies in the OpenAPI schema."""
+    """Map every kind of bad input to 422 with one line (and a heavy request the server could not
+    finish to 503 with the same body); document those bodies in the OpenAPI schema."""
     document_errors(app)
 
     @app.exception_handler(InputError)
@@ -110,8 +111,8 @@ def install(app: FastAPI) -> None:
     async def _pydantic(_: Request, exc: ValidationError) -> JSONResponse:
         return unprocessable(input_error_from(exc))
 
-    @app.exception_handler(Busy)
-    async def _busy(_: Request, exc: Busy) -> JSONResponse:
+    @app.exception_handler(Unavailable)
+    async def _unavailable(_: Request, exc: Unavailable) -> JSONResponse:
         return JSONResponse(error_body(exc.err), status_code=503)
 
     @app.exception_handler(RequestValidationError)

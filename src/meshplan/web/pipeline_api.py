@@ -21,15 +21,30 @@ MAX_WEB_STAGES = 20_000
 router = APIRouter(prefix="/api", dependencies=[Depends(known_query)])
 
 
-def _run(schedule: Optional[str], pp: int, microbatches: int, vpp: Optional[int], fwd: Optional[float],
-         bwd: Optional[float], wgrad: Optional[float], transfer: float, stage_times: Optional[str],
-         pipeline_runtime: Optional[str]) -> dict:
+def _checked(**sim: Any) -> dict[str, Any]:
+    """The keyword arguments of :func:`run_pipeline`, once the schedule is known and the micro-batch
+    stages at most :data:`MAX_WEB_STAGES`: refused before any work, in the server process."""
+    schedule, pp, m, vpp = sim["schedule"], sim["pp"], sim["m"], sim["vpp"]
     if schedule is not None and schedule not in schedule_names():
         raise InputError("schedule", f"unknown schedule '{schedule}' ({', '.join(schedule_names())})")
-    stages = pp * (vpp if vpp is not None and vpp > 0 else 2) * microbatches
-    if pp > 0 and microbatches > 0 and stages > MAX_WEB_STAGES:
+    stages = pp * (vpp if vpp is not None and vpp > 0 else 2) * m
+    if pp > 0 and m > 0 and stages > MAX_WEB_STAGES:
         raise InputError("microbatches", f"p·v·m = {stages:,} is more than the {MAX_WEB_STAGES:,} micro-batch stages the web explorer draws")
-    return run_pipeline(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, runtime=pipeline_runtime)
+    return sim
+
+
+def pipeline_json(sim: dict[str, Any]) -> dict[str, Any]:
+    """What ``/api/pipeline`` answers for the keyword arguments ``sim`` of :func:`run_pipeline`; run
+    in a worker process."""
+    return to_json(run_pipeline(**sim))
+
+
+def pipeline_view_json(sim: dict[str, Any]) -> dict[str, Any]:
+    """What ``/api/view/pipeline`` answers for the keyword arguments ``sim`` of
+    :func:`run_pipeline`; run in a worker process."""
+    run = run_pipeline(**sim)
+    return {"pipeline": to_json(run), "closed_form": closed_form_lines(run, "units"),
+            "per_stage": {"fwd": run["fwd"], "bwd": run["bwd"], "wgt": run["wgt"]}}
 
 
 Schedule = Query(None, description=f"Pipeline schedule: {', '.join(schedule_names())} (default: 1f1b, or interleaved when vpp > 1).")
@@ -49,8 +64,9 @@ def api_pipeline(request: Request, schedule: Optional[str] = Schedule, pp: int =
                  fwd: Optional[float] = Fwd, bwd: Optional[float] = Bwd, wgrad: Optional[float] = Wgrad,
                  transfer: float = Transfer, stage_times: Optional[str] = StageTimes,
                  pipeline_runtime: Optional[str] = Runtime) -> dict[str, Any]:
-    with request.app.state.heavy.slot():
-        return to_json(_run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime))
+    sim = _checked(schedule=schedule, pp=pp, m=microbatches, vpp=vpp, fwd=fwd, bwd=bwd, wgrad=wgrad, transfer=transfer,
+                   stage_times=stage_times, runtime=pipeline_runtime)
+    return request.app.state.heavy.run(pipeline_json, sim)
 
 
 @router.get("/view/pipeline", tags=["views"], summary="What the Pipeline view draws: the simulation and the closed-form check")
@@ -58,7 +74,6 @@ def api_view_pipeline(request: Request, schedule: Optional[str] = Schedule, pp: 
                       fwd: Optional[float] = Fwd, bwd: Optional[float] = Bwd, wgrad: Optional[float] = Wgrad,
                       transfer: float = Transfer, stage_times: Optional[str] = StageTimes,
                       pipeline_runtime: Optional[str] = Runtime) -> dict[str, Any]:
-    with request.app.state.heavy.slot():
-        run = _run(schedule, pp, microbatches, vpp, fwd, bwd, wgrad, transfer, stage_times, pipeline_runtime)
-    return {"pipeline": to_json(run), "closed_form": closed_form_lines(run, "units"),
-            "per_stage": {"fwd": run["fwd"], "bwd": run["bwd"], "wgt": run["wgt"]}}
+    sim = _checked(schedule=schedule, pp=pp, m=microbatches, vpp=vpp, fwd=fwd, bwd=bwd, wgrad=wgrad, transfer=transfer,
+                   stage_times=stage_times, runtime=pipeline_runtime)
+    return request.app.state.heavy.run(pipeline_view_json, sim)

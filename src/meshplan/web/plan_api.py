@@ -94,10 +94,6 @@ def bounded_setup(values: dict[str, Any]) -> Setup:
     return setup
 
 
-def setup_of(query: Any) -> Setup:
-    return bounded_setup(query.model_dump(exclude_none=True))
-
-
 def gantt_fits(setup: Setup) -> bool:
     """Whether the plan's pipeline (at most 3 actions a micro-batch stage) fits the Gantt."""
     p = setup.plan
@@ -222,20 +218,17 @@ async def api_estimate(request: Request, q: PlanParams) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.get("/explain", tags=["plan"], summary="The derivation of each figure (what `meshplan explain` prints)")
-def api_explain(q: PlanParams, request: Request) -> dict[str, Any]:
-    setup = setup_of(q)
-    with request.app.state.heavy.slot():
-        return {"derivations": derivations(run_estimate(setup))}
+def explain_json(values: dict[str, Any]) -> dict[str, Any]:
+    """What ``/api/explain`` answers for plan options ``values``; run in a worker process."""
+    return {"derivations": derivations(run_estimate(bounded_setup(values)))}
 
 
-@router.get("/view/plan", tags=["views"], summary="Everything the Plan view draws: estimate, derivations, assumptions, pipeline")
-def api_view_plan(q: PlanParams, request: Request) -> dict[str, Any]:
-    setup = setup_of(q)
-    with request.app.state.heavy.slot():
-        est = run_estimate(setup, keep_timeline=gantt_fits(setup))
+def plan_view_json(values: dict[str, Any]) -> dict[str, Any]:
+    """What ``/api/view/plan`` answers for plan options ``values``; run in a worker process."""
+    setup = bounded_setup(values)
+    est = run_estimate(setup, keep_timeline=gantt_fits(setup))
     return {
-        "estimate": full_json(est, plan_args(q.model_dump(exclude_none=True))),
+        "estimate": full_json(est, plan_args(values)),
         "derivations": derivations(est),
         "assumptions": assumptions(est),
         "timeline": timeline(est),
@@ -243,6 +236,25 @@ def api_view_plan(q: PlanParams, request: Request) -> dict[str, Any]:
         "preset": preset_info(setup.preset) if setup.preset else None,
         "breakdown_labels": BREAKDOWN_LABELS,
     }
+
+
+def in_worker(request: Request, work: Any, q: Any) -> dict[str, Any]:
+    """``work`` (:func:`explain_json` or :func:`plan_view_json`) for the plan options of ``q``, in a
+    heavy slot's worker process; bad or out-of-bounds options are refused here first, at no cost
+    to a slot."""
+    values = q.model_dump(exclude_none=True)
+    bounded_setup(values)
+    return request.app.state.heavy.run(work, values)
+
+
+@router.get("/explain", tags=["plan"], summary="The derivation of each figure (what `meshplan explain` prints)")
+def api_explain(q: PlanParams, request: Request) -> dict[str, Any]:
+    return in_worker(request, explain_json, q)
+
+
+@router.get("/view/plan", tags=["views"], summary="Everything the Plan view draws: estimate, derivations, assumptions, pipeline")
+def api_view_plan(q: PlanParams, request: Request) -> dict[str, Any]:
+    return in_worker(request, plan_view_json, q)
 
 
 @router.get("/presets", tags=["catalog"], summary="Named plans of published runs")
@@ -255,4 +267,4 @@ def api_gpus() -> list[dict[str, Any]]:
     return [gpu_row(load_gpu(n)) for n in gpu_names()]
 
 
-__all__ = ["router", "PlanQuery", "plan_args", "setup_of", "run_estimate"]
+__all__ = ["router", "PlanQuery", "plan_args", "run_estimate"]
