@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# the training engines' own config parsers, in a venv of their own (their dependencies are not
+# meshplan's): `make engines` installs them; `make test` then runs their tests there too
+ENGINES := .venv-engines
+EPY := $(ENGINES)/bin/python
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean engines
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +22,21 @@ $(VENV)/.installed-test: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(VENV)/bin/meshplan estimate --preset llama3-405b-16k
 
+$(ENGINES)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(ENGINES)
+	$(EPY) -m pip install -q --upgrade pip setuptools wheel
+	$(EPY) -m pip install -q torch==2.13.0
+	DS_BUILD_OPS=0 $(EPY) -m pip install -q --no-build-isolation -e '.[engines]'
+	touch $@
+
+engines: $(ENGINES)/.installed
+
 test: $(VENV)/.installed-test
 	$(PY) -m pytest
+	@if [ -f $(ENGINES)/.installed ]; then \
+		echo "the engines' own parsers and validators ($(ENGINES)):"; \
+		$(EPY) -m pytest -q -p no:cacheprovider tests/test_interop_engines.py; \
+	else echo "engines not installed (make engines): tests/test_interop_engines.py ran skipped"; fi
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_estimate.py
@@ -27,4 +44,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/search_speed.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(ENGINES) build src/*.egg-info .pytest_cache

@@ -44,6 +44,7 @@ from meshplan.cost.params import (
 )
 from meshplan.cost.terms import KernelTerms, MicroBatchComm, Terms, UnitComm, layer_time_args, moe_layer_time_args
 from meshplan.derivations import derivations
+from meshplan.derivations_comm import collective_derivations
 from meshplan.estimate_json import estimate_json
 from meshplan.explain import Derivation
 from meshplan.pipeline.inflight import last_stage_live_peaks, state_rows
@@ -263,6 +264,7 @@ def estimate(
     fsdp_terms = (u.all_gather, u.reduce_scatter, tuple(u)[6:]) if layers.fsdp_per_layer else None
     derivs.extend(derivations(est, layers.ops, layers.la, layers.cm.tp_one, layers.cm.p2p, layers.lt,
                               (layers.cm.cp_kv, layers.cm.cp_dkv), fsdp_terms))
+    derivs.extend(collective_derivations(est, layers))
     return est
 
 
