@@ -93,6 +93,11 @@ NANOTRON = {
 }
 
 
+# nanotron 0.2 (tag v0.2): ParallelismArgs has recompute_granularity (FLOPs logging only, never
+# written), no recompute_layer; OptimizerArgs is AdamW's, no optimizer_factory.
+NANOTRON02 = NANOTRON - {"parallelism.recompute_layer", "optimizer.optimizer_factory.name"}
+
+
 def _paths(d, prefix=""):
     for k, v in d.items():
         if isinstance(v, dict):
@@ -114,7 +119,7 @@ def names(engine: str, text: str) -> set[str]:
 
 
 VOCAB = {"megatron": MEGATRON, "torchtitan": TORCHTITAN03, "torchtitan@0.2": TORCHTITAN, "torchtitan-toml": TORCHTITAN,
-         "deepspeed": DEEPSPEED, "nanotron": NANOTRON}
+         "deepspeed": DEEPSPEED, "nanotron": NANOTRON02, "nanotron@0.2": NANOTRON02, "nanotron@main": NANOTRON}
 
 
 @pytest.mark.parametrize("engine", sorted(VOCAB))
@@ -168,7 +173,7 @@ def test_deepspeed_and_nanotron_names_of_the_issue():
     assert ds["train_batch_size"] == 256 and ds["train_micro_batch_size_per_gpu"] == 1
     assert ds["gradient_accumulation_steps"] == 64 and ds["zero_optimization"]["stage"] == 1
     assert ds["bf16"] == {"enabled": True} and ds["pipeline"]["stages"] == 4 and ds["tensor_parallel"]["autotp_size"] == 8
-    nt = yaml.safe_load(export("nanotron", load_model("llama3-70b"), BIG).text)
+    nt = yaml.safe_load(export("nanotron@main", load_model("llama3-70b"), BIG).text)
     assert nt["parallelism"]["dp"] == 4 and nt["parallelism"]["tp"] == 8 and nt["parallelism"]["pp"] == 4
     assert nt["parallelism"]["pp_engine"] == "1f1b" and nt["parallelism"]["tp_mode"] == "REDUCE_SCATTER"
     assert nt["tokens"] == {"sequence_length": 8192, "micro_batch_size": 1, "batch_accumulation_per_replica": 64}

@@ -22,7 +22,7 @@ from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 
 MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "llama2-7b", "gpt3-175b", "nemotron4-15b")}
 #: engines whose config carries the model shape (torchtitan: by Llama 3.1 flavor)
-CARRIES_MODEL = {"megatron": set(MODELS), "nanotron": {"llama3-8b", "llama3-70b", "llama2-7b"},
+CARRIES_MODEL = {"megatron": set(MODELS), **dict.fromkeys(("nanotron", "nanotron@0.2", "nanotron@main"), {"llama3-8b", "llama3-70b", "llama2-7b"}),
                  **dict.fromkeys(("torchtitan", "torchtitan@0.3", "torchtitan@0.2", "torchtitan-toml"), {"llama3-8b", "llama3-70b"})}
 #: a warned field and the fields that change with it
 FOLLOWS = {
@@ -116,6 +116,9 @@ GRID = {
 # FP8 rows are the 0.2 line's
 GRID["torchtitan@0.2"] = GRID["torchtitan"]
 GRID["torchtitan"] = GRID["torchtitan@0.3"] = [(m, p) for m, p in GRID["torchtitan@0.2"] if p.precision.precision != "fp8"]
+# nanotron 0.2 (the bare name) has no recompute: the full-recompute rows are main's
+GRID["nanotron@main"] = GRID["nanotron"]
+GRID["nanotron"] = GRID["nanotron@0.2"] = [(m, p) for m, p in GRID["nanotron@main"] if p.recompute == "none"]
 GRID["torchtitan-toml"] = GRID["torchtitan@0.2"] + [
     ("llama3-8b", plan(pp=4, dp=2, zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch", overlap_grad_reduce=False, reshard_after_forward=False, kernels="eager")),
 ]

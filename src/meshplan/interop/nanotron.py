@@ -3,19 +3,25 @@ model shape under ``model.model_config`` (``src/nanotron/config/parallelism_conf
 ``config.py``, ``models_config.py``). Merge them into a full config (``general``, ``model.init_method``,
 the optimizer's learning rate and the data stages are the user's).
 
+Two release lines read different keys (:data:`RELEASES`): nanotron 0.2, the newest release on PyPI
+that imports (0.4's package fails on a circular import in ``nanotron.config``) and the bare
+``--to nanotron``, and the main branch (``--to nanotron@main``). nanotron's config reader is strict
+(dacite, ``strict=True``): a key of the other line stops it.
+
 Mapping (warnings for what cannot be expressed):
 
-* dp, tp, pp → ``parallelism.dp / tp / pp``; cp → ``context_parallel_size`` and ep →
-  ``expert_parallel_size``, written only when > 1 (releases before they existed still load the file).
+* dp, tp, pp → ``parallelism.dp / tp / pp``.
 * schedule: 1f1b → ``pp_engine: 1f1b``, gpipe → ``afab`` (all forward, all backward); no interleaving
   or zero-bubble schedules, no layer split.
 * sequence_parallel → ``tp_mode: REDUCE_SCATTER`` (else ``ALL_REDUCE``); tp_comm_overlap →
   ``tp_linear_async_communication``.
-* recompute full → ``recompute_layer: true`` (current nanotron; releases to 0.4 call it
-  ``recompute_granularity: FULL``, read too); selective and op cannot be expressed.
+* recompute full → main's ``recompute_layer: true`` (``models/llama.py`` checkpoints each decoder
+  layer); 0.2's Llama recomputes nothing (its ``recompute_granularity`` only feeds the FLOPs it
+  logs), so there full recompute cannot be expressed; selective and op cannot be expressed.
 * micro_batch, grad_accum, seq_len → ``tokens.micro_batch_size``, ``batch_accumulation_per_replica``,
   ``sequence_length`` (``train_steps`` is the user's); zero → ``optimizer.zero_stage`` (0 or 1);
-  grad_dtype fp32 → ``optimizer.accumulate_grad_in_fp32``; precision → ``model.dtype``.
+  grad_dtype fp32 → ``optimizer.accumulate_grad_in_fp32``; precision → ``model.dtype``; SGD → main's
+  ``optimizer.optimizer_factory.name`` (0.2's ``OptimizerArgs`` is AdamW's).
 * kernels: nanotron's Llama (``src/nanotron/models/llama.py``) runs Triton RMSNorm, flash-attn's
   rotary and attention kernels and a Megatron-style vocab-parallel cross-entropy
   (``sharded_cross_entropy``), nearest to meshplan's ``fused`` (read back so); compiled and eager
@@ -28,6 +34,7 @@ Mapping (warnings for what cannot be expressed):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -35,20 +42,48 @@ import yaml
 from meshplan.bounded_parse import brief, load_yaml
 from meshplan.errors import InputError
 from meshplan.interop.common import (
-    DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, attention_kernel, catalog_match, choice, dependency_pipeline, fp8_all_gather,
-    fsdp_root_unit, stage_buffers,
+    DEFAULT_RANK_ORDER, ExportResult, Ledger, ParseResult, as_bool, as_int, attention_kernel, catalog_match, choice,
+    dependency_pipeline, fp8_all_gather, fsdp_root_unit, stage_buffers,
 )
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
-SOURCE = "huggingface/nanotron src/nanotron/config/{parallelism_config,config,models_config}.py"
 DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 ACT = {"silu": "swiglu", "gelu": "geglu"}
 
 
-def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger]:
-    led = Ledger()
-    p, r = plan, plan.precision
+@dataclass(frozen=True)
+class Release:
+    """What one nanotron line's config dataclasses read and its trainer runs."""
+
+    name: str
+    source: str  # where the keys come from, for the export's header
+    recompute_layer: bool  # ParallelismArgs.recompute_layer (main) checkpoints each decoder layer; 0.2 has no recompute
+    optimizer_factory: bool  # OptimizerArgs.optimizer_factory (main: AdamW or SGD); 0.2's OptimizerArgs is AdamW's
+
+
+RELEASES = {
+    "0.2": Release("0.2", "huggingface/nanotron v0.2 src/nanotron/config/{parallelism_config,config,models_config}.py",
+                   recompute_layer=False, optimizer_factory=False),
+    "main": Release("main", "huggingface/nanotron main src/nanotron/config/{parallelism_config,config,models_config}.py",
+                    recompute_layer=True, optimizer_factory=True),
+}
+#: ``--to nanotron``: the newest release on PyPI that imports (0.4's ``nanotron.config`` does not)
+DEFAULT = "0.2"
+
+
+def sections(model: ModelSpec, plan: TrainingPlan, release: str = DEFAULT) -> tuple[dict[str, Any], Ledger]:
+    """The config sections of ``plan`` for nanotron ``release`` (a key of :data:`RELEASES`) and
+    what they could not express."""
+    led, rel = Ledger(), RELEASES[release]
+    par = _parallelism(plan, rel, led)
+    tokens = {"sequence_length": plan.seq_len, "micro_batch_size": plan.micro_batch, "batch_accumulation_per_replica": plan.grad_accum}
+    return {"model": _model_section(model, plan, led), "parallelism": par, "tokens": tokens,
+            "optimizer": _optimizer(plan, rel, led)}, led
+
+
+def _parallelism(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
+    """``parallelism``: the axes, the pipeline engine, the TP mode and the recompute."""
     par: dict[str, Any] = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
     if p.schedule == "gpipe":
         par["pp_engine"] = "afab"
@@ -67,25 +102,35 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
     par["tp_linear_async_communication"] = bool(p.stack.tp_comm_overlap and p.tp > 1)
     if p.stack.tp_comm_overlap and p.tp > 1 and p.stack.tp_overlap_kind != "userbuffers":
         led.lose("tp_overlap_kind", "nanotron has no micro-pipelined TP; exported as tp_linear_async_communication")
-    if p.recompute == "full":
+    if p.recompute == "full" and rel.recompute_layer:
         par["recompute_layer"] = True
-    elif p.recompute != "none":
+    elif p.recompute != "none" and rel.recompute_layer:
         led.lose("recompute", f"nanotron recomputes whole layers (recompute_layer) or nothing; {p.recompute} exported as none")
+    elif p.recompute != "none":
+        led.lose("recompute", f"nanotron {rel.name}'s Llama recomputes nothing (its recompute_granularity only changes the FLOPs "
+                              f"it logs, models/llama.py get_flops; recompute_layer is main's); {p.recompute} exported as none")
     if p.cp > 1:
         par["context_parallel_size"] = p.cp
     if p.ep > 1:
         par["expert_parallel_size"] = p.ep
     if tuple(p.rank_order) != DEFAULT_RANK_ORDER:
         led.lose("rank_order", "nanotron's ParallelContext orders ranks tp, cp, dp, pp (innermost first)")
+    return par
 
-    tokens = {"sequence_length": p.seq_len, "micro_batch_size": p.micro_batch, "batch_accumulation_per_replica": p.grad_accum}
+
+def _optimizer(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
+    """``optimizer``: ZeRO stage, gradient accumulation dtype and (main) the optimizer; the
+    precision settings nanotron has no key for are warned here."""
+    r = p.precision
     opt: dict[str, Any] = {"zero_stage": min(p.zero, 1), "accumulate_grad_in_fp32": r.grad_dtype == "fp32"}
     if p.zero > 1:
         led.lose("zero", f"nanotron has ZeRO-0 and ZeRO-1 only; ZeRO-{p.zero} exported as 1")
     if p.dp_shard is not None and p.dp_shard != p.dp and p.zero > 0:
         led.lose("dp_shard", "nanotron shards optimizer state over all DP ranks")
-    if r.optimizer == "sgd":
+    if r.optimizer == "sgd" and rel.optimizer_factory:
         opt["optimizer_factory"] = {"name": "sgd"}
+    elif r.optimizer == "sgd":
+        led.lose("precision.optimizer", f"nanotron {rel.name}'s OptimizerArgs is AdamW's (optimizer_factory is main's); exported as AdamW")
     if r.precision == "fp8":
         led.lose("precision.precision", "nanotron's FP8 path is experimental and not in these sections; exported as bfloat16")
     if r.grad_dtype not in ("fp32", "bf16" if r.precision != "fp16" else "fp16"):
@@ -100,12 +145,17 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
         led.lose("overlap_param_gather", "nanotron's ZeRO-1 all-gathers the updated weights after the optimizer step, not overlapped")
     if p.zero == 3 and not p.stack.reshard_after_forward or p.stack.fsdp_accumulate_unsharded:
         led.lose("reshard_after_forward", "nanotron has no ZeRO-3")
+    return opt
+
+
+def _model_section(model: ModelSpec, p: TrainingPlan, led: Ledger) -> dict[str, Any]:
+    """``model``: the dtype and nanotron's LlamaConfig of ``model``; the attention and kernels the
+    Llama runs are warned here."""
     if p.attention != "flash":
         led.lose("attention", "nanotron's Llama runs flash attention")
     if p.stack.kernels != "fused":
         led.lose("kernels", "nanotron's Llama runs its own fused kernels (Triton RMSNorm, flash-attn rotary) and a Megatron-style "
                             f"vocab-parallel cross-entropy (sharded_cross_entropy), not {p.stack.kernels} ones; exported as fused")
-
     mc = {
         "num_hidden_layers": model.n_layers, "hidden_size": model.hidden, "intermediate_size": model.ffn_hidden,
         "num_attention_heads": model.n_heads, "num_key_value_heads": model.n_kv_heads,
@@ -130,13 +180,14 @@ def sections(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledg
     ):
         if not ok:
             led.lose(f"model.{name}", f"nanotron's LlamaConfig has no {what}")
-    mdl = {"dtype": {"fp32": "float32", "fp16": "float16"}.get(r.precision, "bfloat16"), "model_config": mc}
-    return {"model": mdl, "parallelism": par, "tokens": tokens, "optimizer": opt}, led
+    return {"dtype": {"fp32": "float32", "fp16": "float16"}.get(p.precision.precision, "bfloat16"), "model_config": mc}
 
 
-def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
-    secs, led = sections(model, plan)
-    head = (f"# nanotron config sections ({SOURCE}), written by meshplan for {model.name} on {plan.num_gpus:,} GPUs.\n"
+def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8, release: str = DEFAULT) -> ExportResult:
+    """The YAML sections of ``plan`` for nanotron ``release``, to merge into a full config."""
+    secs, led = sections(model, plan, release)
+    head = (f"# nanotron {release} config sections ({RELEASES[release].source}), written by meshplan for {model.name} "
+            f"on {plan.num_gpus:,} GPUs.\n"
             "# Merge into a full config: general, model.init_method, optimizer learning rate and data stages, tokens.train_steps.\n")
     return led.result(head + yaml.safe_dump(secs, sort_keys=False))
 
