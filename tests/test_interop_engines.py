@@ -202,8 +202,6 @@ def test_nanotron_dataclasses_read_the_sections(line, row):
         pytest.skip(f"the installed nanotron is read by --to {installed}")
     model_name, p = GRID[line][row]
     secs = yaml.safe_load(export(line, MODELS[model_name], p).text)
-    if line == "nanotron@0.2" and "context_parallel_size" in secs["parallelism"]:
-        pytest.skip("nanotron 0.2 predates context parallelism")
     par = from_dict(secs["parallelism"], config_class=ParallelismArgs)  # nanotron's strict dacite reader
     assert (par.dp, par.tp, par.pp) == (p.dp, p.tp, p.pp)
     assert par.tp_mode.name == ("REDUCE_SCATTER" if p.sequence_parallel and p.tp > 1 else "ALL_REDUCE")

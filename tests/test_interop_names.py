@@ -78,13 +78,14 @@ DEEPSPEED = {
     "pipeline.stages", "pipeline.activation_checkpoint_interval", "sequence_parallel_size",
 }
 # nanotron, src/nanotron/config/parallelism_config.py (ParallelismArgs: dp, tp, pp, pp_engine, tp_mode,
-# tp_linear_async_communication, recompute_layer, expert_parallel_size, context_parallel_size),
+# tp_linear_async_communication, recompute_layer, expert_parallel_size; context_parallel_size is never
+# written: the exported Llama has no ring attention),
 # config.py (TokensArgs, OptimizerArgs: zero_stage, accumulate_grad_in_fp32, optimizer_factory;
 # ModelArgs: dtype, model_config), models_config.py (LlamaConfig), huggingface/nanotron main.
 NANOTRON = {
     "parallelism.dp", "parallelism.tp", "parallelism.pp", "parallelism.pp_engine", "parallelism.tp_mode",
     "parallelism.tp_linear_async_communication", "parallelism.recompute_layer", "parallelism.expert_parallel_size",
-    "parallelism.context_parallel_size", "tokens.sequence_length", "tokens.micro_batch_size",
+    "tokens.sequence_length", "tokens.micro_batch_size",
     "tokens.batch_accumulation_per_replica", "optimizer.zero_stage", "optimizer.accumulate_grad_in_fp32",
     "optimizer.optimizer_factory.name", "model.dtype",
     *(f"model.model_config.{k}" for k in (

@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from meshplan import interop
 from meshplan.catalog import load_model
+from meshplan.errors import InputError
 from meshplan.interop import nanotron
 from meshplan.specs.plan import TrainingPlan
 
@@ -35,6 +37,34 @@ def sections(engine: str, model_name: str, plan: TrainingPlan):
 
 def named(warnings, field: str) -> list[str]:
     return [w for w in warnings if w.startswith(f"{field}: ")]
+
+
+# ---- CP: no ring attention in the exported Llama --------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["nanotron@0.2", "nanotron@main"])
+def test_cp_is_never_written_for_the_llama(engine):
+    plan = TrainingPlan(tp=8, cp=2, dp=2, global_batch=32, seq_len=8192)
+    secs, warnings = sections(engine, "llama3-70b", plan)
+    par, tok = secs["parallelism"], secs["tokens"]
+    assert "context_parallel_size" not in par
+    assert (par["dp"], tok["batch_accumulation_per_replica"], tok["micro_batch_size"]) == (4, 8, 1)
+    assert len(named(warnings, "cp")) == 1
+    if engine.endswith("main"):
+        assert "ring attention" in named(warnings, "cp")[0]
+
+
+def test_cp_that_cannot_become_data_parallel_is_refused():
+    plan = TrainingPlan(tp=8, cp=2, dp=2, global_batch=2, seq_len=8192)
+    with pytest.raises(InputError) as err:
+        interop.export("nanotron@main", load_model("llama3-70b"), plan)
+    assert err.value.field == "cp"
+
+
+def test_imported_cp_with_the_llama_is_noted():
+    text = interop.export("nanotron@main", load_model("llama3-8b"), TrainingPlan(tp=2, dp=2, global_batch=8, seq_len=4096)).text
+    parsed = interop.parse_text(text.replace("parallelism:\n", "parallelism:\n  context_parallel_size: 2\n"))
+    assert parsed.plan["cp"] == 2 and any(n.startswith("parallelism.context_parallel_size: ") for n in parsed.notes)
 
 
 # ---- recompute per release ------------------------------------------------------------------

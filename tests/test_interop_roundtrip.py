@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshplan.catalog import load_model
+from meshplan.errors import InputError
 from meshplan.interop import ENGINES, canonical, export, parse_text, to_plan
 from meshplan.interop.common import same_model
 from meshplan.specs.stack import BEHAVIOUR_FIELDS
@@ -32,7 +33,10 @@ FOLLOWS = {
     "model": {"vpp", "layer_split"},  # torchtitan: without a known flavor the stage count is unknown
     "kernels": {"compile_loss"},  # fused exported as compiled blocks and loss (torchtitan), or as eager (DeepSpeed)
     "precision": {"fp8_linears"},  # FP8 exported as BF16 (DeepSpeed, nanotron): no FP8 library either
+    "cp": {"dp", "micro_batch"},  # nanotron: the CP ranks exported as data-parallel ones
 }
+#: fields an engine's export refuses to write as another job (one error naming the field)
+REFUSED = {"nanotron": {"cp"}}
 
 
 def diff(a: TrainingPlan, b: TrainingPlan) -> set[str]:
@@ -108,7 +112,7 @@ GRID = {
     "nanotron": [
         ("llama3-8b", plan(tp=2, pp=2, dp=2, zero=1, overlap_param_gather=False)),
         ("llama3-8b", plan(tp=4, pp=4, dp=2, zero=0, schedule="gpipe", recompute="full", tp_comm_overlap=True)),
-        ("llama3-70b", plan(tp=8, dp=2, cp=2, zero=0, sequence_parallel=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"))),
+        ("llama3-70b", plan(tp=8, dp=4, zero=0, sequence_parallel=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"))),
         ("llama2-7b", plan(dp=4, zero=0, ep=2, precision=PrecisionRecipe(precision="fp32"), micro_batch=3)),
     ],
 }
@@ -207,7 +211,11 @@ def warned_fields(warnings) -> set[str]:
 @given(drawn=plans())
 def test_every_lost_setting_is_warned(engine, drawn):
     model, p = drawn
-    result, parsed, back = roundtrip(engine, model, p)
+    try:
+        result, parsed, back = roundtrip(engine, model, p)
+    except InputError as err:
+        assert err.field in REFUSED.get(engine.split("@")[0], set()), err
+        return
     lost = diff(canonical(back, model), canonical(p, model))
     assert lost <= warned_fields(result.warnings), (lost, result.warnings)
     for w in result.warnings:  # one line each, naming a field

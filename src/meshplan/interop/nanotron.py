@@ -11,6 +11,10 @@ that imports (0.4's package fails on a circular import in ``nanotron.config``) a
 Mapping (warnings for what cannot be expressed):
 
 * dp, tp, pp → ``parallelism.dp / tp / pp``.
+* cp: never written. 0.2 has no context parallelism; main's Llama has no ring attention (only its
+  Qwen model has), so main would run ``context_parallel_size`` as attention within slices of each
+  sequence. The CP ranks are exported as data-parallel ones (dp × cp, the per-replica batch
+  divided by cp: same GPUs, same global batch), warned; refused when the batch does not split so.
 * schedule: 1f1b → ``pp_engine: 1f1b``, gpipe → ``afab`` (all forward, all backward); no interleaving
   or zero-bubble schedules, no layer split.
 * sequence_parallel → ``tp_mode: REDUCE_SCATTER`` (else ``ALL_REDUCE``); tp_comm_overlap →
@@ -34,6 +38,7 @@ Mapping (warnings for what cannot be expressed):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,13 +65,19 @@ class Release:
     source: str  # where the keys come from, for the export's header
     recompute_layer: bool  # ParallelismArgs.recompute_layer (main) checkpoints each decoder layer; 0.2 has no recompute
     optimizer_factory: bool  # OptimizerArgs.optimizer_factory (main: AdamW or SGD); 0.2's OptimizerArgs is AdamW's
+    no_cp: str  # why the exported Llama cannot run context parallelism
 
 
+#: main's Llama has no ring attention (only its Qwen model has, ``models/qwen.py``)
+LLAMA_NO_RING = ("nanotron's Llama has no ring attention (src/nanotron/models/llama.py; its Qwen model has one): under "
+                 "context_parallel_size its collator gives each CP rank a slice of every sequence (data/clm_collator.py) "
+                 "and the Llama attends within that slice")
 RELEASES = {
     "0.2": Release("0.2", "huggingface/nanotron v0.2 src/nanotron/config/{parallelism_config,config,models_config}.py",
-                   recompute_layer=False, optimizer_factory=False),
+                   recompute_layer=False, optimizer_factory=False,
+                   no_cp="nanotron 0.2 has no context parallelism (its ParallelismArgs has no context_parallel_size)"),
     "main": Release("main", "huggingface/nanotron main src/nanotron/config/{parallelism_config,config,models_config}.py",
-                    recompute_layer=True, optimizer_factory=True),
+                    recompute_layer=True, optimizer_factory=True, no_cp=LLAMA_NO_RING),
 }
 #: ``--to nanotron``: the newest release on PyPI that imports (0.4's ``nanotron.config`` does not)
 DEFAULT = "0.2"
@@ -76,15 +87,35 @@ def sections(model: ModelSpec, plan: TrainingPlan, release: str = DEFAULT) -> tu
     """The config sections of ``plan`` for nanotron ``release`` (a key of :data:`RELEASES`) and
     what they could not express."""
     led, rel = Ledger(), RELEASES[release]
-    par = _parallelism(plan, rel, led)
-    tokens = {"sequence_length": plan.seq_len, "micro_batch_size": plan.micro_batch, "batch_accumulation_per_replica": plan.grad_accum}
+    dp, micro, accum = _cp_as_dp(plan, rel, led)
+    par = {"dp": dp, **_parallelism(plan, rel, led)}
+    tokens = {"sequence_length": plan.seq_len, "micro_batch_size": micro, "batch_accumulation_per_replica": accum}
     return {"model": _model_section(model, plan, led), "parallelism": par, "tokens": tokens,
             "optimizer": _optimizer(plan, rel, led)}, led
 
 
+def _cp_as_dp(p: TrainingPlan, rel: Release, led: Ledger) -> tuple[int, int, int]:
+    """``(dp, micro_batch_size, batch_accumulation_per_replica)``: the plan's own, or with its CP
+    ranks as data-parallel ones, which the exported Llama runs as the same job (same GPUs, same
+    global batch, whole sequences on each rank): written with context_parallel_size it would
+    attend within slices of the sequences. Refused when the global batch does not split over
+    dp x cp replicas."""
+    if p.cp == 1:
+        return p.dp, p.micro_batch, p.grad_accum
+    per_replica, left = divmod(p.micro_batch * p.grad_accum, p.cp)
+    if left:
+        raise InputError("cp", f"{rel.no_cp}; the CP ranks cannot run as data-parallel ones either: the global batch "
+                               f"({p.global_batch}) is not a multiple of dp x cp ({p.dp * p.cp}); plan with cp 1 for nanotron")
+    micro = math.gcd(p.micro_batch, per_replica)
+    led.lose("cp", f"{rel.no_cp}; exported with the {p.cp} CP ranks as data-parallel ones (dp {p.dp * p.cp}, micro_batch_size "
+                   f"{micro}, batch_accumulation_per_replica {per_replica // micro}): the same GPUs and global batch, whole "
+                   "sequences on each rank")
+    return p.dp * p.cp, micro, per_replica // micro
+
+
 def _parallelism(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
-    """``parallelism``: the axes, the pipeline engine, the TP mode and the recompute."""
-    par: dict[str, Any] = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
+    """``parallelism`` but ``dp``: the other axes, the pipeline engine, the TP mode and the recompute."""
+    par: dict[str, Any] = {"tp": p.tp, "pp": p.pp}
     if p.schedule == "gpipe":
         par["pp_engine"] = "afab"
     else:
@@ -109,8 +140,6 @@ def _parallelism(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
     elif p.recompute != "none":
         led.lose("recompute", f"nanotron {rel.name}'s Llama recomputes nothing (its recompute_granularity only changes the FLOPs "
                               f"it logs, models/llama.py get_flops; recompute_layer is main's); {p.recompute} exported as none")
-    if p.cp > 1:
-        par["context_parallel_size"] = p.cp
     if p.ep > 1:
         par["expert_parallel_size"] = p.ep
     if tuple(p.rank_order) != DEFAULT_RANK_ORDER:
@@ -207,6 +236,10 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
         f[k] = as_int(f"parallelism.{k}", par[k])
     tp = f["tp"]
     f["cp"] = as_int("parallelism.context_parallel_size", par.get("context_parallel_size", 1))
+    mc = mdl.get("model_config")
+    if f["cp"] > 1 and not (isinstance(mc, dict) and mc.get("is_qwen2_config")):
+        notes.append(f"parallelism.context_parallel_size: {LLAMA_NO_RING}; read as cp {f['cp']}, which meshplan prices as "
+                     "ring attention over whole sequences")
     f["ep"] = as_int("parallelism.expert_parallel_size", par.get("expert_parallel_size", 1))
     engine = str(par.get("pp_engine") or "afab")
     f["schedule"] = choice("parallelism.pp_engine", engine, {"1f1b": "1f1b", "afab": "gpipe"})
