@@ -78,14 +78,13 @@ DEEPSPEED = {
     "pipeline.stages", "pipeline.activation_checkpoint_interval", "sequence_parallel_size",
 }
 # nanotron, src/nanotron/config/parallelism_config.py (ParallelismArgs: dp, tp, pp, pp_engine, tp_mode,
-# tp_linear_async_communication, recompute_layer, expert_parallel_size; context_parallel_size is never
-# written: the exported Llama has no ring attention),
+# tp_linear_async_communication, recompute_layer; context_parallel_size is never written: the exported
+# Llama has no ring attention; nor expert_parallel_size: main cannot start it),
 # config.py (TokensArgs, OptimizerArgs: zero_stage, accumulate_grad_in_fp32, optimizer_factory;
 # ModelArgs: dtype, model_config), models_config.py (LlamaConfig), huggingface/nanotron main.
 NANOTRON = {
     "parallelism.dp", "parallelism.tp", "parallelism.pp", "parallelism.pp_engine", "parallelism.tp_mode",
-    "parallelism.tp_linear_async_communication", "parallelism.recompute_layer", "parallelism.expert_parallel_size",
-    "tokens.sequence_length", "tokens.micro_batch_size",
+    "parallelism.tp_linear_async_communication", "parallelism.recompute_layer", "tokens.sequence_length", "tokens.micro_batch_size",
     "tokens.batch_accumulation_per_replica", "optimizer.zero_stage", "optimizer.accumulate_grad_in_fp32",
     "optimizer.optimizer_factory.name", "model.dtype",
     *(f"model.model_config.{k}" for k in (
@@ -94,9 +93,9 @@ NANOTRON = {
 }
 
 
-# nanotron 0.2 (tag v0.2): ParallelismArgs has recompute_granularity (FLOPs logging only, never
-# written), no recompute_layer; OptimizerArgs is AdamW's, no optimizer_factory.
-NANOTRON02 = NANOTRON - {"parallelism.recompute_layer", "optimizer.optimizer_factory.name"}
+# nanotron 0.2 (tag v0.2): ParallelismArgs has expert_parallel_size and recompute_granularity (FLOPs
+# logging only, never written), no recompute_layer; OptimizerArgs is AdamW's, no optimizer_factory.
+NANOTRON02 = NANOTRON - {"parallelism.recompute_layer", "optimizer.optimizer_factory.name"} | {"parallelism.expert_parallel_size"}
 
 
 def _paths(d, prefix=""):

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -20,6 +22,9 @@ from meshplan.catalog import load_model
 from meshplan.errors import InputError
 from meshplan.interop import nanotron
 from meshplan.specs.plan import TrainingPlan
+from test_bad_input import run_cli
+
+LLAMOE = Path(__file__).parent / "data" / "engine_configs" / "nanotron_v0.2_config_llamoe.yaml"
 
 MIXTRAL = TrainingPlan(tp=2, pp=4, dp=8, ep=8, global_batch=256, seq_len=4096)
 
@@ -37,6 +42,62 @@ def sections(engine: str, model_name: str, plan: TrainingPlan):
 
 def named(warnings, field: str) -> list[str]:
     return [w for w in warnings if w.startswith(f"{field}: ")]
+
+
+# ---- EP: an axis of nanotron's world size ----------------------------------------------------
+
+
+def test_mixtral_export_runs_on_the_plans_64_gpus():
+    secs, warnings = sections("nanotron@0.2", "mixtral-8x7b", MIXTRAL)
+    par, tok = secs["parallelism"], secs["tokens"]
+    assert (par["dp"], par["tp"], par["pp"], par["expert_parallel_size"]) == (1, 2, 4, 8)
+    assert world(par, "0.2") == MIXTRAL.num_gpus == 64
+    # 0.2's dataloader splits the batch over dp x expert_parallel_size ranks, as meshplan's 8 DP ranks
+    assert tok["micro_batch_size"] * tok["batch_accumulation_per_replica"] * par["dp"] * par["expert_parallel_size"] == 256
+    # its gradients are averaged over dp_pg only: the weights outside the experts are not averaged across EP
+    assert len(named(warnings, "ep")) == 1 and "dp_pg" in named(warnings, "ep")[0]
+
+
+def test_main_cannot_start_an_expert_axis_and_keeps_the_gpu_count():
+    secs, warnings = sections("nanotron@main", "mixtral-8x7b", MIXTRAL)
+    par = secs["parallelism"]
+    assert "expert_parallel_size" not in par and par["dp"] == 8
+    assert world(par, "main") == 64
+    assert len(named(warnings, "ep")) == 1
+
+
+@pytest.mark.parametrize("engine", ["nanotron", "nanotron@0.2", "nanotron@main"])
+@pytest.mark.parametrize("plan", [
+    MIXTRAL,
+    TrainingPlan(tp=2, cp=2, dp=4, ep=2, global_batch=64, seq_len=8192),
+    TrainingPlan(tp=4, pp=2, cp=4, dp=2, micro_batch=2, global_batch=16, seq_len=16384),
+], ids=["mixtral", "cp-ep", "cp-micro"])
+def test_every_export_runs_on_the_plans_gpus_with_its_batch(engine, plan):
+    secs, _ = sections(engine, "mixtral-8x7b", plan)
+    par, tok = secs["parallelism"], secs["tokens"]
+    release = "main" if engine.endswith("main") else "0.2"
+    assert world(par, release) == plan.num_gpus
+    replicas = par["dp"] * (par.get("expert_parallel_size", 1) if release == "0.2" else 1)
+    assert tok["micro_batch_size"] * tok["batch_accumulation_per_replica"] * replicas == plan.global_batch
+
+
+def test_llamoe_example_reads_as_four_gpus():
+    parsed = interop.parse_text(LLAMOE.read_text())
+    f = parsed.plan
+    assert (f["dp"], f["ep"], f["tp"], f["pp"], f["cp"]) == (4, 4, 1, 1, 1)
+    assert interop.options_of(parsed)["gpus"] == 4
+    assert f["global_batch"] == 256 * 2 * 4 and f["micro_batch"] == 256 and f["seq_len"] == 256
+    assert f["recompute"] == "none"
+    assert any(n.startswith("parallelism.expert_parallel_size: ") for n in parsed.notes)
+    m = parsed.model  # LlaMoEConfig (examples/moe/config_llamoe.py): 4 experts, top-1
+    assert (m.n_experts, m.experts_per_token, m.expert_ffn_hidden, m.n_layers, m.hidden) == (4, 1, 2048, 6, 512)
+    interop.to_plan(f)  # a plan meshplan estimates
+
+
+def test_llamoe_example_on_the_command_line():
+    code, out, err = run_cli("import", str(LLAMOE))
+    assert code == 0, err
+    assert "--gpus 4" in out and "--dp 4" in out and "--ep 4" in out
 
 
 # ---- CP: no ring attention in the exported Llama --------------------------------------------

@@ -113,7 +113,7 @@ GRID = {
         ("llama3-8b", plan(tp=2, pp=2, dp=2, zero=1, overlap_param_gather=False)),
         ("llama3-8b", plan(tp=4, pp=4, dp=2, zero=0, schedule="gpipe", recompute="full", tp_comm_overlap=True)),
         ("llama3-70b", plan(tp=8, dp=4, zero=0, sequence_parallel=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"))),
-        ("llama2-7b", plan(dp=4, zero=0, ep=2, precision=PrecisionRecipe(precision="fp32"), micro_batch=3)),
+        ("llama2-7b", plan(dp=4, zero=0, precision=PrecisionRecipe(precision="fp32"), micro_batch=3)),
     ],
 }
 # torchtitan 0.3 (the bare name) takes FP8 from the registry function (llama3_405b's only): the

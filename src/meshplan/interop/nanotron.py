@@ -11,6 +11,10 @@ that imports (0.4's package fails on a circular import in ``nanotron.config``) a
 Mapping (warnings for what cannot be expressed):
 
 * dp, tp, pp → ``parallelism.dp / tp / pp``.
+* ep: meshplan's EP ranks lie inside DP; nanotron's ``expert_parallel_size`` is an axis of its
+  own. 0.2 → ``dp: dp / ep`` and ``expert_parallel_size: ep`` (the same GPUs and batch split),
+  warned: it averages gradients over its dp ranks only, not across the expert-parallel ones. Main
+  cannot start expert_parallel_size > 1: written without it, warned (see :func:`_expert_axis`).
 * cp: never written. 0.2 has no context parallelism; main's Llama has no ring attention (only its
   Qwen model has), so main would run ``context_parallel_size`` as attention within slices of each
   sequence. The CP ranks are exported as data-parallel ones (dp × cp, the per-replica batch
@@ -66,6 +70,7 @@ class Release:
     recompute_layer: bool  # ParallelismArgs.recompute_layer (main) checkpoints each decoder layer; 0.2 has no recompute
     optimizer_factory: bool  # OptimizerArgs.optimizer_factory (main: AdamW or SGD); 0.2's OptimizerArgs is AdamW's
     no_cp: str  # why the exported Llama cannot run context parallelism
+    expert_axis: bool  # expert_parallel_size starts as an axis of its own (0.2); main's ParallelContext cannot build it
 
 
 #: main's Llama has no ring attention (only its Qwen model has, ``models/qwen.py``)
@@ -74,10 +79,10 @@ LLAMA_NO_RING = ("nanotron's Llama has no ring attention (src/nanotron/models/ll
                  "and the Llama attends within that slice")
 RELEASES = {
     "0.2": Release("0.2", "huggingface/nanotron v0.2 src/nanotron/config/{parallelism_config,config,models_config}.py",
-                   recompute_layer=False, optimizer_factory=False,
+                   recompute_layer=False, optimizer_factory=False, expert_axis=True,
                    no_cp="nanotron 0.2 has no context parallelism (its ParallelismArgs has no context_parallel_size)"),
     "main": Release("main", "huggingface/nanotron main src/nanotron/config/{parallelism_config,config,models_config}.py",
-                    recompute_layer=True, optimizer_factory=True, no_cp=LLAMA_NO_RING),
+                    recompute_layer=True, optimizer_factory=True, expert_axis=False, no_cp=LLAMA_NO_RING),
 }
 #: ``--to nanotron``: the newest release on PyPI that imports (0.4's ``nanotron.config`` does not)
 DEFAULT = "0.2"
@@ -88,7 +93,7 @@ def sections(model: ModelSpec, plan: TrainingPlan, release: str = DEFAULT) -> tu
     what they could not express."""
     led, rel = Ledger(), RELEASES[release]
     dp, micro, accum = _cp_as_dp(plan, rel, led)
-    par = {"dp": dp, **_parallelism(plan, rel, led)}
+    par = {"dp": dp, **_parallelism(plan, rel, led), **_expert_axis(plan, rel, led, dp)}
     tokens = {"sequence_length": plan.seq_len, "micro_batch_size": micro, "batch_accumulation_per_replica": accum}
     return {"model": _model_section(model, plan, led), "parallelism": par, "tokens": tokens,
             "optimizer": _optimizer(plan, rel, led)}, led
@@ -111,6 +116,31 @@ def _cp_as_dp(p: TrainingPlan, rel: Release, led: Ledger) -> tuple[int, int, int
                    f"{micro}, batch_accumulation_per_replica {per_replica // micro}): the same GPUs and global batch, whole "
                    "sequences on each rank")
     return p.dp * p.cp, micro, per_replica // micro
+
+
+def _expert_axis(p: TrainingPlan, rel: Release, led: Ledger, dp: int) -> dict[str, Any]:
+    """``dp`` and ``expert_parallel_size`` for the plan's ``dp`` data-parallel ranks (its CP ranks
+    among them), ep of which split the experts. meshplan's EP groups lie inside DP; nanotron's
+    expert_parallel_size is an axis of its own: 0.2's ParallelContext takes dp x tp x pp x
+    expert_parallel_size ranks (``src/nanotron/parallel/context.py``) and its dataloader splits the
+    batch over dp x expert_parallel_size of them (``src/nanotron/dataloader.py``), so dp / ep and
+    ep are the same GPUs and batch split; its gradients are averaged over dp_pg only
+    (``trainer.py``'s DistributedDataParallel and ZeRO), never across the EP ranks, which is warned.
+    Main asserts tp x pp x cp x dp = world size while its rank grid has the expert axis too, so
+    ep > 1 cannot start there: written without it."""
+    if p.ep == 1:
+        return {}
+    if not rel.expert_axis:
+        led.lose("ep", f"nanotron {rel.name}'s ParallelContext asserts tp x pp x cp x dp = world size yet lays the ranks out "
+                       "on an expert axis too (src/nanotron/parallel/context.py): expert_parallel_size > 1 cannot start; "
+                       "exported without expert parallelism")
+        return {}
+    led.lose("ep", f"nanotron {rel.name} runs expert_parallel_size as an axis of its own, outermost (src/nanotron/parallel/"
+                   f"context.py: dp x tp x pp x expert_parallel_size ranks), and splits the batch over dp x expert_parallel_size "
+                   f"ranks (dataloader.py): written as dp {dp // p.ep} with expert_parallel_size {p.ep}, the same GPUs and "
+                   "batch split, but it averages gradients over dp_pg only (trainer.py), not across the expert-parallel "
+                   "ranks: the weights outside the experts are not averaged over all data-parallel ranks")
+    return {"dp": dp // p.ep, "expert_parallel_size": p.ep}
 
 
 def _parallelism(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
@@ -140,8 +170,6 @@ def _parallelism(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
     elif p.recompute != "none":
         led.lose("recompute", f"nanotron {rel.name}'s Llama recomputes nothing (its recompute_granularity only changes the FLOPs "
                               f"it logs, models/llama.py get_flops; recompute_layer is main's); {p.recompute} exported as none")
-    if p.ep > 1:
-        par["expert_parallel_size"] = p.ep
     if tuple(p.rank_order) != DEFAULT_RANK_ORDER:
         led.lose("rank_order", "nanotron's ParallelContext orders ranks tp, cp, dp, pp (innermost first)")
     return par
@@ -229,18 +257,8 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
             raise InputError(name, "must be a mapping")
     if not par:
         raise InputError("parallelism", "a nanotron config needs its parallelism section (dp, tp, pp)")
-    f: dict[str, Any] = {}
-    for k in ("dp", "tp", "pp"):
-        if k not in par:
-            raise InputError(f"parallelism.{k}", "is required")
-        f[k] = as_int(f"parallelism.{k}", par[k])
+    f = _axes(par, mdl.get("model_config"), notes)
     tp = f["tp"]
-    f["cp"] = as_int("parallelism.context_parallel_size", par.get("context_parallel_size", 1))
-    mc = mdl.get("model_config")
-    if f["cp"] > 1 and not (isinstance(mc, dict) and mc.get("is_qwen2_config")):
-        notes.append(f"parallelism.context_parallel_size: {LLAMA_NO_RING}; read as cp {f['cp']}, which meshplan prices as "
-                     "ring attention over whole sequences")
-    f["ep"] = as_int("parallelism.expert_parallel_size", par.get("expert_parallel_size", 1))
     engine = str(par.get("pp_engine") or "afab")
     f["schedule"] = choice("parallelism.pp_engine", engine, {"1f1b": "1f1b", "afab": "gpipe"})
     f["vpp"] = 1
@@ -282,6 +300,37 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     return ParseResult("nanotron", f, model, tuple(notes))
 
 
+#: keys of main's ParallelismArgs that 0.2's lacks
+MAIN_KEYS = ("recompute_layer", "tp_recompute_allgather", "context_parallel_size")
+
+
+def _axes(par: dict[str, Any], mc: Any, notes: list[str]) -> dict[str, Any]:
+    """dp, tp, pp, cp and ep of a ``parallelism`` section as meshplan's plan has them: nanotron's
+    expert_parallel_size ranks are an axis of their own (``src/nanotron/parallel/context.py``: dp x
+    tp x pp x expert_parallel_size GPUs), meshplan's EP groups lie inside DP, so dp x ep data-parallel
+    ranks with ep inside (nanotron 0.2's dataloader splits the batch over them all)."""
+    f: dict[str, Any] = {}
+    for k in ("dp", "tp", "pp"):
+        if k not in par:
+            raise InputError(f"parallelism.{k}", "is required")
+        f[k] = as_int(f"parallelism.{k}", par[k])
+    f["cp"] = as_int("parallelism.context_parallel_size", par.get("context_parallel_size", 1))
+    if f["cp"] > 1 and not (isinstance(mc, dict) and mc.get("is_qwen2_config")):
+        notes.append(f"parallelism.context_parallel_size: {LLAMA_NO_RING}; read as cp {f['cp']}, which meshplan prices as "
+                     "ring attention over whole sequences")
+    f["ep"] = ep = as_int("parallelism.expert_parallel_size", par.get("expert_parallel_size", 1))
+    if ep > 1:
+        main = any(k in par for k in MAIN_KEYS)
+        notes.append(f"parallelism.expert_parallel_size: nanotron runs it as an axis of its own, on dp x tp x pp x "
+                     f"expert_parallel_size GPUs (src/nanotron/parallel/context.py); read as dp {f['dp'] * ep} with ep {ep} "
+                     f"inside it, the batch split over all {f['dp'] * ep} as nanotron 0.2's dataloader does (0.3 to 0.5 give "
+                     "the expert-parallel ranks of a data-parallel rank the same micro-batches); nanotron averages gradients "
+                     "over its dp ranks only, not across the expert-parallel ones"
+                     + ("; nanotron main cannot start it (its ParallelContext asserts tp x pp x cp x dp = world size)" if main else ""))
+        f["dp"] *= ep
+    return f
+
+
 def _model(mc: Any) -> ModelSpec:
     if not isinstance(mc, dict):
         raise InputError("model.model_config", "must be a mapping")
@@ -292,20 +341,32 @@ def _model(mc: Any) -> ModelSpec:
     h, a = as_int("model.model_config.hidden_size", mc["hidden_size"]), as_int("model.model_config.num_attention_heads", mc["num_attention_heads"])
     if h % a:
         raise InputError("model.model_config.hidden_size", f"{h} is not a multiple of {a} heads")
-    act = str(mc.get("hidden_act", "silu"))
-    spec = ModelSpec.build(
-        where="model.model_config", name="nanotron-model",
+    shape: dict[str, Any] = dict(
         n_layers=as_int("model.model_config.num_hidden_layers", mc["num_hidden_layers"]), hidden=h, n_heads=a,
         n_kv_heads=as_int("model.model_config.num_key_value_heads", mc.get("num_key_value_heads") or a), head_dim=h // a,
         ffn_hidden=as_int("model.model_config.intermediate_size", mc["intermediate_size"]),
         vocab_size=as_int("model.model_config.vocab_size", mc["vocab_size"]),
         max_position=as_int("model.model_config.max_position_embeddings", mc.get("max_position_embeddings", 2048)),
-        mlp=choice("model.model_config.hidden_act", act, ACT), norm="rmsnorm", position="rope",
+        mlp=choice("model.model_config.hidden_act", str(mc.get("hidden_act", "silu")), ACT), norm="rmsnorm", position="rope",
         tied_embeddings=as_bool("model.model_config.tie_word_embeddings", mc.get("tie_word_embeddings", False)),
         source="nanotron model_config",
     )
+    spec = ModelSpec.build(where="model.model_config", name="nanotron-model", **{**shape, **_experts(mc)})
     name = catalog_match(spec)
     return spec.model_copy(update={"name": name}) if name else spec
+
+
+def _experts(mc: dict[str, Any]) -> dict[str, Any]:
+    """The expert fields of a LlaMoEConfig (nanotron's ``examples/moe/config_llamoe.py``:
+    ``moe_num_experts``, ``num_experts_per_tok``), none for a LlamaConfig. Its experts
+    (``examples/moe/moe.py``) are MLPs of intermediate_size with a tanh GELU and no gate, whatever
+    hidden_act says."""
+    if "moe_num_experts" not in mc:
+        return {}
+    return {"n_experts": as_int("model.model_config.moe_num_experts", mc["moe_num_experts"]),
+            "experts_per_token": as_int("model.model_config.num_experts_per_tok", mc.get("num_experts_per_tok", 1)),
+            "expert_ffn_hidden": as_int("model.model_config.intermediate_size", mc["intermediate_size"]),
+            "mlp": "gelu", "source": "nanotron LlaMoEConfig (examples/moe)"}
 
 
 def parse(text: str) -> ParseResult:
