@@ -155,3 +155,20 @@ def test_sgd_needs_main():
     assert "optimizer_factory" not in old["optimizer"] and named(old_warn, "precision.optimizer")
     new, _ = sections("nanotron@main", "llama3-8b", plan)
     assert new["optimizer"]["optimizer_factory"] == {"name": "sgd"}
+
+
+@pytest.mark.parametrize("value", ["FULL", "SELECTIVE", "full"])
+def test_recompute_granularity_of_0_2_is_read_as_no_recompute(value):
+    text = LLAMOE.read_text().replace("recompute_granularity: null", f"recompute_granularity: {value}")
+    parsed = interop.parse_text(text)
+    assert parsed.plan["recompute"] == "none"
+    assert any(n.startswith("parallelism.recompute_granularity: ") and "FLOPs" in n for n in parsed.notes)
+
+
+def test_recompute_layer_of_main_is_read_as_full():
+    text = interop.export("nanotron@main", load_model("llama3-8b"),
+                          TrainingPlan(dp=2, global_batch=8, seq_len=4096, recompute="full")).text
+    assert interop.parse_text(text).plan["recompute"] == "full"
+    both = text.replace("recompute_layer: true", "recompute_layer: true\n  recompute_granularity: FULL")
+    with pytest.raises(InputError):
+        interop.parse_text(both)

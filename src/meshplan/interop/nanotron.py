@@ -265,15 +265,7 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     mode = str(par.get("tp_mode") or "ALL_REDUCE")
     f["sequence_parallel"] = choice("parallelism.tp_mode", mode, {"ALL_REDUCE": False, "REDUCE_SCATTER": True}) or tp == 1
     f["tp_comm_overlap"] = tp > 1 and as_bool("parallelism.tp_linear_async_communication", par.get("tp_linear_async_communication") or False)
-    full = as_bool("parallelism.recompute_layer", par.get("recompute_layer", False))
-    gran = par.get("recompute_granularity")
-    if gran is not None:
-        old = choice("parallelism.recompute_granularity", gran, {"full": "full", "selective": "selective"})
-        if full and old != "full":
-            raise InputError("parallelism.recompute_layer", "contradicts recompute_granularity")
-        f["recompute"] = old
-    else:
-        f["recompute"] = "full" if full else "none"
+    f["recompute"] = _recompute(par, notes)
 
     if tok:
         if "sequence_length" in tok:
@@ -298,6 +290,24 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     f.update(rank_order=DEFAULT_RANK_ORDER, overlap_grad_reduce=True, overlap_param_gather=zero == 0, kernels="fused")
     model = _model(mdl.get("model_config")) if mdl.get("model_config") else None
     return ParseResult("nanotron", f, model, tuple(notes))
+
+
+def _recompute(par: dict[str, Any], notes: list[str]) -> str:
+    """The recompute a ``parallelism`` section runs: main's ``recompute_layer`` checkpoints each
+    decoder layer (full); 0.2's ``recompute_granularity`` is passed only to ``get_flops``
+    (``src/nanotron/models/llama.py``, the FLOPs it logs) and its Llama recomputes nothing: none,
+    noted. A section with both keys is no release's (each strict reader refuses the other's)."""
+    full = as_bool("parallelism.recompute_layer", par.get("recompute_layer", False))
+    gran = par.get("recompute_granularity")
+    if gran is None:
+        return "full" if full else "none"
+    if "recompute_layer" in par:
+        raise InputError("parallelism.recompute_granularity", "is nanotron 0.2's key and recompute_layer main's: "
+                                                              "no release reads both")
+    choice("parallelism.recompute_granularity", gran, {"full": "full", "selective": "selective"})
+    notes.append(f"parallelism.recompute_granularity: nanotron 0.2 passes it only to the FLOPs it logs (get_flops, "
+                 f"src/nanotron/models/llama.py) and its Llama recomputes nothing: {gran} read as recompute none")
+    return "none"
 
 
 #: keys of main's ParallelismArgs that 0.2's lacks
