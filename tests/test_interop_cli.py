@@ -55,7 +55,7 @@ def test_export_bad_out_and_engine(tmp_path):
 
 
 def _export(tmp_path, engine: str, *extra: str):
-    path = tmp_path / {"deepspeed": "ds.json", "nanotron": "nt.yaml", "torchtitan-toml": "tt.toml"}.get(engine, f"{engine}.sh")
+    path = tmp_path / {"deepspeed": "ds.json", "nanotron": "nt.yaml", "torchtitan-toml": "tt.toml"}.get(engine.split("@")[0], f"{engine}.sh")
     code, _, err = run_cli("export", "--to", engine, *PLAN, *extra, "--out", str(path))
     assert code == 0, err
     return path
@@ -63,10 +63,12 @@ def _export(tmp_path, engine: str, *extra: str):
 
 #: flags that make PLAN expressible in each engine: FSDP without PP for torchtitan (its FSDP under PP
 #: keeps weights gathered across micro-batches, a setting no flag has) and a stack it runs (compiled
-#: blocks with the loss compiled or eager: it has no fused one), 1F1B and ZeRO-0 for nanotron
+#: blocks with the loss compiled or eager: it has no fused one), 1F1B and ZeRO-0 for nanotron, no
+#: recompute for nanotron 0.2 (its Llama has none)
 EXPRESSIBLE = {"torchtitan": ["--zero", "3", "--pp", "1", "--vpp", "1", "--set", "kernels=compiled"],
                "torchtitan-toml": ["--zero", "3", "--pp", "1", "--vpp", "1", "--set", "kernels=compiled", "--set", "compile_loss=false"],
-               "megatron": [], "nanotron": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0"]}
+               "megatron": [], "nanotron@main": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0"],
+               "nanotron": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0", "--recompute", "none"]}
 
 
 @pytest.mark.parametrize("engine", sorted(EXPRESSIBLE))

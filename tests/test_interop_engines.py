@@ -197,33 +197,35 @@ def test_deepspeed_config_class_reads_the_json(p, monkeypatch):
 
 
 def _nanotron():
+    """nanotron's config classes and the ``--to`` target of the installed line: 0.2 (its
+    ParallelismArgs has recompute_granularity) or main (recompute_layer)."""
     try:
         from nanotron.config import ParallelismArgs, TokensArgs
         from nanotron.config.config import get_config_from_dict
         from nanotron.config.models_config import LlamaConfig
     except ImportError as exc:
         pytest.skip(f"nanotron is not importable: {exc}")
-    return ParallelismArgs, TokensArgs, LlamaConfig, get_config_from_dict
-
-
-NT_GRID = [(m, p) for m, p in GRID["nanotron"]]
-
-
-@pytest.mark.parametrize(("model_name", "p"), NT_GRID, ids=range(len(NT_GRID)))
-def test_nanotron_dataclasses_read_the_sections(model_name, p):
-    ParallelismArgs, TokensArgs, LlamaConfig, from_dict = _nanotron()
-    secs = yaml.safe_load(export("nanotron", MODELS[model_name], p).text)
     known = {f.name for f in dataclasses.fields(ParallelismArgs)}
-    par_in = dict(secs["parallelism"])
-    if "recompute_layer" not in known:  # releases before recompute_layer: recompute_granularity
-        if par_in.pop("recompute_layer", False):
-            par_in["recompute_granularity"] = "FULL"
-    if "context_parallel_size" not in known and par_in.get("context_parallel_size", 1) > 1:
-        pytest.skip("this nanotron release predates context parallelism")
-    par = from_dict(par_in, config_class=ParallelismArgs)  # nanotron's strict dacite reader
+    target = "nanotron@main" if "recompute_layer" in known else "nanotron@0.2" if "recompute_granularity" in known else None
+    if target is None:
+        pytest.skip("a nanotron line between 0.2 and main: no export targets it")
+    return ParallelismArgs, TokensArgs, LlamaConfig, get_config_from_dict, target
+
+
+@pytest.mark.parametrize("line", ["nanotron@0.2", "nanotron@main"])
+@pytest.mark.parametrize("row", range(max(len(GRID["nanotron@0.2"]), len(GRID["nanotron@main"]))))
+def test_nanotron_dataclasses_read_the_sections(line, row):
+    ParallelismArgs, TokensArgs, LlamaConfig, from_dict, installed = _nanotron()
+    if line != installed or row >= len(GRID[line]):
+        pytest.skip(f"the installed nanotron is read by --to {installed}")
+    model_name, p = GRID[line][row]
+    secs = yaml.safe_load(export(line, MODELS[model_name], p).text)
+    par = from_dict(secs["parallelism"], config_class=ParallelismArgs)  # nanotron's strict dacite reader
     assert (par.dp, par.tp, par.pp) == (p.dp, p.tp, p.pp)
     assert par.tp_mode.name == ("REDUCE_SCATTER" if p.sequence_parallel and p.tp > 1 else "ALL_REDUCE")
     assert type(par.pp_engine).__name__ == ("AllForwardAllBackwardPipelineEngine" if p.schedule == "gpipe" else "OneForwardOneBackwardPipelineEngine")
+    if line == "nanotron@main":
+        assert par.recompute_layer == (p.recompute == "full")
     tok = from_dict({**secs["tokens"], "train_steps": 1}, config_class=TokensArgs)
     assert tok.micro_batch_size * tok.batch_accumulation_per_replica * par.dp == p.global_batch
     mc = from_dict(secs["model"]["model_config"], config_class=LlamaConfig)
@@ -232,7 +234,8 @@ def test_nanotron_dataclasses_read_the_sections(model_name, p):
 
 #: ``--to`` targets → the engine release their tests above run against (docs/interop.md's table)
 VALIDATED = {"torchtitan": "torchtitan 0.3.0", "torchtitan@0.3": "torchtitan 0.3.0", "torchtitan@0.2": "torchtitan 0.2.2",
-             "torchtitan-toml": "torchtitan 0.2.2", "deepspeed": "DeepSpeed 0.19.8", "nanotron": "nanotron 0.2"}
+             "torchtitan-toml": "torchtitan 0.2.2", "deepspeed": "DeepSpeed 0.19.8", "nanotron": "nanotron 0.2", "nanotron@0.2": "nanotron 0.2",
+             "nanotron@main": "nanotron main"}
 
 
 def test_docs_version_table_is_the_tests():

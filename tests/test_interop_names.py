@@ -79,19 +79,24 @@ DEEPSPEED = {
     "pipeline.stages", "pipeline.activation_checkpoint_interval", "sequence_parallel_size",
 }
 # nanotron, src/nanotron/config/parallelism_config.py (ParallelismArgs: dp, tp, pp, pp_engine, tp_mode,
-# tp_linear_async_communication, recompute_layer, expert_parallel_size, context_parallel_size),
+# tp_linear_async_communication, recompute_layer; context_parallel_size is never written: the exported
+# Llama has no ring attention; nor expert_parallel_size: main cannot start it),
 # config.py (TokensArgs, OptimizerArgs: zero_stage, accumulate_grad_in_fp32, optimizer_factory;
 # ModelArgs: dtype, model_config), models_config.py (LlamaConfig), huggingface/nanotron main.
 NANOTRON = {
     "parallelism.dp", "parallelism.tp", "parallelism.pp", "parallelism.pp_engine", "parallelism.tp_mode",
-    "parallelism.tp_linear_async_communication", "parallelism.recompute_layer", "parallelism.expert_parallel_size",
-    "parallelism.context_parallel_size", "tokens.sequence_length", "tokens.micro_batch_size",
+    "parallelism.tp_linear_async_communication", "parallelism.recompute_layer", "tokens.sequence_length", "tokens.micro_batch_size",
     "tokens.batch_accumulation_per_replica", "optimizer.zero_stage", "optimizer.accumulate_grad_in_fp32",
     "optimizer.optimizer_factory.name", "model.dtype",
     *(f"model.model_config.{k}" for k in (
         "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
         "vocab_size", "max_position_embeddings", "tie_word_embeddings", "hidden_act", "is_llama_config")),
 }
+
+
+# nanotron 0.2 (tag v0.2): ParallelismArgs has expert_parallel_size and recompute_granularity (FLOPs
+# logging only, never written), no recompute_layer; OptimizerArgs is AdamW's, no optimizer_factory.
+NANOTRON02 = NANOTRON - {"parallelism.recompute_layer", "optimizer.optimizer_factory.name"} | {"parallelism.expert_parallel_size"}
 
 
 def _paths(d, prefix=""):
@@ -115,7 +120,7 @@ def names(engine: str, text: str) -> set[str]:
 
 
 VOCAB = {"megatron": MEGATRON, "torchtitan": TORCHTITAN03, "torchtitan@0.2": TORCHTITAN, "torchtitan-toml": TORCHTITAN,
-         "deepspeed": DEEPSPEED, "nanotron": NANOTRON}
+         "deepspeed": DEEPSPEED, "nanotron": NANOTRON02, "nanotron@0.2": NANOTRON02, "nanotron@main": NANOTRON}
 
 
 @pytest.mark.parametrize("engine", sorted(VOCAB))
@@ -172,7 +177,7 @@ def test_deepspeed_and_nanotron_names_of_the_issue():
     assert any("1 x 64 x dp 4 = 256 sequences" in n for n in result.notes)
     assert ds["gradient_accumulation_steps"] == 64 and ds["zero_optimization"]["stage"] == 1
     assert ds["bf16"] == {"enabled": True} and ds["pipeline"]["stages"] == 4 and ds["tensor_parallel"]["autotp_size"] == 8
-    nt = yaml.safe_load(export("nanotron", load_model("llama3-70b"), BIG).text)
+    nt = yaml.safe_load(export("nanotron@main", load_model("llama3-70b"), BIG).text)
     assert nt["parallelism"]["dp"] == 4 and nt["parallelism"]["tp"] == 8 and nt["parallelism"]["pp"] == 4
     assert nt["parallelism"]["pp_engine"] == "1f1b" and nt["parallelism"]["tp_mode"] == "REDUCE_SCATTER"
     assert nt["tokens"] == {"sequence_length": 8192, "micro_batch_size": 1, "batch_accumulation_per_replica": 64}

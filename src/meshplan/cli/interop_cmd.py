@@ -26,7 +26,7 @@ from meshplan.interop.common import catalog_match
 from meshplan.outfile import out_path, write_text
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, applied, field_text
 
-Engine = Literal["torchtitan", "torchtitan@0.3", "torchtitan@0.2", "torchtitan-toml", "megatron", "deepspeed", "nanotron"]
+Engine = Literal["torchtitan", "torchtitan@0.3", "torchtitan@0.2", "torchtitan-toml", "megatron", "deepspeed", "nanotron", "nanotron@0.2", "nanotron@main"]
 #: the stack profile each export target runs (catalog/data/stacks.yaml)
 ENGINE_STACK = {"torchtitan": "torchtitan", "torchtitan-toml": "torchtitan", "megatron": "megatron-core",
                 "deepspeed": "deepspeed", "nanotron": "nanotron"}
@@ -49,7 +49,7 @@ def stack_difference(plan, engine: str) -> Optional[str]:
 @search_options(omit=("top",))
 def export(
     plan: PlanArgs,
-    to: Annotated[Engine, typer.Option("--to", help="Engine: torchtitan (its current release, 0.3: --module/--config and --section.key flags; torchtitan@0.2 for the 0.2 line), torchtitan-toml (sectioned TOML, 0.2), megatron (torchrun + Megatron-LM arguments), deepspeed (JSON), nanotron (YAML sections).")],
+    to: Annotated[Engine, typer.Option("--to", help="Engine: torchtitan (its current release, 0.3: --module/--config and --section.key flags; torchtitan@0.2 for the 0.2 line), torchtitan-toml (sectioned TOML, 0.2), megatron (torchrun + Megatron-LM arguments), deepspeed (JSON), nanotron (YAML sections for its newest release on PyPI, 0.2; nanotron@main for its main branch).")],
     out: Annotated[Optional[str], typer.Option("--out", help="Write the config to this file instead of stdout.", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
     from_search: Annotated[bool, typer.Option("--from-search", help="Export the best plan of `meshplan search` for these flags (layout flags fix axes, as in search); the search options below apply.")] = False,

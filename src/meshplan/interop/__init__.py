@@ -9,6 +9,7 @@ the config carries it, the model. ``docs/interop.md`` has the mapping table of e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 import re
 from typing import Any, Callable, Optional
@@ -29,7 +30,8 @@ __all__ = [
 ]
 
 #: engine name (``meshplan export --to``) → exporter; ``NAME@VERSION`` names a release line, the
-#: bare name the current release (torchtitan 0.3; its TOML exists only up to 0.2)
+#: bare name the current release (torchtitan 0.3; its TOML exists only up to 0.2), for nanotron the
+#: newest on PyPI that imports (0.2), ``nanotron@main`` its main branch
 ENGINES: dict[str, Callable[..., ExportResult]] = {
     "torchtitan": torchtitan03.export,
     "torchtitan@0.3": torchtitan03.export,
@@ -37,7 +39,8 @@ ENGINES: dict[str, Callable[..., ExportResult]] = {
     "torchtitan-toml": torchtitan.export_toml,
     "megatron": megatron.export,
     "deepspeed": deepspeed.export,
-    "nanotron": nanotron.export,
+    "nanotron": partial(nanotron.export, release=nanotron.DEFAULT),
+    **{f"nanotron@{r}": partial(nanotron.export, release=r) for r in nanotron.RELEASES},
 }
 
 PARSERS: dict[str, Callable[[str], ParseResult]] = {
