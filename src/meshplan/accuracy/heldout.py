@@ -49,14 +49,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any
-
-import yaml
 
 from meshplan.accuracy.formulas import step_from_tokens_per_gpu
 from meshplan.accuracy.runs import MappedRun, gpt_model, unsupported
-from meshplan.catalog import load_gpu, load_model, load_stack
+from meshplan.catalog import load_gpu, load_model, load_stack, read_data_file
 from meshplan.errors import InputError
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
@@ -154,8 +151,7 @@ DGXC_RECIPES = {
 @lru_cache(maxsize=1)
 def heldout_runs() -> tuple[dict[str, Any], ...]:
     """The ``runs`` of the held-out file, in file order (read-only)."""
-    text = resources.files("meshplan.catalog").joinpath("data", HELDOUT_FILE).read_text()
-    return tuple(yaml.safe_load(text)["runs"])
+    return tuple(read_data_file(HELDOUT_FILE)["runs"])
 
 
 def _model(r: dict[str, Any]):

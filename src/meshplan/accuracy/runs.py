@@ -22,11 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Optional
 
-import yaml
-
+from meshplan.catalog import read_data_file
 from meshplan.errors import InputError
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
@@ -65,9 +63,7 @@ class MappedRun:
 
 @lru_cache(maxsize=1)
 def _document() -> dict[str, Any]:
-    text = resources.files("meshplan.catalog").joinpath("data", RUNS_FILE).read_text()
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
-    return yaml.load(text, Loader=loader)  # a safe loader either way
+    return read_data_file(RUNS_FILE)
 
 
 def published_runs() -> list[dict[str, Any]]:

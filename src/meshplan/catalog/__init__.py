@@ -27,10 +27,17 @@ from meshplan.units import GBPS, GiB, TFLOPS
 from pydantic import ValidationError
 
 
+def read_data_file(name: str) -> Any:
+    """A YAML file of the package's own data (``catalog/data/NAME``), read with libyaml's safe
+    loader where PyYAML has it (about 10x the pure-Python one: a command's start-up reads these)
+    and the pure-Python safe loader otherwise; never for a user's file (:mod:`meshplan.bounded_parse`)."""
+    text = resources.files("meshplan.catalog").joinpath("data", name).read_text()
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 @lru_cache(maxsize=None)
 def _data(name: str) -> dict[str, Any]:
-    text = resources.files("meshplan.catalog").joinpath("data", name).read_text()
-    return yaml.safe_load(text)
+    return read_data_file(name)
 
 
 def model_names() -> list[str]:
