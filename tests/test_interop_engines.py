@@ -253,3 +253,49 @@ def test_docs_version_table_is_the_tests():
                 rows[target] = cells[1]
     assert set(rows) == set(ENGINES)
     assert {k: v for k, v in rows.items() if k in VALIDATED} == VALIDATED
+
+
+def _deepspeed_rank(rank: int, world: int, port: int, cfg: dict, queue) -> None:
+    """One rank of ``deepspeed.initialize`` on the CPU over gloo, given meshplan's exported config:
+    a two-linear model, a torch optimizer (no DeepSpeed op to compile), one micro-batch step."""
+    import os
+
+    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
+    import torch
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=cfg)
+    dtype = next(engine.module.parameters()).dtype  # bf16 when the plan is (the engine casts the model)
+    loss = engine(torch.randn(cfg["train_micro_batch_size_per_gpu"], 16, dtype=dtype)).float().sum()
+    engine.backward(loss)
+    engine.step()
+    queue.put((rank, engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+               engine.gradient_accumulation_steps(), engine.zero_optimization_stage()))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_deepspeed_initialize_runs_the_export_on_cpu(world):
+    """``deepspeed.initialize`` itself (gloo, CPU ranks) takes the exported JSON and trains a step
+    with the plan's batch: train = micro x accumulation x dp, its ZeRO stage."""
+    pytest.importorskip("deepspeed")
+    import multiprocessing
+    import socket
+
+    p = TrainingPlan(dp=world, micro_batch=2, global_batch=4 * world, seq_len=4096, zero=2)
+    cfg = json.loads(export("deepspeed", LLAMA70, p).text)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_deepspeed_rank, args=(r, world, port, cfg, queue)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=240)
+    assert all(proc.exitcode == 0 for proc in procs), [proc.exitcode for proc in procs]
+    got = sorted(queue.get(timeout=5) for _ in range(world))
+    assert got == [(r, p.global_batch, p.micro_batch, p.grad_accum, 2) for r in range(world)]
