@@ -15,17 +15,20 @@ from dataclasses import replace
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from meshplan.accuracy.interval import LEVEL, check_level
 from meshplan.catalog import stack_names, stack_recompute, stack_schedules
 from meshplan.cli import render
+from meshplan.cli.fit import FitTable
 from meshplan.cli.options import IntervalOpt, PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.cli.search_report import (
-    impossible_line, overlap_line, overlaps, plan_row, save_plot, search_stack_line, top_intervals, vs_search_entry, vs_search_line,
+    add_plan_columns, impossible_line, overlap_line, overlaps, plan_cells, plan_row, save_plot, search_stack_line, top_intervals,
+    vs_search_entry, vs_search_line,
 )
 from meshplan.cli.whatif import Alternative, alternatives
 from meshplan.errors import InputError
@@ -123,18 +126,26 @@ class _Progress:
 
 
 def _top_table(result: SearchResult, budget_tokens: bool, priced: bool, ivs: list) -> Table:
-    t = Table(title=f"Top {len(result.top)} plans by {result.objective}", title_justify="left")
+    """The top plans with their figures: the plan's columns, then peak memory, step and its
+    interval, bubble and exposed communication shares, MFU, tokens/s per GPU, and days and
+    millions of dollars for a token budget. At 80 columns it prints as two tables, the plans and
+    their figures, both led by the rank."""
+    t = FitTable(title=f"Top {len(result.top)} plans by {result.objective}", box=box.SIMPLE_HEAD, title_justify="left",
+                 breaks=(5,))
     level = f"{100 * ivs[0].level:g} %" if ivs else ""
-    for col in ("#", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", f"step {level}", "bubble", "exposed comm", "MFU", "tok/s/GPU"):
-        t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
+    t.add_column("#", justify="right", no_wrap=True)
+    add_plan_columns(t)
+    for col in ("peak GiB", "step (s)", f"step {level}", "bubble", "exposed comm", "MFU"):
+        t.add_column(col, justify="right")
+    t.add_column("tok/s/GPU", justify="right", short="tok/s\nper GPU")
     if budget_tokens:
         t.add_column("days", justify="right")
     if priced:
         t.add_column("$M", justify="right")
     for i, (r, iv) in enumerate(zip(result.top, ivs), 1):
         row = plan_row(r.estimate)
-        cells = [str(i), row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}",
-                 f"{row['step']:.3f}", f"{render.secs(iv.low)}–{render.secs(iv.high)}", f"{row['bubble']:.1%}", f"{row['comm']:.1%}", f"{row['mfu']:.1%}", f"{row['tok']:,.0f}"]
+        cells = [str(i), *plan_cells(row), f"{row['peak']:.1f}", f"{row['step']:.3f}", f"{render.secs(iv.low)}–{render.secs(iv.high)}",
+                 f"{row['bubble']:.1%}", f"{row['comm']:.1%}", f"{row['mfu']:.1%}", f"{row['tok']:,.0f}"]
         run = r.estimate.run_cost()
         if budget_tokens:
             cells.append(f"{run['days']:.1f}" if run else "-")
@@ -179,7 +190,7 @@ def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: in
             if why:
                 con.print(f"  #{i} vs #1: " + ", ".join(why))
     if result.rejected:
-        t = Table(title="Rejected", title_justify="left")
+        t = FitTable(title="Rejected", box=box.SIMPLE_HEAD, title_justify="left")
         t.add_column("plans", justify="right")
         t.add_column("rule")
         for _, count, rule in describe_rejections(result.rejected):
@@ -422,27 +433,30 @@ def _compare_stacks(plan: PlanArgs, search: SearchArgs, names: str, json_out: bo
     if json_out:
         typer.echo(json.dumps({"stacks": [_json(r, c.num_gpus, level) for _, r, c, _ in results]}, allow_nan=False))
     else:
-        t = Table(title="Best plan for each stack", title_justify="left")
-        for col in ("stack", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "MFU", "tok/s/GPU", "fit"):
-            t.add_column(col, justify="left" if col in ("stack", "layout", "pipeline", "recompute, SP, ZeRO") else "right")
+        t = FitTable(title="Best plan for each stack", box=box.SIMPLE_HEAD, title_justify="left", breaks=(5,))
+        t.add_column("stack", no_wrap=True)
+        add_plan_columns(t)
+        for col in ("peak GiB", "step (s)", "MFU", "tok/s/GPU", "fit"):
+            t.add_column(col, justify="right")
         for n, r, _, _ in results:
             if not r.top:
                 t.add_row(n, "nothing fits", *[""] * 7, "0")
                 continue
             row = plan_row(r.top[0].estimate)
-            t.add_row(n, row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}", f"{row['step']:.3f}",
-                      f"{100 * row['mfu']:.1f}%", f"{row['tok']:,.0f}", f"{r.feasible:,}")
+            t.add_row(n, *plan_cells(row), f"{row['peak']:.1f}", f"{row['step']:.3f}", f"{100 * row['mfu']:.1f}%",
+                      f"{row['tok']:,.0f}", f"{r.feasible:,}")
         render.console().print(t)
     if not any(r.top for _, r, _, _ in results):
         raise typer.Exit(1)
 
 
 def _closest_table(result: SearchResult) -> Table:
-    t = Table(title="Closest plans (least memory over the limit)", title_justify="left")
-    for col in ("layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "over by", "worst rank"):
-        t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
+    t = FitTable(title="Closest plans (least memory over the limit)", box=box.SIMPLE_HEAD, title_justify="left", breaks=(4,))
+    add_plan_columns(t)
+    for col in ("peak GiB", "over by", "worst rank"):
+        t.add_column(col, justify="right")
     for est, over in result.closest:
         row = plan_row(est)
         worst = max(range(len(est.stages)), key=lambda i: est.stages[i].total)
-        t.add_row(row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}", f"{over / GIB:.1f} GiB", str(worst))
+        t.add_row(*plan_cells(row), f"{row['peak']:.1f}", f"{over / GIB:.1f} GiB", str(worst))
     return t

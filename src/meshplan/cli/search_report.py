@@ -1,6 +1,7 @@
-"""What the outputs of ``meshplan search`` share: a plan's row of figures, the line saying why no
-plan was found, writing a figure (the top plans' front and the GPUs-vs-days front alike), and the
-top plans' step-time prediction intervals with which of them overlap."""
+"""What the outputs of ``meshplan search`` share: a plan's row of figures and the table columns
+that name it, the line saying why no plan was found, writing a figure (the top plans' front and
+the GPUs-vs-days front alike), and the top plans' step-time prediction intervals with which of
+them overlap."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from meshplan.accuracy.interval import estimate_interval
 from meshplan.catalog import stack_names, stack_overrides, stack_recompute, stack_schedules
+from meshplan.cli.fit import FitTable
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.render import stack_words
 from meshplan.estimate import Estimate
@@ -38,6 +40,20 @@ def plan_row(est: Estimate) -> dict[str, Any]:
         "mfu": est.mfu,
         "tok": est.tokens_per_s / p.num_gpus,
     }
+
+
+def add_plan_columns(t: FitTable) -> None:
+    """The columns that name a plan, as :func:`plan_row` words it: layout, pipeline and batch shape
+    kept whole on one line, the memory settings wrapped where the table is narrow."""
+    t.add_column("layout", no_wrap=True)
+    t.add_column("pipeline", no_wrap=True)
+    t.add_column("b x m", justify="right", no_wrap=True)
+    t.add_column("recompute, SP, ZeRO")
+
+
+def plan_cells(row: dict[str, Any]) -> list[str]:
+    """The cells of :func:`add_plan_columns` for a :func:`plan_row`."""
+    return [row["layout"], row["pipeline"], row["batch"], row["memory"]]
 
 
 def impossible_line(result: SearchResult, num_gpus: int) -> str:
