@@ -1,6 +1,7 @@
 """The command line in a narrow terminal: at 80 and 120 columns (``COLUMNS``) no table cuts a
 number or a name with an ellipsis and no table line is wider than the terminal (a table too wide
-prints in parts, each led by its key column: :class:`meshplan.cli.fit.FitTable`).
+prints in parts, each led by its key column: :class:`meshplan.cli.fit.FitTable`), and every help
+screen shows each of its flags whole.
 
 The commands run in-process through ``main`` as ``meshplan`` runs them; the figures that must
 appear whole come from the same commands' ``--json``.
@@ -12,9 +13,11 @@ import json
 import re
 
 import pytest
+import typer
 from rich.cells import cell_len
 from rich.console import Console
 
+from meshplan.cli.app import app
 from meshplan.cli.fit import FitTable
 from test_bad_input import run_cli
 
@@ -111,6 +114,39 @@ def test_memory_table_at_80_columns_has_short_headers_and_every_rank(monkeypatch
     assert head and "grads" in head[0] and "activ." in head[0]
     assert out.count("Memory per GPU by pipeline rank") == 1  # one table, not parts
     assert_fits(out, 80)
+
+
+def _commands(group: typer.core.TyperGroup, path: tuple[str, ...] = ()):
+    """Every command of the CLI with its path: (path, click command)."""
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd
+
+
+HELP = list(_commands(typer.main.get_command(app)))
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("path,cmd", HELP, ids=[" ".join(p) for p, _ in HELP])
+def test_help_shows_every_flag_whole(monkeypatch, path, cmd, columns):
+    code, out, err = run_at(monkeypatch, columns, *path, "--help")
+    assert (code, err) == (0, "")
+    assert "…" not in out
+    assert max(cell_len(line) for line in out.splitlines()) <= columns
+    flags = [f for p in cmd.params for f in (*p.opts, *p.secondary_opts) if f.startswith("--")]
+    assert flags
+    for flag in flags:
+        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", out), (flag, path)
+
+
+def test_estimate_help_at_80_columns_names_every_choice_whole(monkeypatch):
+    code, out, err = run_at(monkeypatch, 80, "estimate", "--help")
+    assert code == 0, err
+    assert "<1f1b|interleaved|gpipe|" in out  # wrapped after a bar where the column is narrow
+    words = set(re.findall(r"[\w-]+", out))  # no choice broken across lines
+    assert {"zbh1", "interleaved-zb", "dualpipev", "selective"} <= words
 
 
 # ---- the table itself ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tables that fit the terminal without cutting a cell.
+"""Tables that fit the terminal without cutting a cell, and help screens that keep every flag whole.
 
 Rich narrows a table wider than the console by shrinking its widest columns and cuts a word wider
 than its column with an ellipsis: at 80 columns a search's step time printed as ``13…`` and a run
@@ -18,6 +18,9 @@ goes first to the columns that need least to be whole. Else it is printed in par
 in order, as many as the width holds (``breaks``: where a part may start, to keep related columns
 together). A single word wider than the whole console folds onto the next line rather than
 being cut.
+
+:func:`keep_flags_whole` does the same for typer's help screens, whose option columns rich would
+otherwise cut (``--attention-kern…`` at 80 columns).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ import copy
 from dataclasses import replace
 from typing import Iterable, Optional
 
+from rich.columns import Columns
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 _WIDE = 1 << 20  # a width no table reaches: measuring at it gives natural widths
 
@@ -210,3 +215,74 @@ def _pack(units: list[list[int]], fits) -> list[list[int]]:
     if current or not parts:
         parts.append(current)
     return parts
+
+
+# ---- typer's help --------------------------------------------------------------------------------
+
+
+class _HelpTable(Table):
+    """typer's help panel table: the flag columns (all but the type and the description) never
+    narrower than their flags, a flag's negative form (``--no-...``) under it rather than in a
+    column of its own (the description keeps that width), a type's choices
+    (``<none|selective|full>``) wrapped after a bar, and a word of the type or description wider
+    than its column folded rather than cut."""
+
+    def add_row(self, *renderables, **kwargs) -> None:
+        cells = [_folding(r) for r in renderables]
+        if len(cells) >= 6 and all(isinstance(c, Text) for c in cells[-6:-2]):
+            # an option's row: [required,] long flags, short flags, negative long, negative short, type, help
+            long, short, no_long, no_short = cells[-6:-2]
+            cells[-6:-2] = [_under(long, no_long), _under(short, no_short)]
+        if len(cells) >= 2 and isinstance(cells[-2], Text) and "|" in cells[-2].plain:
+            cells[-2] = _Choices(cells[-2])
+        super().add_row(*cells, **kwargs)
+        for column in self.columns[:-2]:
+            column.no_wrap = True
+        for column in self.columns[-2:]:
+            column.overflow = "fold"
+
+
+class _Choices:
+    """An option's choices, ``<a|b|c>``, broken into lines after a bar where the column is narrow,
+    so that no choice is split (unless one alone is wider than the column)."""
+
+    def __init__(self, text: Text) -> None:
+        ends = [i + 1 for i, ch in enumerate(text.plain) if ch == "|"]
+        self.pieces = list(text.divide(ends))
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        longest = max(p.cell_len for p in self.pieces)
+        whole = sum(p.cell_len for p in self.pieces)
+        return Measurement(min(longest, options.max_width), min(whole, options.max_width))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = Text(overflow="fold")
+        for piece in self.pieces:
+            if line.cell_len and line.cell_len + piece.cell_len > options.max_width:
+                yield line
+                line = Text(overflow="fold")
+            line.append_text(piece)
+        yield line
+
+
+def _under(first: Text, second: Text) -> Text:
+    """``first`` with ``second`` on the line below it (``first`` alone when ``second`` is empty)."""
+    return Text.assemble(first, "\n", second) if second.plain else first
+
+
+def _folding(renderable):
+    """``renderable`` with its text (or a help column's texts) folding a word too wide for its line."""
+    if isinstance(renderable, Text) and renderable.overflow in (None, "ellipsis"):
+        renderable.overflow = "fold"
+    elif isinstance(renderable, Columns):
+        for item in renderable.renderables:
+            _folding(item)
+    return renderable
+
+
+def keep_flags_whole() -> None:
+    """Make typer's help screens keep every flag whole at any width: its option panels are built
+    from ``typer.rich_utils.Table``, replaced here by :class:`_HelpTable`."""
+    import typer.rich_utils
+
+    typer.rich_utils.Table = _HelpTable  # type: ignore[attr-defined]
