@@ -32,7 +32,7 @@ COMMANDS = [
     (*SEARCH, "--tokens", "1T", "--price", "2", "--pareto"),
     ("search", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "64", "--max-micro-batch", "2",
      "--baseline", "tp=2,pp=2"),
-    (*SEARCH, "--schedules", "1f1b,interleaved,interleaved-zb"),
+    (*SEARCH, "--all-variants", "--schedules", "1f1b,interleaved,interleaved-zb"),
     (*SEARCH, "--stacks", "megatron-core,torchtitan"),
     ("search", "--model", "llama3-405b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "512"),  # the closest plans
     ("search", "--model", "llama3-8b", "--gpus-range", "8:32", "--seq-len", "4096", "--global-batch", "64", "--tokens", "1T",
@@ -88,7 +88,7 @@ def test_validate_at_80_columns(monkeypatch):
 
 @pytest.mark.parametrize("columns", [80, 120])
 def test_search_numbers_and_layouts_are_whole(monkeypatch, columns):
-    code, out, err = run_at(monkeypatch, columns, *SEARCH)
+    code, out, err = run_at(monkeypatch, columns, *SEARCH, "--all-variants")
     assert code == 0, err
     code, js, err = run_cli(*SEARCH, "--json")
     assert code == 0, err
@@ -101,7 +101,7 @@ def test_search_numbers_and_layouts_are_whole(monkeypatch, columns):
 
 
 def test_search_at_120_columns_tells_interleaved_from_interleaved_zb(monkeypatch):
-    code, out, err = run_at(monkeypatch, 120, *SEARCH, "--schedules", "interleaved,interleaved-zb")
+    code, out, err = run_at(monkeypatch, 120, *SEARCH, "--schedules", "interleaved,interleaved-zb", "--all-variants")
     assert code == 0, err
     pipelines = {m.group(1) for m in re.finditer(r"\b(interleaved(?:-zb)?) v\d", out)}
     assert pipelines == {"interleaved", "interleaved-zb"}
