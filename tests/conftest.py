@@ -1,8 +1,12 @@
-"""Fixtures shared by the web explorer's tests: the JSON API through FastAPI's TestClient
-(``client``), and ``meshplan serve``'s app on a free loopback port (``server``) driven by headless
-Chromium through Playwright (``browser``, ``page``). Each skips its test when the extra it needs is
-not installed; every page request to a host other than 127.0.0.1 or localhost is aborted and
-recorded, and the test fails if there was one or if a script raised."""
+"""Fixtures shared by the tests. Every test sees the command line's output at its width for a
+file or a pipe (``COLUMNS`` unset: 132 columns at least), whatever the shell running the tests
+exports; a test that wants a narrow terminal sets ``COLUMNS`` itself.
+
+The web explorer's tests: the JSON API through FastAPI's TestClient (``client``), and ``meshplan
+serve``'s app on a free loopback port (``server``) driven by headless Chromium through Playwright
+(``browser``, ``page``). Each skips its test when the extra it needs is not installed; every page
+request to a host other than 127.0.0.1 or localhost is aborted and recorded, and the test fails if
+there was one or if a script raised."""
 
 from __future__ import annotations
 
@@ -14,6 +18,12 @@ from urllib.parse import urlparse
 
 import pytest
 from web_support import CHROMIUM, LOOPBACK
+
+
+@pytest.fixture(autouse=True)
+def _output_width(monkeypatch):
+    """No ``COLUMNS`` from the environment: the CLI prints as to a file (tests/test_terminal_width.py sets it)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture(scope="module")

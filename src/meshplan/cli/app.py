@@ -22,6 +22,7 @@ from meshplan.catalog import gpu_names, load_gpu, load_model, model_names
 from meshplan.cli import render
 from meshplan.accuracy.interval import LEVEL, check_level, estimate_interval
 from meshplan.cli.options import IntervalOpt, PlanArgs, failure_model, plan_options, resolve
+from meshplan.cli.fit import keep_flags_whole
 from meshplan.cli.pipeline_cmd import pipeline as pipeline_command
 from meshplan.cli.stacks_cmd import stacks as stacks_command
 from meshplan.cli.search_cmd import search as search_command
@@ -39,6 +40,7 @@ from meshplan.estimate_report import extras, report_json
 from meshplan.explain import render as render_derivations
 from meshplan.specs.base import input_error_from
 
+keep_flags_whole()  # help screens: every flag whole at any terminal width
 app = typer.Typer(
     name="meshplan",
     help="Plan distributed training of large language models: layout, memory, step time, MFU, cost, "

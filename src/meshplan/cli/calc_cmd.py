@@ -22,7 +22,6 @@ from pydantic import ValidationError
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from meshplan.calc import batch as batch_mod
 from meshplan.calc import checkpoint as ckpt_mod
@@ -37,6 +36,7 @@ from meshplan.calc import roofline as roof_mod
 from meshplan.calc.inputs import choice, count, parse_duration, parse_number, parse_size, positive
 from meshplan.calc.result import CalcResult, num, secs, size
 from meshplan.cli import calc_plan, render
+from meshplan.cli.fit import FitTable
 from meshplan.cli.options import PlanArgs, plan_options
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.errors import InputError
@@ -113,7 +113,7 @@ def emit(result: CalcResult, json_out: bool, explain: bool, extra: Callable[[Con
     if explain:
         out.print(render_derivations(list(result.derivations)).rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
     else:
-        t = Table(box=box.SIMPLE_HEAD, title=f"meshplan calc {result.kind}", title_justify="left")
+        t = FitTable(box=box.SIMPLE_HEAD, title=f"meshplan calc {result.kind}", title_justify="left")
         t.add_column("figure")
         t.add_column("value")
         for d in result.derivations:
@@ -332,7 +332,7 @@ def failures(
 
     def extra(o: Console) -> None:
         if runs:
-            t = Table(box=box.SIMPLE_HEAD, title=f"Monte Carlo, {runs:,} runs (percentiles)", title_justify="left")
+            t = FitTable(box=box.SIMPLE_HEAD, title=f"Monte Carlo, {runs:,} runs (percentiles)", title_justify="left")
             for col in ("scenario", "figure", "p5", "p25", "p50", "p75", "p95", "mean ± s.e."):
                 t.add_column(col, justify="left" if col in ("scenario", "figure") else "right")
             for sc in res.data["scenarios"]:
@@ -413,7 +413,7 @@ def lr(
     def extra(o: Console) -> None:
         rows = sched.data.get("milestones")
         if rows:
-            t = Table(box=box.SIMPLE_HEAD, title="schedule landmarks", title_justify="left")
+            t = FitTable(box=box.SIMPLE_HEAD, title="schedule landmarks", title_justify="left")
             t.add_column("step", justify="right")
             t.add_column("LR", justify="right")
             ramp = "tokens_seen" in rows[0]
@@ -446,7 +446,7 @@ def formats(
     res = fmt_mod.formats(names, None if elements is None else fmt_mod.parse_elements(elements), value)
 
     def extra(o: Console) -> None:
-        t = Table(box=box.SIMPLE_HEAD, title="formats", title_justify="left")
+        t = FitTable(box=box.SIMPLE_HEAD, title="formats", title_justify="left")
         cols = ["format", "bits", "exp", "mant", "bias", "max", "min normal", "min subnormal", "eps", "digits"]
         cols += ["tensor"] if elements is not None else []
         cols += ["rounded"] if value is not None else []

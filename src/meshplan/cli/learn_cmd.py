@@ -18,9 +18,9 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from meshplan.cli import render
+from meshplan.cli.fit import FitTable
 from meshplan.errors import InputError
 from meshplan.learn import TOPICS, generate, grade, specs
 from meshplan.learn.model import Exercise, Feedback, render_answer_prompt
@@ -47,7 +47,7 @@ def _list(ids: list[str], seed: Optional[int], json_out: bool, out: Console) -> 
     if json_out:
         typer.echo(json.dumps([generate(i, seed).to_dict() for i in ids], allow_nan=False))
         return
-    t = Table(box=box.SIMPLE_HEAD, title=f"meshplan learn: {len(ids)} exercises", title_justify="left")
+    t = FitTable(box=box.SIMPLE_HEAD, title=f"meshplan learn: {len(ids)} exercises", title_justify="left")
     for c in ("id", "topic", "kind", "difficulty", "title", "source"):
         t.add_column(c)
     for i in ids:

@@ -44,6 +44,7 @@ from rich.text import Text
 
 from meshplan.catalog import load_stack
 from meshplan.cli import render
+from meshplan.cli.fit import FitTable
 from meshplan.cli.pipeline_runtime import RUNTIME_HELP, check_runtime, lockstep_cost, resolve_runtime
 from meshplan.errors import InputError
 from meshplan.outfile import out_path, write_text
@@ -260,7 +261,7 @@ def _times_lines(run: dict, unit: str) -> list[str]:
 def rank_table(run: dict, unit: str) -> Table:
     res: SimResult = run["result"]
     pp, v = run["pp"], run["v"]
-    t = Table(title=f"Per rank (times in {unit})", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title=f"Per rank (times in {unit})", box=box.SIMPLE_HEAD, title_justify="left")
     peak = "peak in flight (micro-batch chunks)" if v > 1 else "peak in-flight micro-batches"
     for col in ("rank", "virtual stages" if v > 1 else "stage", "busy", "idle", "idle % of step", peak):
         t.add_column(col, justify="right")

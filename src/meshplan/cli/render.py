@@ -6,6 +6,7 @@ is converted to the display unit with its label.
 
 from __future__ import annotations
 
+import os
 import sys
 from itertools import groupby
 from typing import Any, Optional
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from meshplan.catalog import stack_names, stack_overrides, stack_profile
+from meshplan.cli.fit import FitTable
 from meshplan.cost.attention import ATTENTION_KERNEL_NAMES, attention_kernel_of
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import state_bytes_per_param
@@ -40,11 +42,13 @@ BREAKDOWN_LABELS = {
 }
 
 
-def console() -> Console:
-    """A console on the current stdout; wide enough for the tables when it is not a terminal."""
+def console(least: int = 132) -> Console:
+    """A console on the current stdout, as wide as the terminal or as ``COLUMNS`` says; when
+    stdout is a file or a pipe and ``COLUMNS`` is not set, at least ``least`` columns, so that a
+    saved report keeps each table row on one line."""
     out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
-    if not out.is_terminal:
-        out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=max(out.width, 132))
+    if not out.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=max(out.width, least))
     return out
 
 
@@ -130,13 +134,14 @@ def _split(split: tuple[int, ...]) -> str:
 
 def memory_table(est: Estimate, unit: str) -> Table:
     worst = max(range(len(est.stages)), key=lambda i: est.stages[i].total)
-    t = Table(title=f"Memory per GPU by pipeline rank, in {unit} ({'2^30' if unit == 'GiB' else '1e9'} bytes)",
-              box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title=f"Memory per GPU by pipeline rank, in {unit} ({'2^30' if unit == 'GiB' else '1e9'} bytes)",
+                 box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("rank", justify="right")
     t.add_column("layers", justify="right")
-    for col in ("weights", "gradients", "optimizer", "activations", "other", "total"):
-        t.add_column(col, justify="right")
-    t.add_column("in flight (micro-batches)", justify="right")
+    for col, short in (("weights", None), ("gradients", "grads"), ("optimizer", "optim."), ("activations", "activ."),
+                       ("other", None), ("total", None)):
+        t.add_column(col, justify="right", short=short)
+    t.add_column("in flight (micro-batches)", justify="right", short="in\nflight")
     at_end = []
     for i, s in enumerate(est.stages):
         style = ("bold red" if not est.fits else "bold") if i == worst else None
@@ -167,7 +172,7 @@ def verdict(est: Estimate, unit: str) -> Text:
 
 def time_table(est: Estimate) -> Table:
     tm = est.time
-    t = Table(title=f"Step time on the critical pipeline rank ({tm.critical_rank})", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title=f"Step time on the critical pipeline rank ({tm.critical_rank})", box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("part")
     t.add_column("time (s)", justify="right")
     t.add_column("% of step", justify="right")
@@ -204,7 +209,7 @@ def bubble_line(est: Estimate) -> str:
 
 def throughput_table(est: Estimate) -> Table:
     p = est.plan
-    t = Table(title="Throughput", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title="Throughput", box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("figure")
     t.add_column("value", justify="right")
     peak = est.mfu_peak / TFLOPS
@@ -223,7 +228,7 @@ def throughput_table(est: Estimate) -> Table:
 
 def flops_table(est: Estimate) -> Table:
     f = est.flops
-    t = Table(title="FLOPs per step", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title="FLOPs per step", box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("kind")
     t.add_column("FLOP", justify="right")
     t.add_column("PFLOP", justify="right")
@@ -237,7 +242,7 @@ def run_table(est: Estimate, failures: Optional[dict[str, Any]] = None, iv=None)
     run = est.run_cost()
     if not run:
         return None
-    t = Table(title=f"Run: {run['tokens']:.4g} tokens", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title=f"Run: {run['tokens']:.4g} tokens", box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("figure")
     t.add_column("value", justify="right")
     t.add_row("optimizer steps", f"{run['steps']:,.0f}")
@@ -288,7 +293,7 @@ def published_table(est: Estimate, preset: Preset) -> Optional[Table]:
     pub = preset.published
     if pub is None:
         return None
-    t = Table(title="Estimate vs published", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title="Estimate vs published", box=box.SIMPLE_HEAD, title_justify="left")
     for col, just in (("figure", "left"), ("meshplan", "right"), ("published", "right"), ("difference", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
 
@@ -376,7 +381,7 @@ def print_estimate(est: Estimate, preset: Optional[Preset], unit: str, requested
 
 
 def models_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="Models", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title="Models", box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("name", "layers", "hidden", "heads / kv", "ffn", "vocab", "parameters", "source"):
         t.add_column(col, justify="left" if col in ("name", "source") else "right", overflow="fold")
     for r in rows:
@@ -386,11 +391,11 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def gpus_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="GPUs (dense peak, per GPU; bandwidth per direction)", box=box.SIMPLE_HEAD, title_justify="left")
-    cols = ("name", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM (GiB)", "HBM (TB/s)", "scale-up GPUs",
-            "scale-up (GB/s)", "NIC (GB/s)", "TDP (W)")
-    for col in cols:
-        t.add_column(col, justify="left" if col == "name" else "right")
+    t = FitTable(title="GPUs (dense peak, per GPU; bandwidth per direction)", box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("name")
+    for col in ("BF16 TFLOP/s", "FP8 TFLOP/s", "HBM (GiB)", "HBM (TB/s)", "scale-up GPUs", "scale-up (GB/s)", "NIC (GB/s)",
+                "TDP (W)"):
+        t.add_column(col, justify="right", short=col.replace("scale-up ", "scale-\nup ") if "scale-up" in col else None)
     for r in rows:
         fp8 = "—" if r["fp8_tflops"] is None else f"{r['fp8_tflops']:,.1f}"
         t.add_row(r["name"], f"{r['bf16_tflops']:,.1f}", fp8, f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:.3f}",

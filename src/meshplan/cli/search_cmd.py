@@ -2,8 +2,9 @@
 
 Layout flags given on the command line (``--tp 8``, ``--schedule interleaved``, ``--zero 1`` …)
 fix that axis; the others are searched within the ``--max-*`` limits. The output ranks the top
-plans by the objective, places a baseline plan (``--baseline``) among them, and counts the
-rejected plans by reason.
+plans by the objective (:mod:`meshplan.cli.search_table`: plans that differ only in vpp as one
+row unless ``--all-variants``), places a baseline plan (``--baseline``) among them, and counts
+the rejected plans by reason.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ from dataclasses import replace
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from meshplan.accuracy.interval import LEVEL, check_level
 from meshplan.catalog import stack_names, stack_recompute, stack_schedules
 from meshplan.cli import render
+from meshplan.cli.fit import FitTable
 from meshplan.cli.options import IntervalOpt, PlanArgs, plan_options, resolve
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.search_front import fleet_json, print_fleet, write_fleet
 from meshplan.cli.search_options import SearchArgs, search_options
 from meshplan.cli.search_report import (
-    impossible_line, overlap_line, overlaps, plan_row, save_plot, search_stack_line, top_intervals, vs_search_entry, vs_search_line,
+    add_plan_columns, impossible_line, overlaps, plan_cells, plan_row, save_plot, search_stack_line, top_intervals, variant_groups,
+    vs_search_entry, vs_search_line,
 )
+from meshplan.cli.search_table import legend, top_rows, top_table
 from meshplan.cli.whatif import Alternative, alternatives
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot
@@ -122,28 +127,6 @@ class _Progress:
             self.bar.stop()
 
 
-def _top_table(result: SearchResult, budget_tokens: bool, priced: bool, ivs: list) -> Table:
-    t = Table(title=f"Top {len(result.top)} plans by {result.objective}", title_justify="left")
-    level = f"{100 * ivs[0].level:g} %" if ivs else ""
-    for col in ("#", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", f"step {level}", "bubble", "exposed comm", "MFU", "tok/s/GPU"):
-        t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
-    if budget_tokens:
-        t.add_column("days", justify="right")
-    if priced:
-        t.add_column("$M", justify="right")
-    for i, (r, iv) in enumerate(zip(result.top, ivs), 1):
-        row = plan_row(r.estimate)
-        cells = [str(i), row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}",
-                 f"{row['step']:.3f}", f"{render.secs(iv.low)}–{render.secs(iv.high)}", f"{row['bubble']:.1%}", f"{row['comm']:.1%}", f"{row['mfu']:.1%}", f"{row['tok']:,.0f}"]
-        run = r.estimate.run_cost()
-        if budget_tokens:
-            cells.append(f"{run['days']:.1f}" if run else "-")
-        if priced:
-            cells.append(f"{run['dollars'] / 1e6:.2f}" if run and "dollars" in run else "-")
-        t.add_row(*cells)
-    return t
-
-
 def _why(best: Estimate, other: Estimate) -> list[str]:
     """Where the step time of ``other`` differs from ``best``'s, largest first."""
     a, b = best.time.breakdown(), other.time.breakdown()
@@ -155,7 +138,11 @@ def _why(best: Estimate, other: Estimate) -> list[str]:
     return [f"{names[k]} {d:+.3f} s" for d, k in diffs if abs(d) >= 0.005 * best.time.step_s][:4]
 
 
-def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: int, level: float = LEVEL) -> None:
+def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: int, level: float = LEVEL,
+           all_variants: bool = False) -> None:
+    """The search as text: its counts, the top plans (:mod:`meshplan.cli.search_table`; plans that
+    differ only in vpp as one row unless ``all_variants``), what separates the next rows from #1,
+    the rejected plans by rule, the baseline's place and the front."""
     con = render.console()
     if not result.top:
         con.print(impossible_line(result, num_gpus))
@@ -171,15 +158,17 @@ def _print(result: SearchResult, budget_tokens: bool, priced: bool, num_gpus: in
     )
     if result.top:
         ivs = top_intervals(result, level)
-        con.print(_top_table(result, budget_tokens, priced, ivs))
-        con.print(overlap_line(ivs), markup=False, highlight=False, soft_wrap=True)
+        rows = top_rows(result, all_variants)
+        con.print(top_table(result, rows, ivs, budget_tokens, priced))
+        for line in legend(result, rows, ivs):
+            con.print(line, markup=False, highlight=False)
         best = result.top[0].estimate
-        for i, r in enumerate(result.top[1:4], 2):
-            why = _why(best, r.estimate)
+        for i in [ranks[0] for ranks in rows[1:4]]:
+            why = _why(best, result.top[i - 1].estimate)
             if why:
                 con.print(f"  #{i} vs #1: " + ", ".join(why))
     if result.rejected:
-        t = Table(title="Rejected", title_justify="left")
+        t = FitTable(title="Rejected", box=box.SIMPLE_HEAD, title_justify="left")
         t.add_column("plans", justify="right")
         t.add_column("rule")
         for _, count, rule in describe_rejections(result.rejected):
@@ -217,9 +206,10 @@ def _json(result: SearchResult, num_gpus: int, level: float = LEVEL) -> dict[str
         "interval_level": level,
     }
     ivs = top_intervals(result, level)
-    for entry, iv, near in zip(out["top"], ivs, overlaps(ivs)):
+    for entry, iv, near, group in zip(out["top"], ivs, overlaps(ivs), variant_groups(result)):
         add_interval(entry, iv)
         entry["interval_overlaps"] = near
+        entry["group"] = group
     if not result.top:
         out["message"] = impossible_line(result, num_gpus)
     if result.closest:
@@ -349,6 +339,7 @@ def search(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
     interval: IntervalOpt = LEVEL,
     vs: Annotated[Optional[list[str]], typer.Option("--vs", metavar="F=V", help="What if FIELD=VALUE[,...] (as estimate's --vs): search again with it; does the best plan change? (repeatable)", show_default=False)] = None,
+    all_variants: Annotated[bool, typer.Option("--all-variants", help="One row per plan: do not group plans that differ only in virtual stages (vpp).")] = False,
 ) -> None:
     """Find the best layouts: every tp x cp x pp x dp factorization of the GPUs (and ep for mixture-of-experts models) with every schedule, virtual stages, micro-batch, recompute mode, sequence parallelism, TP communication overlap and ZeRO stage; memory checked per pipeline rank, the best plans simulated exactly.
 
@@ -390,7 +381,7 @@ def search(
             d["vs"] = entries
         typer.echo(json.dumps(d, allow_nan=False))
     else:
-        _print(result, bool(budget.tokens), budget.price_per_gpu_hour is not None, cluster.num_gpus, level)
+        _print(result, bool(budget.tokens), budget.price_per_gpu_hour is not None, cluster.num_gpus, level, all_variants)
         for entry in entries:
             render.console().print(vs_search_line(entry), markup=False, highlight=False, soft_wrap=True)
     if not result.top:
@@ -422,27 +413,30 @@ def _compare_stacks(plan: PlanArgs, search: SearchArgs, names: str, json_out: bo
     if json_out:
         typer.echo(json.dumps({"stacks": [_json(r, c.num_gpus, level) for _, r, c, _ in results]}, allow_nan=False))
     else:
-        t = Table(title="Best plan for each stack", title_justify="left")
-        for col in ("stack", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "MFU", "tok/s/GPU", "fit"):
-            t.add_column(col, justify="left" if col in ("stack", "layout", "pipeline", "recompute, SP, ZeRO") else "right")
+        t = FitTable(title="Best plan for each stack", box=box.SIMPLE_HEAD, title_justify="left", breaks=(5,))
+        t.add_column("stack", no_wrap=True)
+        add_plan_columns(t)
+        for col in ("peak GiB", "step (s)", "MFU", "tok/s/GPU", "fit"):
+            t.add_column(col, justify="right")
         for n, r, _, _ in results:
             if not r.top:
                 t.add_row(n, "nothing fits", *[""] * 7, "0")
                 continue
             row = plan_row(r.top[0].estimate)
-            t.add_row(n, row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}", f"{row['step']:.3f}",
-                      f"{100 * row['mfu']:.1f}%", f"{row['tok']:,.0f}", f"{r.feasible:,}")
+            t.add_row(n, *plan_cells(row), f"{row['peak']:.1f}", f"{row['step']:.3f}", f"{100 * row['mfu']:.1f}%",
+                      f"{row['tok']:,.0f}", f"{r.feasible:,}")
         render.console().print(t)
     if not any(r.top for _, r, _, _ in results):
         raise typer.Exit(1)
 
 
 def _closest_table(result: SearchResult) -> Table:
-    t = Table(title="Closest plans (least memory over the limit)", title_justify="left")
-    for col in ("layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "over by", "worst rank"):
-        t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO") else "right")
+    t = FitTable(title="Closest plans (least memory over the limit)", box=box.SIMPLE_HEAD, title_justify="left", breaks=(4,))
+    add_plan_columns(t)
+    for col in ("peak GiB", "over by", "worst rank"):
+        t.add_column(col, justify="right")
     for est, over in result.closest:
         row = plan_row(est)
         worst = max(range(len(est.stages)), key=lambda i: est.stages[i].total)
-        t.add_row(row["layout"], row["pipeline"], row["batch"], row["memory"], f"{row['peak']:.1f}", f"{over / GIB:.1f} GiB", str(worst))
+        t.add_row(*plan_cells(row), f"{row['peak']:.1f}", f"{over / GIB:.1f} GiB", str(worst))
     return t

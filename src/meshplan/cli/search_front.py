@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
+from rich import box
 
 from meshplan.cli import render
-from meshplan.cli.search_report import impossible_line, plan_row, save_plot
+from meshplan.cli.fit import FitTable
+from meshplan.cli.search_report import add_plan_columns, impossible_line, plan_cells, plan_row, save_plot
 from meshplan.estimate import Budget
 from meshplan.pyplot import pyplot
 from meshplan.search.fleet import FleetPoint
@@ -17,22 +18,24 @@ def print_fleet(points: list[FleetPoint], budget: Budget) -> None:
     """The front as a table: per GPU count its best plan by time-to-train, * on the front."""
     con = render.console()
     priced = budget.price_per_gpu_hour is not None
-    t = Table(title=f"Best plan per GPU count for {budget.tokens:.3g} tokens (time-to-train)", title_justify="left")
-    cols = ["GPUs", "front", "layout", "pipeline", "b x m", "recompute, SP, ZeRO", "peak GiB", "step (s)", "MFU", "days", "GPU-hours"]
-    if priced:
-        cols.append("$M")
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("layout", "pipeline", "recompute, SP, ZeRO", "front") else "right")
+    t = FitTable(title=f"Best plan per GPU count for {budget.tokens:.3g} tokens (time-to-train)", box=box.SIMPLE_HEAD,
+                 title_justify="left", keys=2, breaks=(6,))
+    t.add_column("GPUs", justify="right", no_wrap=True)
+    t.add_column("front")
+    add_plan_columns(t)
+    for col in ["peak GiB", "step (s)", "MFU", "days", "GPU-hours"] + (["$M"] if priced else []):
+        t.add_column(col, justify="right")
     seconds = 0.0
     for pt in points:
         seconds += pt.result.seconds
         if pt.best is None:
-            t.add_row(f"{pt.num_gpus:,}", "", impossible_line(pt.result, pt.num_gpus), *[""] * (len(cols) - 3))
+            # the reason in the wrapping column: the layout's is kept on one line
+            t.add_row(f"{pt.num_gpus:,}", "", "nothing fits", "", "", impossible_line(pt.result, pt.num_gpus), *[""] * (len(t.columns) - 6))
             continue
         est = pt.best.estimate
         row, run = plan_row(est), est.run_cost()
-        cells = [f"{pt.num_gpus:,}", "*" if pt.on_front else "", row["layout"], row["pipeline"], row["batch"], row["memory"],
-                 f"{row['peak']:.1f}", f"{row['step']:.3f}", f"{row['mfu']:.1%}", f"{run['days']:.1f}", f"{run['gpu_hours']:,.0f}"]
+        cells = [f"{pt.num_gpus:,}", "*" if pt.on_front else "", *plan_cells(row), f"{row['peak']:.1f}", f"{row['step']:.3f}",
+                 f"{row['mfu']:.1%}", f"{run['days']:.1f}", f"{run['gpu_hours']:,.0f}"]
         if priced:
             cells.append(f"{run['dollars'] / 1e6:.2f}")
         t.add_row(*cells)

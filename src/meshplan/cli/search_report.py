@@ -1,13 +1,16 @@
-"""What the outputs of ``meshplan search`` share: a plan's row of figures, the line saying why no
-plan was found, writing a figure (the top plans' front and the GPUs-vs-days front alike), and the
-top plans' step-time prediction intervals with which of them overlap."""
+"""What the outputs of ``meshplan search`` share: a plan's row of figures and the table columns
+that name it, the line saying why no plan was found, writing a figure (the top plans' front and
+the GPUs-vs-days front alike), the top plans' step-time prediction intervals with which of them
+overlap, and which top plans differ only in their virtual stages."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Optional
 
 from meshplan.accuracy.interval import estimate_interval
 from meshplan.catalog import stack_names, stack_overrides, stack_recompute, stack_schedules
+from meshplan.cli.fit import FitTable
 from meshplan.cli.pipeline_cmd import _out_path
 from meshplan.cli.render import stack_words
 from meshplan.estimate import Estimate
@@ -38,6 +41,22 @@ def plan_row(est: Estimate) -> dict[str, Any]:
         "mfu": est.mfu,
         "tok": est.tokens_per_s / p.num_gpus,
     }
+
+
+def add_plan_columns(t: FitTable, pipeline_width: Optional[int] = None) -> None:
+    """The columns that name a plan, as :func:`plan_row` words it: layout, pipeline and batch shape
+    kept whole on one line, the memory settings wrapped where the table is narrow; with
+    ``pipeline_width``, the pipeline cells wrap too, never narrower than that (the schedule and
+    its vpp on the first line, what a cell adds after them below where the table is narrow)."""
+    t.add_column("layout", no_wrap=True)
+    t.add_column("pipeline", no_wrap=pipeline_width is None, min_width=pipeline_width)
+    t.add_column("b x m", justify="right", no_wrap=True)
+    t.add_column("recompute, SP, ZeRO")
+
+
+def plan_cells(row: dict[str, Any], pipeline: Optional[str] = None) -> list[str]:
+    """The cells of :func:`add_plan_columns` for a :func:`plan_row` (``pipeline`` in place of its own)."""
+    return [row["layout"], row["pipeline"] if pipeline is None else pipeline, row["batch"], row["memory"]]
 
 
 def impossible_line(result: SearchResult, num_gpus: int) -> str:
@@ -73,28 +92,62 @@ def top_intervals(result: SearchResult, level: float) -> list:
     return [estimate_interval(r.estimate, level) for r in result.top]
 
 
-def overlaps(ivs: list) -> list[list[int]]:
-    """For each plan (rank i, from 1), the ranks of the other plans whose interval overlaps its own:
-    [low_i, high_i] ∩ [low_j, high_j] ≠ ∅ — their measured steps could come in either order."""
-    return [[j for j, b in enumerate(ivs, 1) if j != i and a.low <= b.high and b.low <= a.high]
-            for i, a in enumerate(ivs, 1)]
+def overlaps(ivs: list, ranks: Optional[list[int]] = None) -> list[list[int]]:
+    """For each plan (rank i, from 1, or ``ranks[i - 1]``), the ranks of the other plans whose
+    interval overlaps its own: [low_i, high_i] ∩ [low_j, high_j] ≠ ∅ — their measured steps could
+    come in either order."""
+    ranks = ranks or list(range(1, len(ivs) + 1))
+    return [[rj for rj, b in zip(ranks, ivs) if rj != ri and a.low <= b.high and b.low <= a.high]
+            for ri, a in zip(ranks, ivs)]
 
 
-def overlap_line(ivs: list) -> str:
-    """One line saying which top plans lie within each other's interval (or that none do)."""
+def overlap_line(ivs: list, ranks: Optional[list[int]] = None) -> str:
+    """One line saying which top plans lie within each other's interval (or that none do); with
+    ``ranks``, of those plans only (the rows a grouped table shows)."""
     if not ivs:
         return ""
     level = f"{100 * ivs[0].level:g} %"
-    near = overlaps(ivs)
+    ranks = ranks or list(range(1, len(ivs) + 1))
+    near = overlaps(ivs, ranks)
     if len(ivs) > 1 and all(len(js) == len(ivs) - 1 for js in near):
-        return (f"All {len(ivs)} top plans lie within each other's {level} step-time interval: the ranking between them "
+        plans = "top plans" if ranks == list(range(1, len(ivs) + 1)) else "plans shown"
+        return (f"All {len(ivs)} {plans} lie within each other's {level} step-time interval: the ranking between them "
                 "is within meshplan's error.")
     pairs = [f"#{i} with " + ", ".join(f"#{j}" for j in js if j > i)
-             for i, js in enumerate(near, 1) if any(j > i for j in js)]
+             for i, js in zip(ranks, near) if any(j > i for j in js)]
     if not pairs:
         return f"No two top plans' {level} step-time intervals overlap: the ranking holds beyond meshplan's error."
     return (f"Within each other's {level} step-time interval (the ranking between them is within meshplan's error): "
             + "; ".join(pairs))
+
+
+# ---- plans that differ only in their virtual stages ------------------------------------------------
+
+
+def variant_groups(result: SearchResult) -> list[int]:
+    """For each top plan, the rank of the best top plan that differs from it in nothing but its
+    virtual stages per pipeline rank (vpp), its own rank when none ranks higher. Such plans are
+    one pipeline layout chunked differently and often lie within a fraction of a percent of each
+    other; other schedules (interleaved against interleaved zero bubble, say) stay apart, being
+    different engine settings with their own bubble and memory."""
+    first: dict[str, int] = {}
+    out = []
+    for rank, r in enumerate(result.top, 1):
+        fields = r.estimate.plan.model_dump(mode="json")
+        fields.pop("vpp")
+        out.append(first.setdefault(json.dumps(fields, sort_keys=True), rank))
+    return out
+
+
+def vpp_span(vpps: list[int]) -> str:
+    """``v3–8``, ``v2,4,6–8``: a set of virtual-stage counts, runs of consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for v in sorted(vpps):
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return "v" + ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
 
 
 # ---- what if (--vs) ------------------------------------------------------------------------------

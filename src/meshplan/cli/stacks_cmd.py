@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from meshplan.catalog import load_stack, stack_names, stack_profile, stack_schedules
+from meshplan.cli.fit import FitTable
 from meshplan.cli.render import console
 from meshplan.specs.stack import RULES, field_text
 
@@ -26,7 +27,7 @@ def profile_row(name: str) -> dict[str, Any]:
 
 
 def _list_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="Stack profiles (meshplan stacks NAME for one, with sources)", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title="Stack profiles (meshplan stacks NAME for one, with sources)", box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("name", "stack", "kernels", "pipeline", "FSDP", "overlaps", "schedules"):
         t.add_column(col, overflow="fold")
     for r in rows:
@@ -42,7 +43,7 @@ def _list_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def _profile_table(row: dict[str, Any]) -> Table:
-    t = Table(title=f"{row['name']}: {row['title']} ({row['release']})", box=box.SIMPLE_HEAD, title_justify="left", caption=row["summary"])
+    t = FitTable(title=f"{row['name']}: {row['title']} ({row['release']})", box=box.SIMPLE_HEAD, title_justify="left", caption=row["summary"])
     for col in ("field", "value", "why", "source"):
         t.add_column(col, overflow="fold")
     for k, v in row["fields"].items():

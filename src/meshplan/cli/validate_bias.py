@@ -15,6 +15,7 @@ from rich import box
 from rich.table import Table
 
 from meshplan.accuracy.validate import GroupSummary, ValidationReport
+from meshplan.cli.fit import FitTable
 
 #: report field → (table title, first column's header)
 TITLES = {
@@ -44,7 +45,7 @@ def breakdown_tables(report: ValidationReport) -> list[Table]:
         groups = getattr(report, name)
         if not groups:
             continue
-        t = Table(title=f"{title}: bias = mean signed error", box=box.SIMPLE_HEAD, title_justify="left")
+        t = FitTable(title=f"{title}: bias = mean signed error", box=box.SIMPLE_HEAD, title_justify="left")
         t.add_column(first)
         for col in HEADER:
             t.add_column(col, justify="right")

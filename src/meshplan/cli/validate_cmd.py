@@ -24,20 +24,20 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 from xml.sax.saxutils import escape, quoteattr
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from meshplan.accuracy import RUN_SETS, published_runs, runs_of, validate_runs
 from meshplan.accuracy.heldout import HELDOUT_SOURCES
 from meshplan.accuracy.mapping import _mappers, group_of
 from meshplan.accuracy.validate import GroupSummary, RunResult, ValidationReport
+from meshplan.cli import render
+from meshplan.cli.fit import FitTable
 from meshplan.outfile import write_text
 from meshplan.accuracy.coverage import coverage
 from meshplan.accuracy.interval import LEVEL, check_level, residuals_json, residuals_of
@@ -137,18 +137,13 @@ def _headline(report: ValidationReport) -> list[str]:
 # ---- rich tables --------------------------------------------------------------------------------
 
 
-def _console() -> Console:
-    out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
-    if not out.is_terminal:
-        out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=max(out.width, 180))
-    return out
-
-
 def runs_table(report: ValidationReport) -> Table:
-    t = Table(title="Step time and peak memory per run (memory in GiB, 2^30 bytes)", box=box.SIMPLE_HEAD, title_justify="left")
+    # narrower than the table, it prints as three: the runs' sources and GPUs, the step times, the memory
+    t = FitTable(title="Step time and peak memory per run (memory in GiB, 2^30 bytes)", box=box.SIMPLE_HEAD, title_justify="left",
+                 breaks=(1, 3, 6))
     t.add_column("run", no_wrap=True)
     t.add_column("source", no_wrap=True)
-    t.add_column("GPU × count", no_wrap=True)
+    t.add_column("GPU × count")
     for col in ("published\nstep (s)", "predicted\nstep (s)", "step\nerror", "published\nmemory", "predicted\nmemory", "memory\nerror"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in report.supported():
@@ -161,8 +156,8 @@ def runs_table(report: ValidationReport) -> Table:
 
 def summary_table(report: ValidationReport) -> Table:
     names = _sources(report)
-    t = Table(title="MAPE per source (step time over the predicted rows; bias = mean signed error)",
-              box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title="MAPE per source (step time over the predicted rows; bias = mean signed error)",
+                 box=box.SIMPLE_HEAD, title_justify="left", breaks=(1, 2))  # the publications apart from the figures
     t.add_column("source")
     t.add_column("publication", overflow="fold")
     for col in ("rows", "predicted", "step MAPE", "bias", "max |error|", "mem rows", "mem MAPE"):
@@ -188,7 +183,7 @@ PRECISION_TITLE = "MAPE by compute precision (all rows, then each source that ra
 
 
 def precision_table(report: ValidationReport) -> Table:
-    t = Table(title=PRECISION_TITLE, box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title=PRECISION_TITLE, box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("rows of")
     for col in ("predicted", "step MAPE", "bias", "max |error|"):
         t.add_column(col, justify="right")
@@ -198,7 +193,7 @@ def precision_table(report: ValidationReport) -> Table:
 
 
 def print_human(report: ValidationReport, wrote: Optional[Path], cov: dict) -> None:
-    out = _console()
+    out = render.console(180)
     for line in _headline(report):
         out.print(line, markup=False)
     out.print()

@@ -28,9 +28,9 @@ from typing import Annotated, Literal, Optional
 
 import typer
 from rich import box
-from rich.table import Table
 
 from meshplan.cli import render
+from meshplan.cli.fit import FitTable
 from meshplan.cli.options import PlanArgs, Setup, plan_options, resolve
 from meshplan.errors import InputError
 
@@ -97,7 +97,7 @@ def _tol(t: float) -> str:
 def print_comparison(comparison) -> None:
     """The rich table of a :class:`~meshplan.verify.compare.Comparison`, then its known differences."""
     con = render.console()
-    table = Table(title=comparison.title, box=box.SIMPLE_HEAVY, title_justify="left")
+    table = FitTable(title=comparison.title, box=box.SIMPLE_HEAVY, title_justify="left")
     for col, just in (("item", "left"), ("torch measured", "right"), ("meshplan predicted", "right"),
                       ("known difference", "right"), ("difference", "right"), ("tolerance", "right"), ("verdict", "left")):
         table.add_column(col, justify=just)
@@ -192,7 +192,7 @@ def print_kernel_report(report) -> None:
     setup = report.setup
     title = (f"Kernel times on {setup['device_name']} against meshplan's model of {setup['gpu']} "
              f"({setup['precision']}, calibration '{setup['calibration']}')")
-    table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
+    table = FitTable(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
     for col, just in (("kernel", "left"), ("shape", "left"), ("work", "right"), ("predicted", "right"), ("measured", "right"),
                       ("measured / predicted", "right"), ("implied constant", "right"), ("meshplan's", "right")):
         table.add_column(col, justify=just, no_wrap=True)

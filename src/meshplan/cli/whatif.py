@@ -40,6 +40,7 @@ from rich.table import Table
 
 from meshplan.accuracy.interval import StepInterval, estimate_interval
 from meshplan.catalog.gpu_file import FIGURE_KEYS, gpu_with_keys
+from meshplan.cli.fit import FitTable
 from meshplan.cli.options import PLAN_OPTIONS, PlanArgs, Setup, parse_set, plan_gpu, resolve
 from meshplan.cli.search_report import plan_row
 from meshplan.errors import InputError
@@ -290,7 +291,7 @@ def _deltas(entry: dict[str, Any], unit: str = "GiB") -> dict[str, str]:
 def vs_table(base: dict[str, Any], entries: list[dict[str, Any]], level: float, unit: str = "GiB") -> Table:
     """The baseline and each alternative side by side, each with its Δ against the baseline (memory
     in ``unit``, GiB or GB)."""
-    t = Table(title="What if (Δ: against the baseline)", box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title="What if (Δ: against the baseline)", box=box.SIMPLE_HEAD, title_justify="left")
     t.add_column("figure")
     t.add_column("baseline", justify="right")
     for e in entries:
@@ -329,8 +330,8 @@ def _side(r: Elasticity, lower: bool) -> str:
 
 def sensitivity_table(est: Estimate, rows: list[Elasticity]) -> Table:
     """The elasticities, largest magnitude first, with the steps they come from."""
-    t = Table(title=f"Sensitivity of the step ({est.time.step_s:.3f} s) to the hardware: e = d ln(step) / d ln(x)",
-              box=box.SIMPLE_HEAD, title_justify="left")
+    t = FitTable(title=f"Sensitivity of the step ({est.time.step_s:.3f} s) to the hardware: e = d ln(step) / d ln(x)",
+                 box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("parameter", "baseline", "e", "step at lower x", "step at higher x"):
         t.add_column(col, justify="left" if col in ("parameter", "baseline") else "right")
     for r in rows:
