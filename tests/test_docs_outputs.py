@@ -1,5 +1,6 @@
 """The commands the README and docs/*.md show, run: every ``$ meshplan ...`` line of a fenced block
-(and a block marked ``<!-- output of: meshplan ... -->`` just above its fence) runs with exit code
+(and a block marked ``<!-- output of: meshplan ... -->`` just above its fence, or a Markdown table
+marked ``<!-- table of: meshplan ... -->``, whose rows' cells must print in order) runs with exit code
 0, and every line the docs show under it appears in what it prints, in order (abridged: lines may
 be left out, ``...`` inside a line skips text, and whitespace is not compared, so a table's padding
 and a sentence wrapped by hand still match). A trailing ``# 9.63 s a step`` comment's figure must
@@ -23,10 +24,24 @@ FENCE = re.compile(r"(?:<!-- output of: (meshplan [^\n]*?) -->\n)?```[a-z]*\n(.*
 SKIP = ("--from-search",)  # compared exactly by tests/test_interop_docs.py
 
 
+TABLE = re.compile(r"<!-- table of: (meshplan [^\n]*?) -->\n((?:\|[^\n]*\n)+)")
+
+
+def _tables(doc: Path, text: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
+    """A Markdown table marked ``<!-- table of: meshplan ... -->``: each data row's cells, which the
+    command prints in the same order (the header and the ``---`` row are the docs' own)."""
+    out = []
+    for m in TABLE.finditer(text):
+        rows = [r for r in m.group(2).splitlines()[2:] if r.strip()]
+        shown = ["...".join(c.strip() for c in r.strip().strip("|").split("|")) for r in rows]
+        out.append((f"{doc.name}:{text[:m.start()].count(chr(10)) + 1}", [(m.group(1), shown)]))
+    return out
+
+
 def _segments(doc: Path) -> list[tuple[str, list[tuple[str, list[str]]]]]:
     """Per checked block: an id and its (command, shown lines) pairs, in order."""
-    out = []
     text = doc.read_text()
+    out = _tables(doc, text)
     for n, m in enumerate(FENCE.finditer(text)):
         marked, body = m.group(1), m.group(2)
         pairs: list[tuple[str, list[str]]] = []
