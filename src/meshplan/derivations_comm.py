@@ -28,9 +28,10 @@ def _one(c: CollectiveCost) -> str:
     return f"{fmt_seconds(c.time)} = {fmt_seconds(c.latency_time)} latency + {fmt_seconds(c.time - c.latency_time)} bandwidth"
 
 
-def _row(name: str, op: str, nbytes: float, pl: GroupPlacement, est, cal, times: str) -> tuple[tuple[str, str], CollectiveCost]:
+def _row(name: str, op: str, nbytes: float, pl: GroupPlacement, est, cal, times: str) -> tuple[str, str]:
+    """One collective's line: its buffer, group and one call's time, and how often it is issued."""
     c = collective_cost(op, nbytes, pl, est.cluster, cal)
-    return (name, f"{fmt_bytes(nbytes)} over {_where(pl)}: {_one(c)}; {times}"), c
+    return name, f"{fmt_bytes(nbytes)} over {_where(pl)}: {_one(c)}; {times}"
 
 
 def collective_derivations(est, layers) -> list[Derivation]:
@@ -45,17 +46,17 @@ def collective_derivations(est, layers) -> list[Derivation]:
         ops = (("AG", "all_gather"), ("RS", "reduce_scatter")) if sp else (("AR", "all_reduce"),)
         for short, op in ops:
             rows.append(_row(f"TP {short}", op, cm.act_msg, pl.tp, est, terms.cal,
-                             "2 per layer forward, 2 backward (the n·h·e activation)")[0])
+                             "2 per layer forward, 2 backward (the n·h·e activation)"))
     if p.cp > 1:
         rows.append(("CP K|V", f"{fmt_seconds(cm.cp_kv)} a ring step forward, {fmt_seconds(cm.cp_dkv)} backward, over "
                                f"{_where(pl.cp)} (time.layer: what stays exposed)"))
     if p.pp > 1:
         rows.append(_row("PP p2p", "send_recv", cm.p2p_bytes, pl.pp, est, terms.cal,
-                         "per micro-batch and stage boundary, forward and backward")[0])
+                         "per micro-batch and stage boundary, forward and backward"))
     if m.is_moe and p.ep > 1:
         ep_group = terms.expert_place(p.tp, p.cp, p.pp, p.dp, p.ep)[0]
         rows.append(_row("EP a2a", "all_to_all", _a2a_bytes(est, terms.e), ep_group, est, terms.cal,
-                         "2 per MoE layer forward (dispatch, combine), 2 backward (comm.ep_all_to_all)")[0])
+                         "2 per MoE layer forward (dispatch, combine), 2 backward (comm.ep_all_to_all)"))
         if p.tp > 1:
             rows.append(("expert TP", f"{fmt_seconds(cm.expert_tp)} per MoE layer and direction: the dispatched tokens "
                                       f"all-gathered over TP and the experts' output reduce-scattered (meshplan.cost.moe)"))
