@@ -287,13 +287,32 @@ def test_search_bad_input(client):
 def test_search_work_is_bounded():
     small = TestClient(create_app(Limits(max_search_plans=10)))
     rule = bad(small.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
-    assert "more than the 10 a search may evaluate" in rule
+    assert "more than the 10 a search may evaluate" in rule and "--" not in rule  # the limits in words, not flags
     quick = TestClient(create_app(Limits(search_seconds=0.0)))
-    assert "stopped after 0 s" in bad(quick.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
+    rule = bad(quick.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
+    assert "stopped after 0 s" in rule and "largest TP" in rule and "--" not in rule
     busy = create_app()
     busy.state.searches.running = Job(id="7")
     r = TestClient(busy).post("/api/search", json={})
     assert r.status_code == 429 and r.json()["field"] == "search" and "search 7 is still running" in r.json()["rule"]
+
+
+def test_search_reports_its_top_plans_first_and_gives_way_to_a_newer_one(client):
+    """The top plans come while the baseline and the front are still computed (``partial``); a new
+    search then stops the running one where it is, and that one keeps its top plans and says why."""
+    job = client.post("/api/search", json={"preset": "llama3-405b-16k"}).json()
+    for _ in range(600):
+        if job.get("partial") or job["status"] != "running":
+            break
+        time.sleep(0.05)
+        job = client.get(f"/api/search/{job['id']}").json()
+    assert job["partial"] and job["phase"] == "extras" and len(job["result"]["top"]) == 10
+    newer = client.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64, "max_micro_batch": 2})
+    assert newer.status_code in (200, 202), newer.text
+    old = client.get(f"/api/search/{job['id']}").json()
+    assert old["status"] == "done" and old["result"]["top"] == job["result"]["top"]
+    assert "a newer search started" in old["result"]["stopped"]["reason"] and old["result"]["stopped"]["in"] in ("baseline", "pareto")
+    assert _finish(client, newer.json())["status"] == "done"
 
 
 # ---- pages, static files, OpenAPI, the command ---------------------------------------------------

@@ -280,13 +280,22 @@ def enumerate_plans(
     return PlanTable(**kept.columns(), rejected=reject)
 
 
+class SpaceTooLarge(InputError):
+    """A search space of more plans than its limit: ``plans`` and ``limit`` for callers that word
+    the remedy their own way (the web explorer names its form's fields, not flags)."""
+
+    def __init__(self, plans: int, limit: int):
+        super().__init__("search", f"the space holds {plans:,} plans, more than the {limit:,} a search may evaluate; "
+                                   "fix an axis (tp, pp, ...), narrow --batch-range or lower a --max-* limit")
+        self.plans, self.limit = plans, limit
+
+
 def _check_size(plans: int, limit: int) -> None:
     """Refuse a space of more than ``limit`` plans before its columns are allocated: until then
     each mesh holds only its distinct (schedule, batch, micro-batch) and inner combinations, a few
     kilobytes, and the plan count is their product summed over the meshes."""
     if plans > limit:
-        raise InputError("search", f"the space holds {plans:,} plans, more than the {limit:,} a search may evaluate; "
-                                   "fix an axis (tp, pp, ...), narrow --batch-range or lower a --max-* limit")
+        raise SpaceTooLarge(plans, limit)
 
 
 #: the schedule codes of the interleaved schedules, which need the micro-batches in equal rounds
