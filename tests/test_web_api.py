@@ -288,6 +288,23 @@ def test_search_is_the_cli_json(client, capsys):
     assert len(got["top"]) == 5 and got["top"][0]["rank"] == 1
 
 
+def test_search_links_open_the_very_plans_found(client):
+    """Each top plan's link (and the baseline's) is the Plan view's query of that plan: estimated
+    from it, the same JSON as the search's (the estimate's advice and run with failures aside), EP
+    and the stack's fields included."""
+    body = {"model": "mixtral-8x7b", "gpus": 64, "grad_dtype": "bf16", "tokens": "1T", "price": 2.5, "top": 3, "pareto": False, "max_pp": 2,
+            "baseline": "tp=2,ep=4"}
+    got = _finish(client, client.post("/api/search", json=body).json())["result"]
+    links = got["links"]
+    assert len(links["top"]) == 3 and any(t["plan"]["ep"] > 1 for t in got["top"])
+    for entry, query in zip(got["top"], links["top"]):
+        assert "dp" not in query and query["gpus"] == 64
+        est = client.get("/api/estimate", params=query).json()
+        assert without_extras(est) == without_extras({k: v for k, v in entry.items() if k in est}), query
+    base = client.get("/api/estimate", params=links["baseline"]).json()  # the baseline's JSON has no interval
+    assert (base["plan"], base["memory"], base["time"]["step_s"]) == (got["baseline"]["plan"], got["baseline"]["memory"], got["baseline"]["time"]["step_s"])
+
+
 def test_search_bad_input(client):
     assert "needs --tokens" in bad(client.post("/api/search", json={"objective": "time-to-train"}), "tokens")
     assert "between 1 and 100" in bad(client.post("/api/search", json={"top": 0}), "top")

@@ -34,6 +34,7 @@ from meshplan.search.space import SpaceTooLarge
 from meshplan.specs.base import input_error_from
 from meshplan.web.errors import error_body, unprocessable
 from meshplan.web.plan_api import plan_args
+from meshplan.web.plan_link import plan_link
 
 #: Seconds ``POST /api/search`` waits for the search to pass its checks (or fail them) before
 #: answering 202 with the job id.
@@ -137,10 +138,10 @@ class Searches:
                 raise Stopped(f"stopped after {self.seconds:g} s, the longest a search may run on this server; {NARROW}")
         return progress
 
-    def _publish(self, job: Job):
+    def _publish(self, job: Job, values: dict[str, Any]):
         def on_top(result: SearchResult) -> None:
             if result.top:
-                job.result = search_json(result, result.top[0].estimate.cluster.num_gpus)
+                job.result = result_json(result, result.top[0].estimate.cluster.num_gpus, values)
                 job.phase = "extras"
         return on_top
 
@@ -150,8 +151,8 @@ class Searches:
             search.check(max_top=100)
             run = {k: values.pop(k) for k in ("baseline", "pareto") if k in values}
             result, cluster, _ = execute(plan_args(values), search, progress=self._progress(job), max_plans=self.max_plans,
-                                         on_top=self._publish(job), **run)
-            job.result = search_json(result, cluster.num_gpus)
+                                         on_top=self._publish(job, values), **run)
+            job.result = result_json(result, cluster.num_gpus, values)
             job.status = "done"
         except SpaceTooLarge as err:
             job.error, job.status = error_body(InputError("search", too_many(err.plans, err.limit))), "error"
@@ -170,6 +171,20 @@ class Searches:
                 self.running = None
             job.checked.set()
             job.ended.set()
+
+
+def result_json(result: SearchResult, num_gpus: int, values: dict[str, Any]) -> dict[str, Any]:
+    """``meshplan search --json`` of ``result`` with ``links``: the Plan view's options for each
+    top plan and for the baseline (:func:`~meshplan.web.plan_link.plan_link`; ``values``, the
+    search's plan options)."""
+    out = search_json(result, num_gpus)
+    out["links"] = {"top": [plan_link(values, r.estimate.plan, num_gpus) for r in result.top], "baseline": None}
+    if result.baseline is not None:
+        try:
+            out["links"]["baseline"] = plan_link(values, result.baseline.estimate.plan, num_gpus)
+        except InputError:  # a baseline the Plan view cannot take (a rule it breaks): no link
+            pass
+    return out
 
 
 def too_many(plans: int, limit: int) -> str:
