@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from web_support import CHROMIUM, LOOPBACK, loaded, shot
+from web_support import CHROMIUM, LOOPBACK, loaded, reveal, shot
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
 pytest.importorskip("uvicorn", reason="uvicorn is not installed (the web extra)")
@@ -99,6 +99,8 @@ def test_over_memory_plan_turns_the_verdict_red(server, page):
     page.goto(f"{server}/plan?model=llama3-8b&gpus=8")
     n = loaded(page)
     assert "ok" in page.get_attribute("#verdict", "class")
+    assert not page.is_visible("#in-recompute")  # in a collapsed group
+    reveal(page, "#in-recompute")
     page.select_option("#in-recompute", "none")
     n = loaded(page, n)
     page.fill("#in-micro_batch", "64")
@@ -132,7 +134,7 @@ def test_search_result_loads_into_plan(server, page):
     first = page.locator("#results tr.click").first
     layout = first.locator("td").nth(1).text_content()
     step = first.locator("td").nth(6).text_content().split(" (")[0]  # the step, before its interval
-    assert page.is_visible("#chart-pareto .plot-container")
+    page.wait_for_selector("#chart-pareto .plot-container", timeout=60_000)  # drawn once the front is found
     shot(page, "search")
     first.click()
     page.wait_for_url("**/plan?**")
@@ -147,8 +149,10 @@ def test_copied_url_restores_the_same_view(server, page, browser):
     n = loaded(page)
     page.fill("#in-pp", "8")
     n = loaded(page, n)
+    reveal(page, "#in-recompute")
     page.select_option("#in-recompute", "full")
     n = loaded(page, n)
+    reveal(page, "#in-price")
     page.fill("#in-price", "2.5")
     loaded(page, n)
     page.click("#copy-link")
@@ -164,6 +168,7 @@ def test_copied_url_restores_the_same_view(server, page, browser):
     loaded(other)
     assert {i: other.text_content(i) for i in ids} == before
     assert {i: other.input_value(i) for i in inputs} == inputs
+    assert other.is_visible("#in-recompute") and other.is_visible("#in-price")  # their groups open: the URL sets them
     assert "$" in before["#kpi-run-sub"]
     other.context.close()
 

@@ -28,6 +28,11 @@ def loaded(pg, after: int = 0, timeout: float = 20_000) -> int:
     return int(pg.evaluate("document.body.dataset.loaded"))
 
 
+def reveal(pg, selector: str) -> None:
+    """Open the collapsed group (``<details>``) that holds the input ``selector``."""
+    pg.evaluate("s => { const g = document.querySelector(s).closest('details'); if (g) g.open = true; }", selector)
+
+
 def shot(pg, name: str) -> Path:
     """A full-page screenshot in :data:`ARTIFACTS`, checked to be a PNG with something drawn."""
     ARTIFACTS.mkdir(exist_ok=True)

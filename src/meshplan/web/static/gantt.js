@@ -4,6 +4,7 @@
 const GANTT_COLORS = { F: "#4c8be6", B: "#e6864c", I: "#e6864c", W: "#9b6ad6" };
 const GANTT_NAMES = { F: "forward", B: "backward", I: "backward (input grad)", W: "backward (weight grad)" };
 
+// Resolves once drawn (Plotly loads on first use: MP.plot).
 function drawGantt(el, pipe, unit) {
   const byKind = {};
   for (const r of pipe.ranks) {
@@ -27,5 +28,5 @@ function drawGantt(el, pipe, unit) {
     yaxis: { autorange: "reversed", type: "category" }, xaxis: { title: { text: `time (${unit})` }, zeroline: false },
     legend: { orientation: "h", y: -0.18 }, font: { size: 11 },
   };
-  Plotly.react(el, traces, layout, MP.plotConfig);
+  return MP.plot(el, traces, layout);
 }

@@ -121,8 +121,8 @@
       { type: "scatter", mode: "markers", name: "top plans", marker: { size: 10, color: "#e6864c", symbol: "diamond" }, x: r.top.map(t => t.memory.peak_bytes / MP.GiB),
         y: r.top.map(t => t.score), text: r.top.map(t => `#${t.rank} ${layout(t.plan)}`), hovertemplate: "%{text}<br>%{x:.1f} GiB, %{y:.4g}<extra></extra>" },
     ];
-    Plotly.react("chart-pareto", traces, { margin: { l: 70, r: 10, t: 28, b: 45 }, xaxis: { title: { text: "peak memory per GPU (GiB)" } },
-      yaxis: { title: { text: SCORE[r.objective] || r.objective } }, legend: { orientation: "h", y: -0.2 }, font: { size: 11 } }, MP.plotConfig);
+    MP.plot("chart-pareto", traces, { margin: { l: 70, r: 10, t: 28, b: 45 }, xaxis: { title: { text: "peak memory per GPU (GiB)" } },
+      yaxis: { title: { text: SCORE[r.objective] || r.objective } }, legend: { orientation: "h", y: -0.2 }, font: { size: 11 } });
   }
 
   if (state.run === "1") run();
