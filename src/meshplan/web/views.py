@@ -23,6 +23,7 @@ from meshplan.learn import TOPICS
 from meshplan.pipeline.simulate import RUNTIMES
 from meshplan.presets import PRESETS
 from meshplan.search.run import OBJECTIVES
+from meshplan.specs.rules import REASONS
 from meshplan.web.calc_api import calculators
 
 HERE = Path(str(resources.files("meshplan.web")))
@@ -137,7 +138,7 @@ def install(app: FastAPI) -> None:
 
     @app.get("/search", response_class=HTMLResponse, include_in_schema=False)
     def search_page(request: Request):
-        return templates.TemplateResponse(request, "search.html", _context(request, "search"))
+        return templates.TemplateResponse(request, "search.html", _context(request, "search", reasons=REASONS))
 
     @app.get("/pipeline", response_class=HTMLResponse, include_in_schema=False)
     def pipeline_page(request: Request):
