@@ -41,8 +41,8 @@ MAX_WEB_PLAN_STAGES = 131_072
 #: Estimates kept as JSON for repeated requests of ``/api/estimate`` (by canonical options and by
 #: raw query string: :mod:`meshplan.web.estimate_cache`).
 ESTIMATE_CACHE = 1024
-#: Plan view answers kept as JSON bytes, by canonical options: a slider moved back to a value it
-#: had is answered at once (a Llama 3 405B view with its Gantt is about 270 KB).
+#: Plan view answers kept as JSON bytes, by the plan they resolve to: a slider moved back to a
+#: value it had is answered at once (a Llama 3 405B view with its Gantt is about 270 KB).
 VIEW_CACHE = 64
 
 _SKIP = {"plan_file", "set_fields"}  # the server reads no file a request names; stack fields come by name
@@ -269,12 +269,20 @@ view_answers = BoundedMap(VIEW_CACHE)
 @router.get("/view/plan", tags=["views"], summary="Everything the Plan view draws: estimate, derivations, assumptions, pipeline",
             response_class=Response, responses={200: {"content": {"application/json": {}}}})
 def api_view_plan(q: PlanParams, request: Request) -> Response:
-    key = estimate_key(q)
+    values = q.model_dump(exclude_none=True)
+    key = setup_key(bounded_setup(values))  # bad or out-of-bounds options are refused here, at no cost to a slot
     body = view_answers.get(key)
     if body is None:
-        body = json.dumps(in_worker(request, plan_view_json, q), allow_nan=False).encode()
+        body = json.dumps(request.app.state.heavy.run(plan_view_json, values), allow_nan=False).encode()
         view_answers.put(key, body)
     return Response(body, media_type="application/json")
+
+
+def setup_key(setup: Setup) -> str:
+    """What a Plan view answer depends on: the preset named and the model, cluster, plan and budget
+    as resolved, so that two queries of one plan (a preset alone, and with its own pp given) share
+    one answer."""
+    return repr((setup.preset.name if setup.preset else None, setup.model, setup.cluster, setup.plan, setup.budget))
 
 
 @router.get("/presets", tags=["catalog"], summary="Named plans of published runs")

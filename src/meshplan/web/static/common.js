@@ -140,9 +140,11 @@ const MP = (() => {
     }
     return plotlyLoading;
   }
-  // Start fetching Plotly after the first paint: for pages that draw a chart on load.
+  // Start fetching Plotly once the page has loaded (painted, its own scripts run): for pages that
+  // draw a chart on load.
   function preload() {
-    requestAnimationFrame(() => setTimeout(() => plotly().catch(() => {}), 0));
+    const start = () => setTimeout(() => plotly().catch(() => {}), 0);
+    if (document.readyState === "complete") start(); else window.addEventListener("load", start, { once: true });
   }
   // Plotly.react once Plotly is there; resolves to the chart's element.
   async function plot(el, traces, layout) {
@@ -160,14 +162,11 @@ const MP = (() => {
     drawnFrom[key] = sig;
     return true;
   }
-  function purge(el) {
-    if (window.Plotly) window.Plotly.purge(el);
-  }
   // One more answer drawn (the tests wait on it).
   function drawn() {
     document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
   }
 
   return { GiB, readState, writeState, query, api, clearErrors, showError, banner, openGroupsOf, debounce, pair, syncSlider, fmt, esc, derivationsHTML,
-           plotConfig, plotly, preload, plot, purge, drawn, changed };
+           plotConfig, plotly, preload, plot, drawn, changed };
 })();

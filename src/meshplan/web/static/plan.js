@@ -26,7 +26,10 @@
     if (p && Number.isInteger(dp) && dp > 0) { state.gpus = String(p.tp * p.cp * p.pp * dp); delete state.dp; }
     else { state.dp = value; delete state.gpus; }
   }
-  const refresh = MP.debounce(load, 120);
+  const refresh = MP.debounce(load, 80);
+  // The advice (about 20 estimates of other plans) is asked for once a plan has stayed this long:
+  // a slider being dragged does not keep the server estimating plans already left behind.
+  const ADVICE_AFTER_MS = 300;
 
   form.querySelectorAll("select[data-field], input[type=text][data-field]").forEach(el =>
     el.addEventListener("change", () => set(el.dataset.field, el.value)));
@@ -95,10 +98,11 @@
     await draw(last);
     if (mine !== seq) return;
     MP.drawn();
-    loadAdvice(query, mine);
+    setTimeout(() => { if (mine === seq) loadAdvice(query, mine); }, ADVICE_AFTER_MS);
   }
 
-  // Text first; the charts once Plotly is there. What has not changed is not drawn again.
+  // Text and the pipeline's canvas first; the other charts once Plotly is there. What has not
+  // changed is not drawn again.
   async function draw(d) {
     const e = d.estimate;
     drawVerdict(e);
@@ -106,9 +110,10 @@
     drawThroughput(e, d.published);
     if (MP.changed("explain", d.derivations)) document.getElementById("explain").innerHTML = MP.derivationsHTML(d.derivations);
     if (MP.changed("assumptions", d.assumptions)) drawAssumptions(d.assumptions);
+    PlanCharts.gantt(d);
     const onRank = r => { selectedRank = r; if (last) PlanCharts.treemap(last.estimate, r); };
     await Promise.all([PlanCharts.memory(e, onRank), PlanCharts.treemap(e, selectedRank ?? e.memory.worst_stage),
-                       PlanCharts.time(e, d.breakdown_labels), PlanCharts.gantt(d)]);
+                       PlanCharts.time(e, d.breakdown_labels)]);
   }
 
   // ---- advice: /api/estimate's advice, each a link to the plan with its flags applied ------------

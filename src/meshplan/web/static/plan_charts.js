@@ -1,6 +1,7 @@
 // The Plan view's charts: memory per GPU by pipeline rank, one rank's treemap, the step time on
-// the critical rank and the plan's pipeline. Each draw resolves once drawn (Plotly loads on first
-// use), and is skipped when what it draws has not changed since it was last drawn.
+// the critical rank (Plotly: each draw resolves once drawn, Plotly loading on first use) and the
+// plan's pipeline (a canvas). Each is skipped when what it draws has not changed since it was
+// last drawn.
 "use strict";
 const PlanCharts = (() => {
   const COLORS = { weights: "#4c8be6", gradients: "#7fb3f0", optimizer: "#2c5aa0", activations: "#e6864c", other: "#a7b0bf" };
@@ -84,11 +85,13 @@ const PlanCharts = (() => {
       xaxis: { title: { text: "seconds per step" } }, font: { size: narrow ? 10 : 11 } });
   }
 
-  async function gantt(d) {
+  // On a canvas (gantt.js): a large plan's thousands of actions in milliseconds.
+  let shownTimeline = null;
+  function gantt(d) {
     const el = document.getElementById("chart-gantt"), title = document.getElementById("gantt-title");
     const tl = d.timeline;
     if (!tl) {
-      MP.purge(el);
+      shownTimeline = null;
       MP.changed("gantt", null);
       el.innerHTML = `<p class="note">This plan's step has too many pipeline actions to draw here; the Pipeline view draws schedules of any shape.</p>`;
       title.textContent = "Pipeline schedule of this plan";
@@ -96,9 +99,10 @@ const PlanCharts = (() => {
     }
     title.textContent = `Pipeline schedule of this plan: ${tl.schedule}, p = ${tl.pp}, m = ${tl.microbatches}, v = ${tl.vpp}; makespan ${MP.fmt.num(tl.makespan, 3)} s`;
     if (!MP.changed("gantt", tl)) return;
-    if (!el.querySelector(".plot-container")) el.innerHTML = "";
-    await drawGantt(el, tl, "s");
+    shownTimeline = tl;
+    drawGanttCanvas(el, tl, "s");
   }
+  window.addEventListener("resize", MP.debounce(() => { if (shownTimeline) drawGanttCanvas(document.getElementById("chart-gantt"), shownTimeline, "s"); }, 150));
 
   return { memory, treemap, time, gantt };
 })();
