@@ -59,7 +59,7 @@
       while (job.status === "running") {
         progress(job);
         if (job.partial && !shown) { show(job.result, true); shown = true; btn.disabled = false; }
-        await new Promise(r => setTimeout(r, 250));
+        await new Promise(r => setTimeout(r, 150));
         const next = await MP.api(`/api/search/${job.id}`);
         if (mine !== current) return;
         if (!next.ok) { MP.showError(next.body, form); sum.innerHTML = before; return; }
@@ -129,7 +129,7 @@
     showStopped(r);
     showBaseline(r, partial);
     showRejected(r, rejected);
-    drawFront(r, partial);
+    requestAnimationFrame(() => setTimeout(() => drawFront(r, partial), 0));  // the table painted first
   }
 
   function showStopped(r) {
