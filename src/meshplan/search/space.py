@@ -175,11 +175,11 @@ def _ep_values(model: ModelSpec, d: int, lim: SearchLimits) -> list[int]:
 
 def _check_ep_limits(model: ModelSpec, lim: SearchLimits) -> None:
     if lim.max_ep is not None and lim.max_ep < 1:
-        raise InputError("max_ep", f"--max-ep must be at least 1 (got {lim.max_ep})")
+        raise InputError("max_ep", f"must be at least 1 (got {lim.max_ep})")
     if lim.ep is None:
         return
     if lim.ep < 1:
-        raise InputError("ep", f"--ep must be at least 1 (got {lim.ep})")
+        raise InputError("ep", f"must be at least 1 (got {lim.ep})")
     if lim.ep > 1 and not model.is_moe:
         raise InputError("ep", f"ep = {lim.ep} needs a mixture-of-experts model; {model.name} is dense (use ep = 1)")
     if model.is_moe and model.n_experts % lim.ep:
