@@ -14,7 +14,7 @@ from meshplan.pipeline.live import live_count_peaks
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
 from meshplan.search.engine import Engine
 from meshplan.search.peaks import memory_microbatches
-from meshplan.search.run import plan_of, search
+from meshplan.search.run import Stopped, plan_of, search
 from meshplan.search.space import SearchLimits, enumerate_plans
 from meshplan.specs.rules import REASONS
 from meshplan.specs.hardware import ClusterSpec
@@ -127,6 +127,32 @@ def test_best_first_finds_the_exhaustive_best():
     got = [r.estimate.time.step_s for r in res.top]
     assert got == want
     assert res.simulated < len(exact)  # the bound pruned
+
+
+def test_a_stopped_search_keeps_what_it_found():
+    """A progress callback that stops the search past the screen leaves the best plans simulated so
+    far, sorted, and the reason; stopped while walking the front, the top plans are whole and the
+    front holds the plans it reached; ``on_top`` sees the top plans before the front is walked."""
+    model, cluster, base = _setup("llama3-8b", 8, 4096, 32, {})
+    lim = SearchLimits(max_micro_batch=2, max_vpp=2)
+    full = search(model, cluster, base, lim, top_k=5, pareto=True)
+    assert full.stopped is None and len(full.pareto) > 2
+
+    def stop_at(n: int):
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase == "simulate" and done >= n:
+                raise Stopped("enough")
+        return progress
+
+    early = search(model, cluster, base, lim, top_k=5, progress=stop_at(3))
+    assert (early.stopped, early.stopped_in, early.simulated) == ("enough", "top", 3)
+    assert [r.score for r in early.top] == sorted(r.score for r in early.top) and len(early.top) == 3
+    seen = []
+    late = search(model, cluster, base, lim, top_k=5, pareto=True, progress=stop_at(full.simulated - 1),
+                  on_top=lambda r: seen.append([x.score for x in r.top]))
+    assert late.stopped_in == "pareto" and [r.score for r in late.top] == [r.score for r in full.top] == seen[0]
+    assert 0 < len(late.pareto) < len(full.pareto)
+    assert [r.score for r in late.pareto] == [r.score for r in full.pareto[:len(late.pareto)]]
 
 
 def test_top_plans_are_estimates():

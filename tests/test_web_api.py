@@ -109,10 +109,23 @@ def cli_json_text(capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
+def without_extras(est: dict) -> dict:
+    """An estimate's JSON without its advice and its run with failures: the Plan view's bundle
+    leaves out these slow parts (the page fetches /api/estimate for them)."""
+    est = {k: v for k, v in est.items() if k != "advice"}
+    if est.get("run"):
+        est["run"] = {k: v for k, v in est["run"].items() if k != "failures"}
+    return est
+
+
 def test_view_plan_bundles_estimate_pipeline_assumptions(client):
     q = {"preset": "llama3-405b-16k"}
     d = client.get("/api/view/plan", params=q).json()
-    assert d["estimate"] == client.get("/api/estimate", params=q).json()
+    full = client.get("/api/estimate", params=q).json()
+    assert "failures" in full["run"] and "advice" in full
+    assert d["estimate"] == without_extras(full)
+    assert client.get("/api/view/plan", params={"tp": 8, "preset": "llama3-405b-16k"}).content == \
+        client.get("/api/view/plan", params={"preset": "llama3-405b-16k", "tp": "08"}).content  # kept, by canonical options
     tl = d["timeline"]
     assert (tl["pp"], tl["microbatches"], tl["vpp"]) == (16, 16, 8)
     assert tl["makespan"] == d["estimate"]["time"]["makespan_s"]
@@ -133,7 +146,7 @@ def test_view_plan_of_a_validated_run(client, capsys):
     published step and memory beside meshplan's as ``meshplan estimate`` prints them."""
     q = {"preset": "torchtitan_405b_512gpu_3d_1f1b"}
     d = client.get("/api/view/plan", params=q).json()
-    assert d["estimate"] == cli_json(capsys, "estimate", "--preset", q["preset"], "--json")
+    assert d["estimate"] == without_extras(cli_json(capsys, "estimate", "--preset", q["preset"], "--json"))
     assert (d["preset"]["values"]["model"], d["preset"]["values"]["gpu"]) == ("llama3-405b", "h100-sxm-96gb-500w")
     rows = {r[0]: r for r in d["published"]["rows"]}
     assert rows["step time (s)"][2] == "40.96"
@@ -275,6 +288,23 @@ def test_search_is_the_cli_json(client, capsys):
     assert len(got["top"]) == 5 and got["top"][0]["rank"] == 1
 
 
+def test_search_links_open_the_very_plans_found(client):
+    """Each top plan's link (and the baseline's) is the Plan view's query of that plan: estimated
+    from it, the same JSON as the search's (the estimate's advice and run with failures aside), EP
+    and the stack's fields included."""
+    body = {"model": "mixtral-8x7b", "gpus": 64, "grad_dtype": "bf16", "tokens": "1T", "price": 2.5, "top": 3, "pareto": False, "max_pp": 2,
+            "baseline": "tp=2,ep=4"}
+    got = _finish(client, client.post("/api/search", json=body).json())["result"]
+    links = got["links"]
+    assert len(links["top"]) == 3 and any(t["plan"]["ep"] > 1 for t in got["top"])
+    for entry, query in zip(got["top"], links["top"]):
+        assert "dp" not in query and query["gpus"] == 64
+        est = client.get("/api/estimate", params=query).json()
+        assert without_extras(est) == without_extras({k: v for k, v in entry.items() if k in est}), query
+    base = client.get("/api/estimate", params=links["baseline"]).json()  # the baseline's JSON has no interval
+    assert (base["plan"], base["memory"], base["time"]["step_s"]) == (got["baseline"]["plan"], got["baseline"]["memory"], got["baseline"]["time"]["step_s"])
+
+
 def test_search_bad_input(client):
     assert "needs --tokens" in bad(client.post("/api/search", json={"objective": "time-to-train"}), "tokens")
     assert "between 1 and 100" in bad(client.post("/api/search", json={"top": 0}), "top")
@@ -287,13 +317,32 @@ def test_search_bad_input(client):
 def test_search_work_is_bounded():
     small = TestClient(create_app(Limits(max_search_plans=10)))
     rule = bad(small.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
-    assert "more than the 10 a search may evaluate" in rule
+    assert "more than the 10 a search may evaluate" in rule and "--" not in rule  # the limits in words, not flags
     quick = TestClient(create_app(Limits(search_seconds=0.0)))
-    assert "stopped after 0 s" in bad(quick.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
+    rule = bad(quick.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64}), "search")
+    assert "stopped after 0 s" in rule and "largest TP" in rule and "--" not in rule
     busy = create_app()
     busy.state.searches.running = Job(id="7")
     r = TestClient(busy).post("/api/search", json={})
     assert r.status_code == 429 and r.json()["field"] == "search" and "search 7 is still running" in r.json()["rule"]
+
+
+def test_search_reports_its_top_plans_first_and_gives_way_to_a_newer_one(client):
+    """The top plans come while the baseline and the front are still computed (``partial``); a new
+    search then stops the running one where it is, and that one keeps its top plans and says why."""
+    job = client.post("/api/search", json={"preset": "llama3-405b-16k"}).json()
+    for _ in range(600):
+        if job.get("partial") or job["status"] != "running":
+            break
+        time.sleep(0.05)
+        job = client.get(f"/api/search/{job['id']}").json()
+    assert job["partial"] and job["phase"] == "extras" and len(job["result"]["top"]) == 10
+    newer = client.post("/api/search", json={"model": "llama3-8b", "gpus": 8, "global_batch": 64, "max_micro_batch": 2})
+    assert newer.status_code in (200, 202), newer.text
+    old = client.get(f"/api/search/{job['id']}").json()
+    assert old["status"] == "done" and old["result"]["top"] == job["result"]["top"]
+    assert "a newer search started" in old["result"]["stopped"]["reason"] and old["result"]["stopped"]["in"] in ("baseline", "pareto")
+    assert _finish(client, newer.json())["status"] == "done"
 
 
 # ---- pages, static files, OpenAPI, the command ---------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 #: Where the browser tests write their screenshots.
@@ -28,6 +29,11 @@ def loaded(pg, after: int = 0, timeout: float = 20_000) -> int:
     return int(pg.evaluate("document.body.dataset.loaded"))
 
 
+def reveal(pg, selector: str) -> None:
+    """Open the collapsed group (``<details>``) that holds the input ``selector``."""
+    pg.evaluate("s => { const g = document.querySelector(s).closest('details'); if (g) g.open = true; }", selector)
+
+
 def shot(pg, name: str) -> Path:
     """A full-page screenshot in :data:`ARTIFACTS`, checked to be a PNG with something drawn."""
     ARTIFACTS.mkdir(exist_ok=True)
@@ -35,3 +41,26 @@ def shot(pg, name: str) -> Path:
     pg.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return path
+
+
+def record(name: str, seconds: float) -> float:
+    """Keep a measured time in ``ARTIFACTS/timings.json`` (name: seconds), for the record beside
+    the test's own generous bound; returns it."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / "timings.json"
+    times = json.loads(path.read_text()) if path.exists() else {}
+    times[name] = round(seconds, 3)
+    path.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+    return seconds
+
+
+def phone(pg) -> None:
+    """The page at a phone's size (390 × 844 CSS pixels)."""
+    pg.set_viewport_size({"width": 390, "height": 844})
+
+
+def fits_width(pg) -> None:
+    """Nothing wider than the viewport: no sideways scrolling of the page (a wide table scrolls
+    inside its own box)."""
+    width, inner = pg.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert width <= inner, f"the page is {width} px wide in a {inner} px viewport"

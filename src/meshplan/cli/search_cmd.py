@@ -218,6 +218,8 @@ def _json(result: SearchResult, num_gpus: int, level: float = LEVEL) -> dict[str
         bp = result.baseline
         out["baseline"] = {"fits": bp.fits, "faster_at_most": bp.faster_at_most, "faster": bp.faster_exact,
                            "feasible": bp.feasible, "percentile": bp.percentile, **bp.estimate.to_dict()}
+    if result.stopped is not None:
+        out["stopped"] = {"reason": result.stopped, "in": result.stopped_in}
     if result.pareto:
         out["pareto"] = [{"peak_bytes": r.estimate.peak_bytes, "score": r.score, **r.estimate.to_dict()["plan"]} for r in result.pareto]
     return out
@@ -295,18 +297,20 @@ def stack_limits(limits: SearchLimits, stack: Stack, asked: bool, asked_recomput
 def execute(
     plan: PlanArgs, search: SearchArgs = SearchArgs(), *, baseline: Optional[str] = None, pareto: bool = False,
     progress: Optional[Callable[[str, int, int], None]] = None, max_plans: Optional[int] = None,
+    on_top: Optional[Callable[[SearchResult], None]] = None,
 ) -> tuple[SearchResult, ClusterSpec, Budget]:
     """Check the search's options, resolve the plan flags as ``meshplan search`` does and run the
-    search; ``progress(phase, done, total)`` as :func:`meshplan.search.run.search`, ``max_plans``
-    a smaller bound on the space than :data:`meshplan.search.space.MAX_PLANS`. Returns the
-    result with the cluster and the budget it was run for."""
+    search; ``progress(phase, done, total)`` and ``on_top(result)`` as
+    :func:`meshplan.search.run.search`, ``max_plans`` a smaller bound on the space than
+    :data:`meshplan.search.space.MAX_PLANS`. Returns the result with the cluster and the budget it
+    was run for."""
     model, cluster, base_plan, limits, budget, bl, stack = _setup(plan, search, baseline)
     if max_plans is not None:
         limits = replace(limits, max_plans=min(max_plans, limits.max_plans))
     result = run_search(
         model, cluster, base_plan, limits, global_batches=search.global_batches(base_plan.seq_len),
         objective=search.objective, budget=budget, top_k=search.top, headroom=search.headroom, baseline=bl, pareto=pareto,
-        progress=progress, stack=stack,
+        progress=progress, stack=stack, on_top=on_top,
     )
     return result, cluster, budget
 

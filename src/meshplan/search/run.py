@@ -35,6 +35,17 @@ from meshplan.units import DAY, HOUR
 OBJECTIVES = ("throughput", "time-to-train", "cost")
 
 
+class Stopped(Exception):
+    """Raised by a progress callback to end a search early, with the ``reason`` in words. Raised
+    while the space is screened, it ends the search; raised later, the search returns what it has
+    (:attr:`SearchResult.stopped`): the best of the plans simulated so far, the baseline counted
+    as far as it got, the front up to the memory it reached."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass
 class Ranked:
     """One exactly estimated plan and its objective value."""
@@ -53,6 +64,7 @@ class BaselinePlace:
     faster_at_most: int
     faster_exact: Optional[int]
     feasible: int
+    value: float = 0.0  # its objective value
 
     @property
     def percentile(self) -> float:
@@ -75,6 +87,8 @@ class SearchResult:
     pareto: list[Ranked] = field(default_factory=list)
     usable_bytes: float = 0.0
     stack: Optional[Stack] = None  # the stack the plans were searched for, as requested
+    stopped: Optional[str] = None  # why the search stopped early (Stopped), in words; None when it ran to the end
+    stopped_in: Optional[str] = None  # where: "top", "baseline" or "pareto"
 
 
 def _score(objective: str, seconds_per_token: np.ndarray | float, num_gpus: int, budget: Budget):
@@ -110,11 +124,14 @@ def search(
     progress: Optional[Callable[[str, int, int], None]] = None,
     max_exact: int = 20_000,
     stack: Optional[Stack] = None,
+    on_top: Optional[Callable[[SearchResult], None]] = None,
 ) -> SearchResult:
     """Search the plans of ``limits`` for ``model`` on ``cluster`` (module docstring). ``base``
     supplies what is not searched (sequence length, global batch, precision, attention, rank order);
     ``stack`` runs the plans, its rules applied to each (default: the base's profile and what the
-    base sets over it, :func:`~meshplan.catalog.requested_stack`). ``progress`` reports long runs."""
+    base sets over it, :func:`~meshplan.catalog.requested_stack`). ``progress`` reports long runs
+    and may end them (:class:`Stopped`); ``on_top(result)`` is called once the top plans are
+    known, before the baseline is placed and the front is walked."""
     _check_options(objective, headroom, top_k)
     t0 = time.perf_counter()
     batches = global_batches or (base.global_batch,)
@@ -142,38 +159,69 @@ def search(
         evaluated=n, feasible=int(fits.sum()), rejected=rejected, seconds=0.0, simulated=0,
         objective=objective, top=[], usable_bytes=usable, stack=stack,
     )
-    exact: dict[int, Ranked] = {}
-
-    def run(i: int) -> Ranked:
-        if i not in exact:
-            est = estimate(model, cluster, plan_of(base, table, i, stack), budget)
-            exact[i] = Ranked(est, float(_score(objective, est.time.step_s / est.plan.tokens_per_step, cluster.num_gpus, budget)))
-            if progress:
-                progress("simulate", len(exact), 0)
-        return exact[i]
-
+    exact = _Exact(model, cluster, base, table, stack, budget, objective, progress)
     feasible_idx = np.flatnonzero(fits)
     order = feasible_idx[np.argsort(bound[feasible_idx], kind="stable")]
+    try:
+        result.stopped_in = "top"
+        result.top = _best_first(order, bound, top_k, max_exact, exact)
+        if not len(feasible_idx) and n:
+            result.closest = _closest(screen.peak_bytes - usable, top_k, exact)
+        _mark(result, exact, t0)
+        if on_top is not None:
+            on_top(result)
+        if baseline is not None:
+            result.stopped_in = "baseline"
+            result.baseline = _place(model, cluster, baseline, budget, objective, usable, len(feasible_idx))
+            _count_faster(result.baseline, order, bound, exact)
+        if pareto and len(feasible_idx):
+            result.stopped_in = "pareto"
+            _memory_front(screen, feasible_idx, bound, exact, max_exact, result.pareto)
+        result.stopped_in = None
+    except Stopped as stop:
+        if result.stopped_in == "top":  # the best of the plans simulated so far
+            result.top = sorted((r for r in exact.values() if r.estimate.peak_bytes <= usable), key=lambda r: r.score)[:top_k]
+        result.stopped = stop.reason
+    _mark(result, exact, t0)
+    return result
+
+
+class _Exact(dict):
+    """The plans of the table estimated exactly so far, by row; calling it with a row estimates
+    that row once (reported to ``progress`` as ``simulate``)."""
+
+    def __init__(self, model, cluster, base, table, stack, budget, objective, progress):
+        super().__init__()
+        self.args = (model, cluster, base, table, stack, budget, objective, progress)
+
+    def __call__(self, i: int) -> Ranked:
+        if i not in self:
+            model, cluster, base, table, stack, budget, objective, progress = self.args
+            est = estimate(model, cluster, plan_of(base, table, i, stack), budget)
+            self[i] = Ranked(est, float(_score(objective, est.time.step_s / est.plan.tokens_per_step, cluster.num_gpus, budget)))
+            if progress:
+                progress("simulate", len(self), 0)
+        return self[i]
+
+
+def _mark(result: SearchResult, exact: dict, t0: float) -> None:
+    """The plans simulated and the seconds taken so far, in ``result``."""
+    result.simulated = len(exact)
+    result.seconds = time.perf_counter() - t0
+
+
+def _best_first(order: np.ndarray, bound: np.ndarray, top_k: int, max_exact: int, run: _Exact) -> list[Ranked]:
+    """The ``top_k`` best plans: feasible plans simulated in order of their bound (``order``)
+    until the k-th best exact value beats the next bound (or ``max_exact`` plans are simulated)."""
     best: list[Ranked] = []
     for i in order.tolist():
         if len(best) >= top_k and bound[i] >= best[top_k - 1].score:
             break
-        if len(exact) >= max_exact:
+        if len(run) >= max_exact:
             break
         best.append(run(i))
         best.sort(key=lambda r: r.score)
-    result.top = best[:top_k]
-
-    if not len(feasible_idx) and n:
-        result.closest = _closest(screen.peak_bytes - usable, top_k, run)
-
-    if baseline is not None:
-        result.baseline = _place(model, cluster, baseline, budget, objective, bound, order, run, usable, len(feasible_idx))
-    if pareto and len(feasible_idx):
-        result.pareto = _memory_front(screen, feasible_idx, bound, run, max_exact)
-    result.simulated = len(exact)
-    result.seconds = time.perf_counter() - t0
-    return result
+    return best[:top_k]
 
 
 def _check_options(objective: str, headroom: float, top_k: int) -> None:
@@ -192,24 +240,28 @@ def _closest(over: np.ndarray, top_k: int, run) -> list[tuple[Estimate, float]]:
     return [(run(i).estimate, float(over[i])) for i in np.argsort(over, kind="stable")[:top_k].tolist()]
 
 
-def _place(model, cluster, plan, budget, objective, bound, order, run, usable, n_feasible) -> BaselinePlace:
-    """The baseline's exact estimate and how many feasible plans beat it: at most those whose
-    bound is below its value; simulated exactly when there are at most 2,000 of them."""
+def _place(model, cluster, plan, budget, objective, usable, n_feasible) -> BaselinePlace:
+    """The baseline's exact estimate, its objective value and whether it fits; the plans faster
+    than it are counted by :func:`_count_faster`."""
     est = estimate(model, cluster, plan, budget)
     value = float(_score(objective, est.time.step_s / plan.tokens_per_step, cluster.num_gpus, budget))
-    maybe = order[bound[order] < value]
-    exact_count = None
+    return BaselinePlace(est, est.peak_bytes <= usable, 0, None, n_feasible, value)
+
+
+def _count_faster(place: BaselinePlace, order: np.ndarray, bound: np.ndarray, run) -> None:
+    """How many feasible plans beat the baseline: at most those whose bound is below its value;
+    exactly, by simulating them, when there are at most 2,000."""
+    maybe = order[bound[order] < place.value]
+    place.faster_at_most = int(len(maybe))
     if len(maybe) <= 2000:
-        exact_count = sum(1 for i in maybe.tolist() if run(i).score < value)
-    return BaselinePlace(est, est.peak_bytes <= usable, int(len(maybe)), exact_count, n_feasible)
+        place.faster_exact = sum(1 for i in maybe.tolist() if run(i).score < place.value)
 
 
-def _memory_front(screen: Screen, feasible_idx: np.ndarray, bound: np.ndarray, run, max_exact: int) -> list[Ranked]:
-    """Plans no other feasible plan beats on both peak memory and the objective, by increasing
-    memory: walking plans by memory, a plan is simulated only when its bound could beat the best
-    value seen at lower memory."""
+def _memory_front(screen: Screen, feasible_idx: np.ndarray, bound: np.ndarray, run, max_exact: int, front: list[Ranked]) -> None:
+    """Plans no other feasible plan beats on both peak memory and the objective, into ``front`` by
+    increasing memory: walking plans by memory, a plan is simulated only when its bound could beat
+    the best value seen at lower memory."""
     by_mem = feasible_idx[np.lexsort((bound[feasible_idx], screen.peak_bytes[feasible_idx]))]
-    front: list[Ranked] = []
     best = np.inf
     simulated = 0
     for i in by_mem.tolist():
@@ -222,7 +274,6 @@ def _memory_front(screen: Screen, feasible_idx: np.ndarray, bound: np.ndarray, r
         if r.score < best:
             best = r.score
             front.append(r)
-    return front
 
 
 def describe_rejections(rejected: dict[str, int]) -> list[tuple[str, int, str]]:

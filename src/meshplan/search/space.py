@@ -175,11 +175,11 @@ def _ep_values(model: ModelSpec, d: int, lim: SearchLimits) -> list[int]:
 
 def _check_ep_limits(model: ModelSpec, lim: SearchLimits) -> None:
     if lim.max_ep is not None and lim.max_ep < 1:
-        raise InputError("max_ep", f"--max-ep must be at least 1 (got {lim.max_ep})")
+        raise InputError("max_ep", f"must be at least 1 (got {lim.max_ep})")
     if lim.ep is None:
         return
     if lim.ep < 1:
-        raise InputError("ep", f"--ep must be at least 1 (got {lim.ep})")
+        raise InputError("ep", f"must be at least 1 (got {lim.ep})")
     if lim.ep > 1 and not model.is_moe:
         raise InputError("ep", f"ep = {lim.ep} needs a mixture-of-experts model; {model.name} is dense (use ep = 1)")
     if model.is_moe and model.n_experts % lim.ep:
@@ -280,13 +280,22 @@ def enumerate_plans(
     return PlanTable(**kept.columns(), rejected=reject)
 
 
+class SpaceTooLarge(InputError):
+    """A search space of more plans than its limit: ``plans`` and ``limit`` for callers that word
+    the remedy their own way (the web explorer names its form's fields, not flags)."""
+
+    def __init__(self, plans: int, limit: int):
+        super().__init__("search", f"the space holds {plans:,} plans, more than the {limit:,} a search may evaluate; "
+                                   "fix an axis (tp, pp, ...), narrow --batch-range or lower a --max-* limit")
+        self.plans, self.limit = plans, limit
+
+
 def _check_size(plans: int, limit: int) -> None:
     """Refuse a space of more than ``limit`` plans before its columns are allocated: until then
     each mesh holds only its distinct (schedule, batch, micro-batch) and inner combinations, a few
     kilobytes, and the plan count is their product summed over the meshes."""
     if plans > limit:
-        raise InputError("search", f"the space holds {plans:,} plans, more than the {limit:,} a search may evaluate; "
-                                   "fix an axis (tp, pp, ...), narrow --batch-range or lower a --max-* limit")
+        raise SpaceTooLarge(plans, limit)
 
 
 #: the schedule codes of the interleaved schedules, which need the micro-batches in equal rounds

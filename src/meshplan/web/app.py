@@ -8,6 +8,7 @@ from typing import AsyncIterator
 
 from fastapi import FastAPI
 
+from meshplan.accuracy.run_presets import supported_runs
 from meshplan.web import calc_api, errors, learn_api, pipeline_api, plan_api, search_api, views
 from meshplan.web.estimate_cache import CachedEstimates
 from meshplan.web.heavy import HeavySlots
@@ -29,8 +30,10 @@ class Limits:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """The server's life: its heavy requests' worker processes start when first needed and stop
-    with it."""
+    """The server's life: the pages' lists read before the first request (the published runs a
+    preset can be, about half a second), so the first page paints at once; its heavy requests'
+    worker processes start when first needed and stop with it."""
+    supported_runs()
     yield
     app.state.heavy.close()
 

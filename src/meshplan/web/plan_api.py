@@ -30,7 +30,7 @@ from meshplan.presets import PRESETS, Preset
 from meshplan.specs.hardware import GPUSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.units import GBPS, TFLOPS
-from meshplan.web.estimate_cache import EstimateCache
+from meshplan.web.estimate_cache import BoundedMap, EstimateCache
 
 #: Most pipeline actions the Plan view's Gantt receives; larger plans are summarised without it
 #: (and their timeline is not kept while estimating).
@@ -41,6 +41,9 @@ MAX_WEB_PLAN_STAGES = 131_072
 #: Estimates kept as JSON for repeated requests of ``/api/estimate`` (by canonical options and by
 #: raw query string: :mod:`meshplan.web.estimate_cache`).
 ESTIMATE_CACHE = 1024
+#: Plan view answers kept as JSON bytes, by the plan they resolve to: a slider moved back to a
+#: value it had is answered at once (a Llama 3 405B view with its Gantt is about 270 KB).
+VIEW_CACHE = 64
 
 _SKIP = {"plan_file", "set_fields"}  # the server reads no file a request names; stack fields come by name
 #: the stack's fields a request may set by name (each a ``--set FIELD=VALUE``); tp_comm_overlap is a plan option
@@ -223,12 +226,20 @@ def explain_json(values: dict[str, Any]) -> dict[str, Any]:
     return {"derivations": derivations(run_estimate(bounded_setup(values)))}
 
 
+def view_estimate_json(est: Estimate) -> dict[str, Any]:
+    """``meshplan estimate --json`` of ``est`` without its run with failures and its advice, the
+    slow parts (the Plan view takes them from ``/api/estimate`` once it has drawn the plan)."""
+    d = report_json(est, None, [])
+    del d["advice"]
+    return d
+
+
 def plan_view_json(values: dict[str, Any]) -> dict[str, Any]:
     """What ``/api/view/plan`` answers for plan options ``values``; run in a worker process."""
     setup = bounded_setup(values)
     est = run_estimate(setup, keep_timeline=gantt_fits(setup))
     return {
-        "estimate": full_json(est, plan_args(values)),
+        "estimate": view_estimate_json(est),
         "derivations": derivations(est),
         "assumptions": assumptions(est),
         "timeline": timeline(est),
@@ -252,9 +263,26 @@ def api_explain(q: PlanParams, request: Request) -> dict[str, Any]:
     return in_worker(request, explain_json, q)
 
 
-@router.get("/view/plan", tags=["views"], summary="Everything the Plan view draws: estimate, derivations, assumptions, pipeline")
-def api_view_plan(q: PlanParams, request: Request) -> dict[str, Any]:
-    return in_worker(request, plan_view_json, q)
+view_answers = BoundedMap(VIEW_CACHE)
+
+
+@router.get("/view/plan", tags=["views"], summary="Everything the Plan view draws: estimate, derivations, assumptions, pipeline",
+            response_class=Response, responses={200: {"content": {"application/json": {}}}})
+def api_view_plan(q: PlanParams, request: Request) -> Response:
+    values = q.model_dump(exclude_none=True)
+    key = setup_key(bounded_setup(values))  # bad or out-of-bounds options are refused here, at no cost to a slot
+    body = view_answers.get(key)
+    if body is None:
+        body = json.dumps(request.app.state.heavy.run(plan_view_json, values), allow_nan=False).encode()
+        view_answers.put(key, body)
+    return Response(body, media_type="application/json")
+
+
+def setup_key(setup: Setup) -> str:
+    """What a Plan view answer depends on: the preset named and the model, cluster, plan and budget
+    as resolved, so that two queries of one plan (a preset alone, and with its own pp given) share
+    one answer."""
+    return repr((setup.preset.name if setup.preset else None, setup.model, setup.cluster, setup.plan, setup.budget))
 
 
 @router.get("/presets", tags=["catalog"], summary="Named plans of published runs")

@@ -23,6 +23,7 @@ from meshplan.learn import TOPICS
 from meshplan.pipeline.simulate import RUNTIMES
 from meshplan.presets import PRESETS
 from meshplan.search.run import OBJECTIVES
+from meshplan.specs.rules import REASONS
 from meshplan.web.calc_api import calculators
 
 HERE = Path(str(resources.files("meshplan.web")))
@@ -38,6 +39,8 @@ NUMBERS = (
     ("tp", "TP (tensor parallel)", "log2", 1, 64, 1),
     ("cp", "CP (context parallel)", "log2", 1, 64, 1),
     ("pp", "PP (pipeline ranks)", "log2", 1, 128, 1),
+    ("dp", "DP (data parallel)", "log2", 1, 65536, 1),
+    ("ep", "EP (expert parallel)", "log2", 1, 256, 1),
     ("vpp", "virtual stages per rank", "lin", 1, 16, 1),
     ("micro_batch", "micro-batch (sequences)", "log2", 1, 64, 1),
     ("global_batch", "global batch (sequences)", "log2", 1, 65536, 1),
@@ -69,6 +72,34 @@ CHOICES = (
     ("tp_comm_overlap", "TP communication overlap", ("false", "true")),
     ("tp_overlap_kind", "TP overlap kind", ("userbuffers", "micro-pipeline")),
 )
+#: The Plan view's inputs in groups: (key, title, open at first, option names). The first group
+#: is open; the others open when one of their options is in the URL or shows an error.
+GROUPS = (
+    ("basic", "Model, GPUs and layout", True,
+     ("preset", "model", "gpu", "gpus", "tp", "cp", "pp", "dp", "ep", "micro_batch", "global_batch", "seq_len")),
+    ("schedule", "Pipeline schedule", False, ("schedule", "vpp", "pipeline_runtime")),
+    ("memory", "Memory and precision", False, ("recompute", "zero", "sequence_parallel", "precision", "grad_dtype", "master_weights")),
+    ("stack", "Software stack", False, ("stack", "kernels", "compile_loss", "attention", "attention_kernel", "fp8_linears",
+                                        "fsdp_fp8_all_gather", "tp_comm_overlap", "tp_overlap_kind")),
+    ("network", "Cluster network", False, ("gpus_per_node", "nic_gbps", "pod_size", "oversubscription")),
+    ("run", "Training run and cost", False, ("tokens", "price", "pue")),
+)
+
+
+def plan_groups() -> list[tuple[str, str, bool, list[dict[str, Any]]]]:
+    """:data:`GROUPS` with each input described for the template: its ``kind`` (preset, model,
+    gpu, num, text, choice), label, help and, for a number, its slider."""
+    spec: dict[str, dict[str, Any]] = {
+        "preset": {"kind": "preset"}, "model": {"kind": "model", "label": "model"}, "gpu": {"kind": "gpu", "label": "GPU"},
+        "tokens": {"kind": "text", "label": "tokens to train on", "placeholder": "e.g. 15.6T"},
+    }
+    for n, label, scale, lo, hi, step in NUMBERS:
+        spec[n] = {"kind": "num", "label": label, "scale": scale, "lo": lo, "hi": hi, "step": step}
+    for n, label, opts in CHOICES:
+        spec[n] = {"kind": "choice", "label": label, "options": opts}
+    grouped = [name for *_, names in GROUPS for name in names]
+    assert sorted(grouped) == sorted(spec), "every Plan input in one group"
+    return [(key, title, is_open, [{"name": n, "help": _help(n), **spec[n]} for n in names]) for key, title, is_open, names in GROUPS]
 
 
 def _help(name: str) -> str:
@@ -103,14 +134,11 @@ def install(app: FastAPI) -> None:
 
     @app.get("/plan", response_class=HTMLResponse, include_in_schema=False)
     def plan_page(request: Request):
-        numbers = [(n, label, scale, lo, hi, step, _help(n)) for n, label, scale, lo, hi, step in NUMBERS]
-        choices = [(n, label, opts, _help(n)) for n, label, opts in CHOICES]
-        return templates.TemplateResponse(request, "plan.html", _context(request, "plan", numbers=numbers, choices=choices,
-                                                                         tokens_help=_help("tokens")))
+        return templates.TemplateResponse(request, "plan.html", _context(request, "plan", groups=plan_groups()))
 
     @app.get("/search", response_class=HTMLResponse, include_in_schema=False)
     def search_page(request: Request):
-        return templates.TemplateResponse(request, "search.html", _context(request, "search"))
+        return templates.TemplateResponse(request, "search.html", _context(request, "search", reasons=REASONS))
 
     @app.get("/pipeline", response_class=HTMLResponse, include_in_schema=False)
     def pipeline_page(request: Request):

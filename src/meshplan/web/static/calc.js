@@ -58,8 +58,8 @@
         ${x.source ? `<div class="note">source: ${MP.esc(x.source)}</div>` : ""}</details></td></tr>`).join("");
     document.getElementById("calc-notes").innerHTML = (d.notes || []).map(n => `<li>${MP.esc(n)}</li>`).join("");
     drawRing(d.simulation && d.simulation.trace ? d.simulation : null);
-    drawChart(d);
-    document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
+    await drawChart(d);
+    if (mine === seq) MP.drawn();
   }
 
   // ---- ring all-reduce step-through: replays the simulation's trace ----------------------------
@@ -140,7 +140,7 @@
   });
 
   // ---- pictures the JSON carries: LR schedule landmarks, loss-scale changes -------------------
-  function drawChart(d) {
+  async function drawChart(d) {
     const panel = document.getElementById("calc-chart-panel"), title = document.getElementById("calc-chart-title");
     const sched = d.milestones ? d : d.schedule && d.schedule.milestones ? d.schedule : null;
     let traces = null, lay = {};
@@ -154,7 +154,7 @@
       lay = { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "loss scale" }, type: "log" } };
     }
     panel.hidden = !traces;
-    if (traces) Plotly.react("calc-chart", traces, { margin: { l: 70, r: 10, t: 28, b: 45 }, font: { size: 11 }, ...lay }, MP.plotConfig);
+    if (traces) await MP.plot("calc-chart", traces, { margin: { l: 70, r: 10, t: 28, b: 45 }, font: { size: 11 }, ...lay });
   }
 
   MP.writeState(state);

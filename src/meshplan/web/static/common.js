@@ -1,4 +1,5 @@
-// Shared by the pages: state in the URL, requests to the JSON API, inline errors, number formats.
+// Shared by the pages: state in the URL, requests to the JSON API, inline errors, number formats,
+// and Plotly, loaded after the first paint (a 4.8 MB script: the text of a page never waits for it).
 // Pages only draw what the API returns; unit changes for display (bytes -> GiB) are the only arithmetic.
 "use strict";
 const MP = (() => {
@@ -43,6 +44,8 @@ const MP = (() => {
       el.textContent = text;
       const f = el.closest(".field");
       if (f) f.classList.add("invalid");
+      const group = el.closest("details");
+      if (group) group.open = true;
     } else {
       const other = root.querySelector("#err-other");
       if (other) other.textContent = `${field}: ${text}`;
@@ -55,6 +58,15 @@ const MP = (() => {
     b.textContent = text;
     b.hidden = !text;
     b.className = "banner" + (kind ? " " + kind : "");
+  }
+
+  // Open each collapsed group of `root` that holds an input named in `state`.
+  function openGroupsOf(root, state) {
+    for (const name of Object.keys(state)) {
+      const input = root.querySelector(`[data-field="${CSS.escape(name)}"]`);
+      const group = input && input.closest("details");
+      if (group) group.open = true;
+    }
   }
 
   function debounce(fn, ms) {
@@ -111,5 +123,50 @@ const MP = (() => {
   });
 
   const plotConfig = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
-  return { GiB, readState, writeState, query, api, clearErrors, showError, banner, debounce, pair, syncSlider, fmt, esc, derivationsHTML, plotConfig };
+
+  // Plotly, fetched once, when a chart is first drawn or once the page has painted (preload()).
+  let plotlyLoading = null;
+  function plotly() {
+    if (window.Plotly) return Promise.resolve(window.Plotly);
+    if (!plotlyLoading) {
+      plotlyLoading = new Promise((resolve, reject) => {
+        const s = document.createElement("script");
+        s.src = "/vendor/plotly.min.js";
+        s.async = true;
+        s.onload = () => resolve(window.Plotly);
+        s.onerror = () => { plotlyLoading = null; reject(new Error("the chart library did not load")); };
+        document.head.appendChild(s);
+      });
+    }
+    return plotlyLoading;
+  }
+  // Start fetching Plotly once the page has loaded (painted, its own scripts run): for pages that
+  // draw a chart on load.
+  function preload() {
+    const start = () => setTimeout(() => plotly().catch(() => {}), 0);
+    if (document.readyState === "complete") start(); else window.addEventListener("load", start, { once: true });
+  }
+  // Plotly.react once Plotly is there; resolves to the chart's element.
+  async function plot(el, traces, layout) {
+    const P = await plotly();
+    const node = typeof el === "string" ? document.getElementById(el) : el;
+    await P.react(node, traces, layout, plotConfig);
+    return node;
+  }
+  // Whether `what` differs from what `key` was last drawn from (and remember it): a part of a page
+  // whose data has not changed is not drawn again.
+  const drawnFrom = {};
+  function changed(key, what) {
+    const sig = JSON.stringify(what);
+    if (drawnFrom[key] === sig) return false;
+    drawnFrom[key] = sig;
+    return true;
+  }
+  // One more answer drawn (the tests wait on it).
+  function drawn() {
+    document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
+  }
+
+  return { GiB, readState, writeState, query, api, clearErrors, showError, banner, openGroupsOf, debounce, pair, syncSlider, fmt, esc, derivationsHTML,
+           plotConfig, plotly, preload, plot, drawn, changed };
 })();

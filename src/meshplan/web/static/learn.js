@@ -90,7 +90,7 @@
     const k = list.findIndex(e => e.id === ex.id);
     $("l-prev").disabled = k <= 0;
     $("l-next").disabled = k < 0 || k >= list.length - 1;
-    document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
+    MP.drawn();
   }
 
   function drawAnswer() {

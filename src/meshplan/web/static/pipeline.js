@@ -48,11 +48,13 @@
     for (const [name, value] of Object.entries(defaults)) {
       if (state[name] === undefined) MP.syncSlider(form.querySelector(`[data-slider="${name}"]`), String(value));
     }
-    drawGantt(document.getElementById("chart-pipeline"), p, "units");
+    const drawing = drawGantt(document.getElementById("chart-pipeline"), p, "units");
     document.getElementById("pl-ranks").innerHTML = `<tr><th>rank</th><th>busy</th><th>idle</th><th>idle % of step</th><th>peak in flight</th></tr>` +
       p.ranks.map(r => `<tr><td>${r.rank}</td><td>${MP.fmt.num(r.busy, 4)}</td><td>${MP.fmt.num(r.idle, 4)}</td><td>${MP.fmt.pct(r.idle / p.makespan)}</td><td>${r.peak_inflight}</td></tr>`).join("");
     document.getElementById("pl-closed").textContent = d.closed_form.join("\n");
-    document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
+    await drawing;
+    if (mine === seq) MP.drawn();
   }
+  MP.preload();
   load();
 })();

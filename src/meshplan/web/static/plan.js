@@ -1,5 +1,6 @@
-// The Plan view: inputs -> /api/view/plan -> verdict, memory per rank, step time, throughput,
-// pipeline Gantt, explain and assumptions. The URL holds the preset and every value the user set.
+// The Plan view: inputs -> /api/view/plan -> verdict, summary, throughput, the charts
+// (plan_charts.js), explain and assumptions; then /api/estimate for the advice, each item a link
+// that applies its change. The URL holds the preset and every value the user set.
 "use strict";
 (() => {
   const form = document.getElementById("plan-form");
@@ -7,31 +8,47 @@
   let seq = 0;
   let last = null;
   let selectedRank = null;
-  const COLORS = { weights: "#4c8be6", gradients: "#7fb3f0", optimizer: "#2c5aa0", activations: "#e6864c", other: "#a7b0bf" };
-  const PARTS = ["weights", "gradients", "optimizer", "activations", "other"];
 
   function set(name, value) {
     if (name === "preset") { state = value ? { preset: value } : {}; selectedRank = null; }
     else if (value === "" || value === null) delete state[name];
-    else state[name] = value;
+    else if (name === "dp") setDP(value);
+    else {
+      state[name] = value;
+      if (name === "gpus") delete state.dp;  // the GPUs given, dp follows from them
+    }
     MP.writeState(state);
     refresh();
   }
-  const refresh = MP.debounce(load, 120);
+  // DP is tp·cp·pp·dp GPUs: set as the GPU count of the plan drawn last (dp itself once none was).
+  function setDP(value) {
+    const p = last && last.estimate.plan, dp = Number(value);
+    if (p && Number.isInteger(dp) && dp > 0) { state.gpus = String(p.tp * p.cp * p.pp * dp); delete state.dp; }
+    else { state.dp = value; delete state.gpus; }
+  }
+  const refresh = MP.debounce(load, 80);
+  // The advice (about 20 estimates of other plans) is asked for once a plan has stayed this long:
+  // a slider being dragged does not keep the server estimating plans already left behind.
+  const ADVICE_AFTER_MS = 300;
 
   form.querySelectorAll("select[data-field], input[type=text][data-field]").forEach(el =>
     el.addEventListener("change", () => set(el.dataset.field, el.value)));
   form.querySelectorAll("input[type=text][data-field]").forEach(el =>
     el.addEventListener("input", () => set(el.dataset.field, el.value.trim())));
   form.querySelectorAll("[data-slider]").forEach(s => MP.pair(form, s.dataset.slider, set));
-  form.querySelectorAll("[data-reset]").forEach(b => b.addEventListener("click", () => set(b.dataset.reset, "")));
+  form.querySelectorAll("[data-reset]").forEach(b => b.addEventListener("click", ev => { ev.preventDefault(); set(b.dataset.reset, ""); }));
+  document.getElementById("kpi-run-sub").addEventListener("click", ev => {
+    if (ev.target.id !== "ask-tokens") return;
+    document.getElementById("group-run").open = true;
+    document.getElementById("in-tokens").focus();
+  });
 
   function resolved(d) {
     const e = d.estimate, p = e.plan, c = e.cluster;
     const presetValues = d.preset ? d.preset.values : {};
     const pick = k => (state[k] !== undefined ? state[k] : presetValues[k] !== undefined ? presetValues[k] : "");
     return {
-      preset: state.preset || "", model: e.model.name, gpu: c.gpu, gpus: c.num_gpus, tp: p.tp, cp: p.cp, pp: p.pp, vpp: p.vpp,
+      preset: state.preset || "", model: e.model.name, gpu: c.gpu, gpus: c.num_gpus, tp: p.tp, cp: p.cp, pp: p.pp, dp: p.dp, ep: p.ep, vpp: p.vpp,
       micro_batch: p.micro_batch, global_batch: p.global_batch, seq_len: p.seq_len, schedule: p.schedule,
       stack: p.stack.name, pipeline_runtime: p.stack.pipeline_runtime,
       recompute: p.recompute, zero: String(p.zero), precision: p.precision, grad_dtype: p.grad_dtype,
@@ -63,33 +80,72 @@
 
   async function load() {
     const mine = ++seq;
-    const res = await MP.api("/api/view/plan?" + MP.query(state));
+    const query = MP.query(state);
+    const res = await MP.api("/api/view/plan?" + query);
     if (mine !== seq) return; // a newer request is on its way
     MP.clearErrors(form);
+    const out = document.getElementById("plan-out");
     if (!res.ok) {
       MP.showError(res.body, form);
-      document.getElementById("plan-out").classList.add("stale");
+      out.classList.add("stale");
       fillInputs(last ? resolved(last) : null);
       return;
     }
-    document.getElementById("plan-out").classList.remove("stale");
+    out.classList.remove("stale");
     last = res.body;
     fillInputs(resolved(last));
-    draw(last);
+    document.getElementById("advice-panel").classList.add("stale");
+    await draw(last);
+    if (mine !== seq) return;
+    MP.drawn();
+    setTimeout(() => { if (mine === seq) loadAdvice(query, mine); }, ADVICE_AFTER_MS);
   }
 
-  function draw(d) {
+  // Text and the pipeline's canvas first; the other charts once Plotly is there. What has not
+  // changed is not drawn again.
+  async function draw(d) {
     const e = d.estimate;
     drawVerdict(e);
     drawSummary(e);
-    drawMemory(e);
-    drawTreemap(e, selectedRank ?? e.memory.worst_stage);
-    drawTime(e, d.breakdown_labels);
     drawThroughput(e, d.published);
-    drawGanttPanel(d);
-    document.getElementById("explain").innerHTML = MP.derivationsHTML(d.derivations);
-    drawAssumptions(d.assumptions);
-    document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
+    if (MP.changed("explain", d.derivations)) document.getElementById("explain").innerHTML = MP.derivationsHTML(d.derivations);
+    if (MP.changed("assumptions", d.assumptions)) drawAssumptions(d.assumptions);
+    PlanCharts.gantt(d);
+    const onRank = r => { selectedRank = r; if (last) PlanCharts.treemap(last.estimate, r); };
+    await Promise.all([PlanCharts.memory(e, onRank), PlanCharts.treemap(e, selectedRank ?? e.memory.worst_stage),
+                       PlanCharts.time(e, d.breakdown_labels)]);
+  }
+
+  // ---- advice: /api/estimate's advice, each a link to the plan with its flags applied ------------
+  async function loadAdvice(query, mine) {
+    const res = await MP.api("/api/estimate?" + query);
+    if (mine !== seq || !res.ok) return;
+    const items = res.body.advice || [];
+    const panel = document.getElementById("advice-panel");
+    panel.hidden = !items.length;
+    panel.classList.remove("stale");
+    document.getElementById("advice").innerHTML = items.map((a, i) =>
+      `<li class="${a.fits ? "fits" : "over"}"><a href="/plan?${MP.esc(MP.query(applied(a.flags)))}" data-advice="${i}">${MP.esc(a.why)}</a>` +
+      ` <code>${MP.esc(a.flags.join(" "))}</code></li>`).join("");
+    document.getElementById("advice").querySelectorAll("a[data-advice]").forEach(link => link.addEventListener("click", ev => {
+      if (ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey) return;  // a new tab or window opens the link itself
+      ev.preventDefault();
+      state = applied(items[Number(link.dataset.advice)].flags);
+      MP.writeState(state);
+      MP.openGroupsOf(form, state);
+      load();
+    }));
+  }
+  // The state with an advice's flags (--name value pairs) applied; dp only where the URL holds it
+  // (the change keeps the GPU count, which gives dp).
+  function applied(flags) {
+    const next = { ...state };
+    for (let i = 0; i + 1 < flags.length; i += 2) {
+      const name = flags[i].replace(/^--/, "").replace(/-/g, "_");
+      if (name === "dp" && next.dp === undefined) continue;
+      next[name] = flags[i + 1];
+    }
+    return next;
   }
 
   function drawVerdict(e) {
@@ -116,10 +172,10 @@
     document.getElementById("kpi-tps-sub").textContent = `${MP.fmt.num(t.tokens_per_s_per_gpu, 1)} per GPU`;
     const run = e.run;
     document.getElementById("kpi-days").textContent = run ? `${MP.fmt.num(run.days, 1)} days` : "—";
-    document.getElementById("kpi-run-sub").textContent = run
-      ? (run.days_interval ? `${MP.fmt.num(run.days_interval[0], 1)}–${MP.fmt.num(run.days_interval[1], 1)} days (${level}) · ` : "") +
-        `${MP.fmt.int(run.gpu_hours)} GPU-hours` + (run.dollars !== undefined ? ` · $${MP.fmt.num(run.dollars / 1e6, 2)}M` : "")
-      : "give tokens to train on";
+    const runSub = document.getElementById("kpi-run-sub");
+    if (run) runSub.textContent = (run.days_interval ? `${MP.fmt.num(run.days_interval[0], 1)}–${MP.fmt.num(run.days_interval[1], 1)} days (${level}) · ` : "") +
+        `${MP.fmt.int(run.gpu_hours)} GPU-hours` + (run.dollars !== undefined ? ` · $${MP.fmt.num(run.dollars / 1e6, 2)}M` : "");
+    else runSub.innerHTML = `<button type="button" class="linkish" id="ask-tokens">give tokens to train on</button>`;
   }
 
   function drawSummary(e) {
@@ -127,10 +183,14 @@
     const pipe = p.pp > 1 ? `, ${p.schedule}${p.vpp > 1 ? " v" + p.vpp : ""}` : "";
     document.getElementById("summary").innerHTML =
       `<b>${MP.esc(e.model.name)}</b> (${MP.fmt.int(e.model.params_total)} parameters) on <b>${MP.fmt.int(c.num_gpus)} × ${MP.esc(c.gpu)}</b>: ` +
-      `TP${p.tp} CP${p.cp} PP${p.pp} DP${p.dp}${pipe}; batch ${MP.fmt.int(p.global_batch)} × ${MP.fmt.int(p.seq_len)} = ${MP.fmt.int(p.global_batch_tokens)} tokens ` +
+      `${layout(p)}${pipe}; batch ${MP.fmt.int(p.global_batch)} × ${MP.fmt.int(p.seq_len)} = ${MP.fmt.int(p.global_batch_tokens)} tokens ` +
       `(micro-batch ${p.micro_batch} × ${MP.fmt.int(p.grad_accum)} micro-batches × DP${p.dp}); ZeRO-${p.zero}, recompute ${p.recompute}, ` +
       `${p.precision} with ${p.bytes_per_param} bytes per parameter; layers per virtual stage ${MP.esc(compress(p.layer_split))}; ` +
       `stack <b>${MP.esc(p.stack.name)}</b>` + stackSet(p.stack.overrides);
+  }
+  function layout(p) {
+    return `TP${p.tp} CP${p.cp} PP${p.pp} DP${p.dp}` + (p.ep > 1 ? ` EP${p.ep}` : "") +
+      (p.dp_shard !== p.dp ? ` (HSDP: model state sharded over groups of ${p.dp_shard} DP ranks)` : "");
   }
   function stackSet(overrides) {
     const keys = Object.keys(overrides || {});
@@ -140,85 +200,6 @@
     const out = []; let i = 0;
     while (i < xs.length) { let j = i; while (j < xs.length && xs[j] === xs[i]) j++; out.push(j - i > 1 ? `${xs[i]} × ${j - i}` : String(xs[i])); i = j; }
     return out.join(", ");
-  }
-
-  function drawMemory(e) {
-    const st = e.memory.stages, x = st.map(s => String(s.rank));  // short labels: 16+ ranks stay level and whole
-    const traces = PARTS.map(k => ({
-      type: "bar", name: k, x, y: st.map(s => s[k] / MP.GiB), marker: { color: COLORS[k] },
-      hovertemplate: `rank %{x}: ${k} %{y:.2f} GiB<extra></extra>`,
-    }));
-    const cap = e.memory.capacity_bytes / MP.GiB;
-    const top = Math.max(cap, ...st.map(s => s.total / MP.GiB)) * 1.08;
-    const layout = {
-      barmode: "stack", margin: { l: 50, r: 10, t: 28, b: 40 }, yaxis: { title: { text: "GiB per GPU" }, range: [0, top] },
-      xaxis: { type: "category" },  // the panel title names the axis: pipeline rank
-      legend: { orientation: "h", y: -0.15 }, font: { size: 11 },
-      shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: cap, y1: cap, line: { color: e.memory.fits ? "#1f8a4c" : "#c62828", width: 2, dash: "dash" } }],
-      annotations: [{ xref: "paper", x: 1, y: cap, xanchor: "right", yanchor: "bottom", showarrow: false, text: `usable HBM ${cap.toFixed(1)} GiB`, font: { color: "#444" } }],
-    };
-    const el = document.getElementById("chart-memory");
-    Plotly.react(el, traces, layout, MP.plotConfig);
-    el.dataset.signature = st.map(s => s.total.toFixed(0)).join(",");
-    if (!el.dataset.bound) {
-      el.dataset.bound = "1";
-      el.on("plotly_click", ev => {
-        const r = Number(String(ev.points[0].x).replace("rank ", ""));
-        selectedRank = r;
-        if (last) drawTreemap(last.estimate, r);
-      });
-    }
-  }
-
-  // The negative activation items are activations not held at the peak's moment
-  // (meshplan.cost.compose.at_peak): the working set not yet built at the loss (W = backward
-  // working set + its gradients), a layer's stored activations and W freed at its end, the LM
-  // head's activations freed. A treemap draws no negative area, so they are taken off the
-  // activation items they stand for (W first, then the stored activations; the head's from the
-  // stored ones), and the tiles add up to the rank's total.
-  function activationsAtPeak(act) {
-    const net = {};
-    for (const [name, v] of Object.entries(act)) if (v >= 0) net[name] = v;
-    for (const [name, v] of Object.entries(act)) {
-      if (v >= 0) continue;
-      let left = -v;
-      const order = name === "head_activations_freed" ? ["stored"] : ["backward_gradients", "backward_working_set", "stored"];
-      for (const k of order) {
-        const d = Math.min(net[k] || 0, left);
-        if (d > 0) { net[k] -= d; left -= d; }
-      }
-    }
-    return net;
-  }
-
-  function drawTreemap(e, rank) {
-    const s = e.memory.stages[Math.min(rank, e.memory.stages.length - 1)];
-    const root = `rank ${s.rank}`;
-    const ids = [root], labels = [`rank ${s.rank}: ${MP.fmt.gib(s.total)} GiB`], parents = [""], values = [0];
-    for (const k of PARTS) {
-      const detail = k === "activations" ? activationsAtPeak(s.activations_detail) : k === "other" ? s.other_detail : null;
-      const itemized = detail && Object.keys(detail).length > 0;
-      const items = itemized ? Object.entries(detail).filter(([, v]) => v > 0) : [];
-      ids.push(k); labels.push(k); parents.push(root); values.push(itemized ? 0 : s[k] / MP.GiB);
-      for (const [name, v] of items) { ids.push(`${k}/${name}`); labels.push(name.replace(/_/g, " ")); parents.push(k); values.push(v / MP.GiB); }
-    }
-    const trace = { type: "treemap", ids, labels, parents, values, branchvalues: "remainder",
-      texttemplate: "%{label}<br>%{value:.2f} GiB", hovertemplate: "%{label}: %{value:.3f} GiB<extra></extra>",
-      marker: { colors: ids.map(id => COLORS[id.split("/")[0]] || "#dfe4ec") } };
-    // with v > 1 virtual stages a rank holds chunks (one micro-batch on one of its stages), up to m·v
-    const held = e.plan.vpp > 1 ? "micro-batch chunks" : "micro-batches";
-    document.getElementById("treemap-title").textContent = `Rank ${s.rank}: ${s.layers} layers, ${s.peak_inflight_microbatches} ${held} in flight at peak`;
-    Plotly.react("chart-treemap", [trace], { margin: { l: 0, r: 0, t: 28, b: 0 }, font: { size: 11 } }, MP.plotConfig);
-  }
-
-  function drawTime(e, labels) {
-    const tm = e.time, entries = Object.entries(tm.breakdown).filter(([k, v]) => v > 0 || k === "compute");
-    const trace = { type: "bar", orientation: "h", y: entries.map(([k]) => labels[k] || k), x: entries.map(([, v]) => v),
-      text: entries.map(([, v]) => MP.fmt.pct(v / tm.step_s)), textposition: "auto", marker: { color: "#4c8be6" },
-      hovertemplate: "%{y}: %{x:.4f} s<extra></extra>" };
-    document.getElementById("time-title").textContent = `Step time on the critical rank (${tm.critical_rank}): ${MP.fmt.num(tm.step_s, 3)} s`;
-    Plotly.react("chart-time", [trace], { margin: { l: 210, r: 10, t: 28, b: 40 }, yaxis: { autorange: "reversed" },
-      xaxis: { title: { text: "seconds per step" } }, font: { size: 11 } }, MP.plotConfig);
   }
 
   function drawThroughput(e, published) {
@@ -244,20 +225,6 @@
     } else pub.innerHTML = "";
   }
 
-  function drawGanttPanel(d) {
-    const el = document.getElementById("chart-gantt"), title = document.getElementById("gantt-title");
-    const tl = d.timeline;
-    if (!tl) {
-      Plotly.purge(el);
-      el.innerHTML = `<p class="note">This plan's step has too many pipeline actions to draw here; the Pipeline view draws schedules of any shape.</p>`;
-      title.textContent = "Pipeline schedule of this plan";
-      return;
-    }
-    if (!el.querySelector(".plot-container")) el.innerHTML = "";
-    title.textContent = `Pipeline schedule of this plan: ${tl.schedule}, p = ${tl.pp}, m = ${tl.microbatches}, v = ${tl.vpp}; makespan ${MP.fmt.num(tl.makespan, 3)} s`;
-    drawGantt(el, tl, "s");
-  }
-
   function drawAssumptions(a) {
     const b = a.bytes_per_param, g = a.gpu, n = a.network, c = a.calibration;
     const row = (k, v) => `<tr><td>${MP.esc(k)}</td><td>${MP.esc(v)}</td></tr>`;
@@ -274,6 +241,8 @@
       </table><p class="note">${MP.esc(c.rationale)}</p><ul class="note">${a.units.map(u => `<li>${MP.esc(u)}</li>`).join("")}</ul>`;
   }
 
+  MP.openGroupsOf(form, state);
   fillInputs(null);
+  MP.preload();
   load();
 })();
