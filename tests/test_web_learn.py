@@ -235,7 +235,7 @@ def test_plan_commands_beside_the_links_run():
 
 
 def test_links_name_the_views_parameters():
-    assert generate("ring-volume").url == "/calc?calc=collective&op=all-reduce&size=1GB&n=8&bw=50&latency=0us&algorithm=ring"
+    assert generate("ring-volume").url == "/calc?calc=collective&op=all-reduce&size=1GB&n=8&bw=50&latency=0us&algorithm=ring&base_latency=0us"
     assert generate("hierarchical-allreduce").url.endswith("&gpus_per_node=8&inter_bw=12.5&inter_latency=0us")
     assert generate("cp-kv-traffic").url == "/plan?model=llama3-405b&gpus=8&cp=8&seq_len=128000"
     assert generate("formats-by-range").url == "/calc?calc=formats&names=fp16%2Cbf16%2Cfp8-e4m3%2Cfp8-e5m2"
