@@ -284,7 +284,11 @@ def test_export_warns_that_the_engine_runs_dependency_driven(engine):
     model = load_model("llama3-70b")
     result = export(engine, model, LOCKSTEP_IL)
     assert [w for w in result.warnings if w.startswith("pipeline_runtime: ")], result.warnings
-    back = to_plan({**parse_text(result.text).plan, "seq_len": 4096})
+    fields = {**parse_text(result.text).plan, "seq_len": 4096}
+    if engine == "deepspeed":  # with AutoTP DeepSpeed derives the total batch: micro x accumulation x dp
+        assert "global_batch" not in fields
+        fields.update(dp=LOCKSTEP_IL.dp, global_batch=LOCKSTEP_IL.global_batch)
+    back = to_plan(fields)
     assert back.stack.pipeline_runtime == "dependency"
     dep = export(engine, model, LOCKSTEP_IL.replace(**{"pipeline_runtime": "dependency"}))
     assert not [w for w in dep.warnings if w.startswith("pipeline_runtime")]
