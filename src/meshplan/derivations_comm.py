@@ -23,6 +23,11 @@ def _where(pl: GroupPlacement) -> str:
     return f"{pl.size} GPUs" + (f" ({pl.per_node} per domain x {pl.nodes} domains)" if pl.nodes > 1 else " (one domain)")
 
 
+def _p2p_where(pl: GroupPlacement) -> str:
+    """Where a stage-to-stage send goes: between neighbours of the ``pl.size``-stage pipeline."""
+    return f"neighbouring stages of {pl.size} ({'across domains' if pl.nodes > 1 else 'inside one domain'})"
+
+
 def _one(c: CollectiveCost) -> str:
     """One collective's time as latency + bandwidth."""
     return f"{fmt_seconds(c.time)} = {fmt_seconds(c.latency_time)} latency + {fmt_seconds(c.time - c.latency_time)} bandwidth"
@@ -31,12 +36,13 @@ def _one(c: CollectiveCost) -> str:
 def _row(name: str, op: str, nbytes: float, pl: GroupPlacement, est, cal, times: str) -> tuple[str, str]:
     """One collective's line: its buffer, group and one call's time, and how often it is issued."""
     c = collective_cost(op, nbytes, pl, est.cluster, cal)
-    return name, f"{fmt_bytes(nbytes)} over {_where(pl)}: {_one(c)}; {times}"
+    where = _p2p_where(pl) if op == "send_recv" else _where(pl)
+    return name, f"{fmt_bytes(nbytes)} {'between' if op == 'send_recv' else 'over'} {where}: {_one(c)}; {times}"
 
 
 def collective_derivations(est, layers) -> list[Derivation]:
-    """``comm.collectives`` (every collective a micro-batch issues, one line each) and, for a
-    mixture of experts with ep > 1, ``comm.ep_all_to_all`` (the expert all-to-all in full)."""
+    """``comm.collectives`` (every collective a micro-batch issues, one line each; none on one GPU)
+    and, for a mixture of experts with ep > 1, ``comm.ep_all_to_all`` (the expert all-to-all in full)."""
     p, m, terms = est.plan, est.model, layers.terms
     pl = terms.place(p.tp, p.cp, p.pp, p.dp, p.dp_shard or p.dp)
     cm = layers.cm
@@ -65,9 +71,12 @@ def collective_derivations(est, layers) -> list[Derivation]:
                                     f"{fmt_seconds(layers.u.reduce_scatter)} per layer over {_where(pl.shard)} (time.fsdp)"))
     t = est.time
     hidden = t.hidden_comm
-    rows.append(("DP sync", f"gradients {fmt_seconds(t.dp_comm_s)} exposed, {fmt_seconds(hidden.get('dp_grad', 0.0))} hidden; "
-                            f"weight all-gather {fmt_seconds(t.param_gather_s)} exposed, "
-                            f"{fmt_seconds(hidden.get('param_gather', 0.0))} hidden; over {_where(pl.shard if p.zero else pl.dpcp)}"))
+    if p.dp * p.cp > 1:
+        rows.append(("DP sync", f"gradients {fmt_seconds(t.dp_comm_s)} exposed, {fmt_seconds(hidden.get('dp_grad', 0.0))} hidden; "
+                                f"weight all-gather {fmt_seconds(t.param_gather_s)} exposed, "
+                                f"{fmt_seconds(hidden.get('param_gather', 0.0))} hidden; over {_where(pl.shard if p.zero else pl.dpcp)}"))
+    if not rows:  # one GPU: nothing to communicate
+        return []
     cal = terms.cal
     out = [Derivation(
         "comm.collectives", "Collectives of the plan (one call each)",
