@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # meshplan's): `make engines` installs them; `make test` then runs their tests there too
 ENGINES := .venv-engines
 EPY := $(ENGINES)/bin/python
+# Megatron-LM's parse_args/validate_args: megatron-core's wheel for CPython 3.11 carries
+# megatron/training but declares Requires-Python >= 3.12 (tests/test_interop_engines.py says what
+# 3.11 lacks); its dependencies (torch, numpy, packaging) come with the engines extra
+MEGATRON_CORE := megatron-core==0.19.2
 
 .PHONY: run test bench clean engines
 
@@ -22,11 +26,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(VENV)/bin/meshplan estimate --preset llama3-405b-16k
 
-$(ENGINES)/.installed: pyproject.toml
+$(ENGINES)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(ENGINES)
 	$(EPY) -m pip install -q --upgrade pip setuptools wheel
 	$(EPY) -m pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(EPY) -m pip install -q --no-build-isolation -e '.[engines]'
+	$(EPY) -m pip install -q --no-deps --ignore-requires-python $(MEGATRON_CORE)
 	touch $@
 
 engines: $(ENGINES)/.installed

@@ -5,9 +5,10 @@ GPU kernels, tokenizers or an sdist build).
 Versions these tests were run with (CPU, from PyPI): torchtitan 0.2.2 (``pip install --no-deps
 torchtitan==0.2.2 tyro``: its ``ConfigManager`` reads both the TOML and the ``--section.key``
 flags), DeepSpeed 0.19.8 (``DeepSpeedConfig``, built with ``DS_BUILD_OPS=0``), nanotron 0.2
-(``nanotron.config``; nanotron 0.4 on PyPI fails to import: a circular import). Megatron-LM's
-argument parser is not packaged (megatron-core ships ``megatron/core`` only), so the Megatron
-export is checked against ``arguments.py`` by name in ``test_interop_names.py``.
+(``nanotron.config``; nanotron 0.4 on PyPI fails to import: a circular import), Megatron-LM's
+``parse_args`` and ``validate_args`` from megatron-core 0.19.2 (its wheel for CPython 3.11 ships
+``megatron/training``; ``make engines`` installs it with ``--ignore-requires-python``, see
+:func:`_megatron`).
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ import importlib.util
 import json
 import sys
 import types
+from typing import Optional
 
 import pytest
 import yaml
 
 from meshplan.catalog import load_model
 from meshplan.interop import export
-from meshplan.interop.common import arg_tokens
+from meshplan.interop.common import arg_tokens, effective_split
+from meshplan.interop.torchtitan import TT_MODELS
 from meshplan.specs.plan import TrainingPlan
 
 from meshplan.specs.plan import PrecisionRecipe
+from meshplan.specs.rules import check_rules
 from test_interop_roundtrip import GRID, MODELS, plan
 
 LLAMA70 = load_model("llama3-70b")
@@ -112,20 +116,24 @@ def _torchtitan03():
 
 #: the six plan kinds users export (FSDP, TP x PP, interleaved PP, MoE with EP, long-context CP, FP8)
 TT03_GRID = GRID["torchtitan"] + [
-    ("llama3-8b", plan(dp=8, ep=4, zero=3, recompute="none", kernels="compiled")),  # EP over FSDP ranks
+    ("qwen3-30b-a3b", plan(dp=8, ep=8, zero=3, recompute="full", kernels="compiled")),  # EP over FSDP ranks
+    ("deepseek-v3-671b", plan(pp=8, dp=32, ep=32, zero=3, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch",
+                              overlap_grad_reduce=False, recompute="full", kernels="compiled")),  # MoE, MLA, EP x PP
     ("llama3-70b", plan(cp=8, dp=2, zero=3, seq_len=131072, recompute="full", kernels="compiled")),
 ]
+TT_CATALOG = {**MODELS, **{name: load_model(name) for name in ("qwen3-30b-a3b", "deepseek-v3-671b")}}
 AC_CLASS = {"none": "NoneType", "full": "FullAC", "op": "SelectiveAC", "selective": "SelectiveAC"}
 
 
 @pytest.mark.parametrize(("model_name", "p"), TT03_GRID, ids=range(len(TT03_GRID)))
 def test_torchtitan03_config_manager_reads_the_export(model_name, p):
     ConfigManager = _torchtitan03()
-    r = export("torchtitan", MODELS[model_name], p)
+    check_rules(TT_CATALOG[model_name], p)  # a plan meshplan itself accepts
+    r = export("torchtitan", TT_CATALOG[model_name], p)
     assert r.warnings == (), r.warnings
     c = ConfigManager().parse_args(arg_tokens(r.text))  # tyro: any unrecognized option is an error
     par, tr = c.parallelism, c.training
-    assert c.model_spec.name == "llama3" and c.model_spec.flavor == {"llama3-8b": "8B", "llama3-70b": "70B"}[model_name]
+    assert (c.model_spec.name, c.model_spec.flavor) == TT_MODELS[model_name][:2]
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree, par.expert_parallel_degree) == (p.tp, p.pp, p.cp, p.ep)
     assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == p.dp
     assert par.data_parallel_shard_degree == ((p.dp_shard or p.dp) if p.zero == 3 else 1)
@@ -134,7 +142,8 @@ def test_torchtitan03_config_manager_reads_the_export(model_name, p):
     assert type(c.activation_checkpoint).__qualname__.split(".")[0] == AC_CLASS[p.recompute]  # not the registry's own
     assert c.compile.enable == (p.stack.kernels == "compiled")
     assert c.compile.enable_async_tensor_parallel == (p.tp > 1 and p.stack.tp_comm_overlap)
-    assert tr.disable_cuda_graphs == (p.pp > 1)
+    assert tr.disable_cuda_graphs == (p.pp > 1 or p.ep > 1)
+    c._validate_cuda_graphs()  # the Trainer's own check: graphs off with pp > 1 or an all-to-all EP dispatcher
 
 
 @pytest.mark.parametrize("model_name", ["llama3-8b", "llama3-70b"])
@@ -144,10 +153,11 @@ def test_torchtitan03_fp8_and_expert_tp_are_refused_by_name(model_name):
     fp8 = plan(dp=8, zero=3, precision=PrecisionRecipe(precision="fp8"), kernels="compiled", fsdp_fp8_all_gather=True)
     assert {w.split(":")[0] for w in export("torchtitan", MODELS[model_name], fp8).warnings} == {"precision.precision", "fsdp_fp8_all_gather"}
     assert export("torchtitan@0.2", MODELS[model_name], fp8).warnings == ()
-    moe = plan(tp=2, dp=4, ep=2, zero=3, kernels="compiled")
-    assert [w.split(":")[0] for w in export("torchtitan", MODELS[model_name], moe).warnings] == ["ep"]
-    assert export("torchtitan@0.2", MODELS[model_name], moe).warnings == ()
-    assert "--parallelism.expert_tensor_parallel_degree 2" in export("torchtitan@0.2", MODELS[model_name], moe).text
+    moe, qwen = plan(tp=2, dp=4, ep=2, zero=3, kernels="compiled"), TT_CATALOG["qwen3-30b-a3b"]
+    check_rules(qwen, moe)
+    assert [w.split(":")[0] for w in export("torchtitan", qwen, moe).warnings] == ["ep"]
+    assert export("torchtitan@0.2", qwen, moe).warnings == ()
+    assert "--parallelism.expert_tensor_parallel_degree 2" in export("torchtitan@0.2", qwen, moe).text
 
 
 class _Mpu:
@@ -235,7 +245,7 @@ def test_nanotron_dataclasses_read_the_sections(line, row):
 #: ``--to`` targets → the engine release their tests above run against (docs/interop.md's table)
 VALIDATED = {"torchtitan": "torchtitan 0.3.0", "torchtitan@0.3": "torchtitan 0.3.0", "torchtitan@0.2": "torchtitan 0.2.2",
              "torchtitan-toml": "torchtitan 0.2.2", "deepspeed": "DeepSpeed 0.19.8", "nanotron": "nanotron 0.2", "nanotron@0.2": "nanotron 0.2",
-             "nanotron@main": "nanotron main"}
+             "nanotron@main": "nanotron main", "megatron": "Megatron-LM (megatron-core 0.19.2)"}
 
 
 def test_docs_version_table_is_the_tests():
@@ -253,6 +263,10 @@ def test_docs_version_table_is_the_tests():
                 rows[target] = cells[1]
     assert set(rows) == set(ENGINES)
     assert {k: v for k, v in rows.items() if k in VALIDATED} == VALIDATED
+    root = Path(__file__).resolve().parents[1]  # the releases `make engines` installs are the table's
+    assert "MEGATRON_CORE := megatron-core==0.19.2\n" in (root / "Makefile").read_text()
+    extra = (root / "pyproject.toml").read_text().split("\nengines = ", 1)[1].split("\n", 1)[0]
+    assert all(pin in extra for pin in ('"torchtitan==0.3.0"', '"deepspeed==0.19.8"', '"nanotron==0.2"'))
 
 
 def _deepspeed_rank(rank: int, world: int, port: int, cfg: dict, queue) -> None:
@@ -299,3 +313,158 @@ def test_deepspeed_initialize_runs_the_export_on_cpu(world):
     assert all(proc.exitcode == 0 for proc in procs), [proc.exitcode for proc in procs]
     got = sorted(queue.get(timeout=5) for _ in range(world))
     assert got == [(r, p.global_batch, p.micro_batch, p.grad_accum, 2) for r in range(world)]
+
+
+# ---- Megatron-LM: parse_args + validate_args --------------------------------------------------------
+
+#: the GPU's compute capability validate_args asks torch for (H100, Hopper: the CUDA_DEVICE_MAX_CONNECTIONS rules)
+HOPPER = (9, 0)
+
+
+@pytest.fixture(scope="module")
+def megatron_arguments():
+    """megatron-core 0.19.2's ``megatron.training.arguments``. Its cp311 wheel declares Requires-Python
+    >= 3.12 and uses one 3.12 name, ``typing.override`` (a decorator that only marks a method), which
+    Python 3.11 takes from typing_extensions; torch here is the CPU build, so the device
+    validate_args asks about is the plan's GPU, an H100 (compute capability 9.0)."""
+    import typing
+    import warnings
+
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.training") is None:
+        pytest.skip("megatron-core (with megatron/training) is not installed")
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
+    with warnings.catch_warnings():  # no Transformer Engine, no Apex on a CPU venv: Megatron warns and falls back
+        warnings.simplefilter("ignore")
+        import megatron.training.arguments as arguments
+    import torch
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(arguments, "get_device_arch_version", lambda: HOPPER[0])
+    mp.setattr(torch.cuda, "get_device_capability", lambda *a, **k: HOPPER)
+    yield arguments
+    mp.undo()
+
+
+def _megatron_launch(text: str) -> tuple[dict[str, Optional[str]], list[str]]:
+    """The environment lines (``export K=V``, ``unset K``) and pretrain_gpt.py's arguments of an export."""
+    env: dict[str, Optional[str]] = {}
+    for line in text.splitlines():
+        words = line.split("#")[0].split()
+        if words[:1] == ["export"]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+        elif words[:1] == ["unset"]:
+            env[words[1]] = None
+    tokens = arg_tokens(text)
+    return env, tokens[tokens.index("pretrain_gpt.py") + 1:]
+
+
+MIXTRAL, DEEPSEEK = load_model("mixtral-8x7b"), load_model("deepseek-v3-671b")
+#: GRID's Megatron rows and the six plan kinds users export
+MEGATRON_GRID = [(MODELS[m], p) for m, p in GRID["megatron"]] + [
+    (MODELS["llama3-8b"], plan(dp=8, zero=3)),                                            # FSDP (Megatron-FSDP)
+    (LLAMA70, plan(tp=8, pp=4, dp=2, zero=1, recompute="selective")),                      # TP x PP
+    (LLAMA70, plan(tp=4, pp=4, dp=2, vpp=5, schedule="interleaved", recompute="full")),  # interleaved PP
+    (MIXTRAL, plan(tp=2, pp=2, dp=8, ep=8, zero=1)),                                       # MoE with EP
+    (DEEPSEEK, plan(tp=2, pp=8, dp=16, ep=16, zero=1, layer_split=(7,) + (8,) * 6 + (6,))),  # MoE, MLA, dense layers
+    (LLAMA70, plan(tp=8, cp=8, dp=2, zero=1, seq_len=131072, recompute="full")),           # long-context CP
+    (MODELS["llama3-8b"], plan(tp=2, dp=4, zero=1, precision=PrecisionRecipe(precision="fp8"))),  # FP8
+]
+#: ZeRO stage -> (use_distributed_optimizer, use_megatron_fsdp, its sharding strategy): validate_args
+#: turns the distributed optimizer on under Megatron-FSDP ("only compatible with --use-distributed-optimizer")
+ZERO_FLAGS = {0: (False, False, None), 1: (True, False, None), 2: (True, True, "optim_grads"), 3: (True, True, "optim_grads_params")}
+
+
+@pytest.mark.parametrize(("model", "p"), MEGATRON_GRID, ids=range(len(MEGATRON_GRID)))
+def test_megatron_validate_args_accepts_the_export(megatron_arguments, model, p, monkeypatch, capsys):
+    check_rules(model, p)  # a plan meshplan itself accepts
+    r = export("megatron", model, p)
+    env, argv = _megatron_launch(r.text)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    for key, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WORLD_SIZE", str(p.num_gpus))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *argv])
+    args = megatron_arguments.parse_args()  # argparse: an unknown flag exits 2
+    megatron_arguments.validate_args(args, {})  # its assertions: the layout, batch, FSDP, device rules
+    capsys.readouterr()
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size) == (p.tp, p.pp, p.cp)
+    assert args.data_parallel_size == p.dp and args.world_size == p.num_gpus
+    assert (args.virtual_pipeline_model_parallel_size or 1) == p.vpp
+    assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == (p.micro_batch, p.global_batch, p.seq_len)
+    assert args.sequence_parallel == (p.sequence_parallel and p.tp > 1)
+    assert args.recompute_granularity == {"none": None, "op": "selective"}.get(p.recompute, p.recompute)
+    if p.recompute == "full":  # every layer of every stage recomputed, one at a time
+        assert (args.recompute_method, args.recompute_num_layers) == ("uniform", 1)
+    assert (args.use_distributed_optimizer, args.use_megatron_fsdp, args.data_parallel_sharding_strategy if p.zero > 1 else None) == ZERO_FLAGS[p.zero]
+    assert args.num_distributed_optimizer_instances == (p.dp // p.dp_shard if p.zero and p.dp_shard else 1)
+    assert args.num_layers == model.n_layers and (args.num_experts or 0) == model.n_experts
+    if model.is_moe:  # the all-to-all meshplan prices, experts split over TP as meshplan's model splits them
+        assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (p.ep, p.tp)
+        assert args.moe_token_dispatcher_type == "alltoall" and args.moe_grouped_gemm
+    assert args.fp8 == ("hybrid" if p.precision.precision == "fp8" else None)
+    assert (args.bf16, args.fp16) == (p.precision.precision in ("bf16", "fp8"), p.precision.precision == "fp16")
+    if p.pp > 1:  # the layers each stage holds: Megatron's own split of its arguments
+        assert _megatron_split(args, model) == effective_split(model, p)
+
+
+def _megatron_split(args, model) -> tuple[int, ...]:
+    """Layers per virtual stage as Megatron-Core derives them from validated arguments: its layout
+    string, its first/last-stage counts, or an even split."""
+    from megatron.core.transformer.pipeline_parallel_layer_layout import LayerType, PipelineParallelLayerLayout
+
+    n_stages = args.pipeline_model_parallel_size * (args.virtual_pipeline_model_parallel_size or 1)
+    if args.pipeline_model_parallel_layout is not None:
+        layout = PipelineParallelLayerLayout.parse_str_to_list(args.pipeline_model_parallel_layout)
+        return tuple(stage.count(LayerType.decoder) for stage in layout)
+    if args.decoder_first_pipeline_num_layers is not None:
+        middle = (model.n_layers - args.decoder_first_pipeline_num_layers - args.decoder_last_pipeline_num_layers) // (n_stages - 2)
+        return (args.decoder_first_pipeline_num_layers,) + (middle,) * (n_stages - 2) + (args.decoder_last_pipeline_num_layers,)
+    return (model.n_layers // n_stages,) * n_stages
+
+
+# ---- every engine, the six plan kinds: exported exactly, warned by name, or refused by name -----------
+
+SIX_KINDS = {
+    "fsdp": (MODELS["llama3-8b"], plan(dp=8, zero=3)),
+    "tp_pp": (LLAMA70, plan(tp=8, pp=4, dp=2, zero=1)),
+    "interleaved": (LLAMA70, plan(tp=4, pp=4, dp=2, vpp=5, schedule="interleaved", zero=1)),
+    "moe_ep": (TT_CATALOG["qwen3-30b-a3b"], plan(dp=8, ep=8, zero=1)),
+    "cp": (LLAMA70, plan(tp=8, cp=8, dp=2, zero=1, seq_len=131072, recompute="full")),
+    "fp8": (MODELS["llama3-8b"], plan(tp=2, dp=4, zero=1, precision=PrecisionRecipe(precision="fp8"))),
+}
+
+
+def _named_fields() -> set[str]:
+    from meshplan.specs.model import ModelSpec
+    from meshplan.specs.stack import Stack
+
+    return (set(TrainingPlan.model_fields) | set(Stack.model_fields) | {f"precision.{k}" for k in PrecisionRecipe.model_fields}
+            | {f"model.{k}" for k in ModelSpec.model_fields} | {"model"})
+
+
+@pytest.mark.parametrize("kind", SIX_KINDS)
+def test_six_plan_kinds_are_exported_or_named(kind):
+    """Each engine writes each of the six plan kinds, naming every setting it cannot express by the
+    plan's field (``field: ...``), or refuses it in one line naming the field; Megatron-LM expresses
+    all six exactly (its validate_args runs them above)."""
+    from meshplan.errors import InputError
+    from meshplan.interop import ENGINES
+
+    model, p = SIX_KINDS[kind]
+    check_rules(model, p)
+    fields = _named_fields()
+    for engine in ENGINES:
+        try:
+            warnings = export(engine, model, p).warnings
+        except InputError as exc:
+            assert exc.field in fields, (engine, str(exc))
+            continue
+        assert {w.split(":", 1)[0] for w in warnings} <= fields, (engine, warnings)
+        if engine == "megatron":
+            assert warnings == ()

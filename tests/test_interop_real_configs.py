@@ -105,12 +105,27 @@ def test_plan_file_without_a_known_model_needs_model(name, text, said, tmp_path)
 
 
 def test_a_non_llama_torchtitan_export_reads_back_as_an_error_not_llama3_8b(tmp_path):
-    """torchtitan 0.3 has registry functions for Llama 3 only: a Mixtral export carries no model,
-    and reading it back must not become llama3-8b."""
+    """torchtitan 0.3 has no registry function for Mixtral: its export carries no model, and
+    reading it back must not become llama3-8b."""
     path = tmp_path / "tt.sh"
     code, _, err = run_cli("export", "--to", "torchtitan", "--model", "mixtral-8x7b", "--gpus", "8", "--out", str(path))
     assert code == 0 and "warning: model" in err, err
     one_error(*run_cli("estimate", "--plan", str(path)), "error: model:", "give --model")
+
+
+@pytest.mark.parametrize(("name", "words"), [("deepseek-v3-671b", "--module deepseek_v3 \\\n--config deepseek_v3_671b"),
+                                             ("qwen3-30b-a3b", "--module qwen3 \\\n--config qwen3_30b_a3b")])
+def test_torchtitan_moe_registry_functions_carry_the_model(name, words, tmp_path):
+    """torchtitan's own DeepSeek-V3 671B and Qwen3 30B-A3B registry functions are the catalog's
+    models (their parameters counted on torchtitan 0.3.0's modules: 671,026,404,352 and
+    30,532,122,624): the export names them and reads back as the same model."""
+    path = tmp_path / "tt.sh"
+    code, _, err = run_cli("export", "--to", "torchtitan", "--model", name, "--gpus", "64", "--ep", "8", "--zero", "3", "--out", str(path))
+    assert code == 0 and "warning: model" not in err, err
+    assert words in path.read_text()
+    code, out, err = run_cli("estimate", "--plan", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["model"]["name"] == name and json.loads(out)["plan"]["ep"] == 8
 
 
 # ---- torchtitan's own llama3 TOMLs: no global batch, the shard degree -1 ------------------------

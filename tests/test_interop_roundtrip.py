@@ -77,12 +77,12 @@ GRID = {
         # one layer per chunk, the first chunk only the embedding and the last only the head (Llama 3's split)
         ("llama3-8b", plan(tp=2, pp=2, dp=2, vpp=17, schedule="interleaved")),
         ("llama3-8b", plan(tp=2, pp=2, dp=2, layer_split=(0, 32))),  # a layout "E|t*32L"
-        ("gpt3-175b", plan(tp=8, pp=8, dp=2, zero=0, sequence_parallel=False, attention="materialized",
+        ("gpt3-175b", plan(tp=8, pp=8, dp=2, zero=0, sequence_parallel=False, attention="materialized", seq_len=2048,
                             precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16", grad_fp32_copy=True))),
         ("llama2-7b", plan(tp=1, cp=2, dp=8, zero=3, precision=PrecisionRecipe(precision="fp8"), rank_order=("tp", "cp", "pp", "dp"))),
         ("llama2-7b", plan(dp=8, zero=1, dp_shard=4, overlap_param_gather=False, seq_len=2048)),
         ("llama3-8b", plan(dp=4, zero=2, precision=PrecisionRecipe(precision="fp32", grad_dtype="fp32", optimizer="sgd"))),
-        ("llama3-8b", plan(tp=2, dp=2, ep=2, zero=1, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp32"))),
+        ("llama3-8b", plan(tp=2, dp=2, zero=1, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp32"))),
         ("nemotron4-15b", plan(tp=4, dp=2, micro_batch=4, tp_comm_overlap=True)),  # --squared-relu
     ],
     # torchtitan has no fused (Megatron/Transformer Engine) stack: meshplan's default kernels warn

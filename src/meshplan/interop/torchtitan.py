@@ -47,8 +47,10 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
 * pipeline_runtime: torchtitan 0.1 on runs torch's multi-stage schedules on torch's
   ``_PipelineScheduleRuntime``, dependency-driven (read so, with a note); a lockstep plan (torch's
   ``PipelineScheduleMulti`` of 2024, meshplan.pipeline.lockstep) is exported with a warning.
-* Model: ``model.name = "llama3"`` with ``model.flavor`` 8B / 70B / 405B (Llama 3.1); other shapes
-  cannot be named.
+* Model: ``model.name`` and ``model.flavor`` of torchtitan's model registries (0.2.2 and 0.3.0):
+  llama3 8B / 70B / 405B (Llama 3.1), deepseek_v3 671B and qwen3 30B-A3B, each the catalog's model
+  to the parameter (671,026,404,352 and 30,532,122,624 counted on torchtitan's own modules); other
+  shapes cannot be named.
 """
 
 from __future__ import annotations
@@ -68,7 +70,13 @@ from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
 SOURCE = "pytorch/torchtitan torchtitan/config/job_config.py, JobConfig of v0.2"
-FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
+#: catalog model → torchtitan's (``model.name``, ``model.flavor``, 0.3 ``config_registry`` function)
+TT_MODELS = {"llama3-8b": ("llama3", "8B", "llama3_8b"), "llama3-70b": ("llama3", "70B", "llama3_70b"),
+             "llama3-405b": ("llama3", "405B", "llama3_405b"), "deepseek-v3-671b": ("deepseek_v3", "671B", "deepseek_v3_671b"),
+             "qwen3-30b-a3b": ("qwen3", "30B-A3B", "qwen3_30b_a3b")}
+#: torchtitan's (``model.name``, ``model.flavor``) → catalog model (``llama3_1``: JobConfig v0.1's name)
+TT_NAMES = {(name, flavor): model for model, (name, flavor, _) in TT_MODELS.items()} | {
+    ("llama3_1", flavor): model for model, (name, flavor, _) in TT_MODELS.items() if name == "llama3"}
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
              "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
 SINGLE_STAGE = ("1F1B", "GPipe")
@@ -168,10 +176,11 @@ def sections(model: ModelSpec, plan: TrainingPlan, version: str = "0.2") -> tupl
     p = plan
     out: dict[str, dict[str, Any]] = {}
     name = catalog_match(model)
-    if name in FLAVORS:
-        out["model"] = {"name": "llama3", "flavor": FLAVORS[name]}
+    if name in TT_MODELS:
+        out["model"] = {"name": TT_MODELS[name][0], "flavor": TT_MODELS[name][1]}
     else:
-        led.lose("model", f"torchtitan names models by flavor (llama3 8B/70B/405B); {model.name} is none: set model.name and model.flavor yourself")
+        named = ", ".join(f"{n} {f}" for n, f, _ in TT_MODELS.values())
+        led.lose("model", f"torchtitan names models by name and flavor ({named}); {model.name} is none: set model.name and model.flavor yourself")
     if p.precision.precision == "fp8":
         out.setdefault("model", {})["converters"] = [FLOAT8[0]]
         if p.stack.fsdp_fp8_all_gather:
@@ -299,8 +308,8 @@ def export_toml(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) ->
 # ---- parse ------------------------------------------------------------------------------------------
 
 
-#: torchtitan 0.3's config_registry functions (``--module llama3 --config NAME``) → meshplan's model
-REGISTRY = {"llama3_8b": "llama3-8b", "llama3_70b": "llama3-70b", "llama3_405b": "llama3-405b"}
+#: torchtitan 0.3's config_registry functions (``--module MODULE --config NAME``) → meshplan's model
+REGISTRY = {config: model for model, (_, _, config) in TT_MODELS.items()}
 #: the registry functions whose model carries Float8 linears (``model_registry(converters=...)``)
 REGISTRY_FLOAT8 = ("llama3_405b",)
 AC_COMMAND = "activation-checkpoint:"  # torchtitan 0.3's recompute: a tyro subcommand, last on the line
@@ -322,7 +331,7 @@ def registry_sections(tokens: list[str]) -> tuple[list[str], dict[str, dict[str,
     config = pairs.get("--config")
     if config is not None:
         name = REGISTRY.get(config)
-        out["model"] = {"name": str(pairs.get("--module", "llama3")), "flavor": FLAVORS[name] if name else config}
+        out["model"] = {"name": str(pairs.get("--module", "llama3")), "flavor": TT_MODELS[name][1] if name else config}
         if config in REGISTRY_FLOAT8:
             out["model"]["converters"] = [FLOAT8[0]]
     return rest, out
@@ -371,7 +380,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     model = None
     if mdl.get("name") is not None:
         flavor = str(mdl.get("flavor", "debugmodel"))
-        name = {v: k for k, v in FLAVORS.items()}.get(flavor) if str(mdl["name"]) in ("llama3", "llama3_1") else None
+        name = TT_NAMES.get((str(mdl["name"]), flavor))
         if name is None:
             notes.append(f"model: torchtitan model {mdl['name']} flavor {flavor} is not in meshplan's catalog (give --model)")
         else:

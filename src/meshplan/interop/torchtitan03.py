@@ -5,8 +5,9 @@ function (``--module llama3 --config llama3_8b``), which the command line overri
 (``torchtitan/config/manager.py``). The plan's sections are :func:`torchtitan.sections`'s, rewritten
 for what 0.3 reads:
 
-* model → ``--module llama3 --config llama3_8b`` / ``llama3_70b`` / ``llama3_405b``; ``--model.*``
-  is gone (the model spec is built in Python, not a flag).
+* model → ``--module llama3 --config llama3_8b`` / ``llama3_70b`` / ``llama3_405b``, ``--module
+  deepseek_v3 --config deepseek_v3_671b``, ``--module qwen3 --config qwen3_30b_a3b``
+  (:data:`torchtitan.TT_MODELS`); ``--model.*`` is gone (the model spec is built in Python, not a flag).
 * FP8: the Float8 linears are ``model_registry(converters=...)`` of the registry function, which no
   flag sets: torchtitan's ``llama3_405b`` carries them, ``llama3_8b`` and ``llama3_70b`` do not; a
   plan whose precision differs from its registry function's is warned (``precision.precision``).
@@ -16,7 +17,9 @@ for what 0.3 reads:
   replaces the plan's; 0.3's selective is op-level SAC.
 * async TP → ``--compile.enable_async_tensor_parallel``; ``compile.enable`` and the async TP switch
   are always written, on or off (``llama3_405b`` turns both on).
-* pipeline plans → ``--training.disable_cuda_graphs`` (0.3 refuses CUDA graphs with pp > 1).
+* pipeline and expert-parallel plans → ``--training.disable_cuda_graphs``: 0.3 captures the step in
+  CUDA graphs by default and refuses them with pp > 1, and with ep > 1 on the all-to-all token
+  dispatcher meshplan prices (which synchronises with the CPU; ``Trainer._validate_cuda_graphs``).
 * EP: 0.3 has no ``expert_tensor_parallel_degree``: with EP on, experts are sharded over
   ``efsdp x ep`` = ``dp_shard x cp x tp`` ranks and never split over TP, so a plan with ep > 1 and
   tp > 1 (experts split over TP in meshplan's model) warns (``ep``; ``torchtitan._experts``).
@@ -25,7 +28,7 @@ for what 0.3 reads:
 from __future__ import annotations
 
 from meshplan.interop.common import ExportResult, Ledger, catalog_match
-from meshplan.interop.torchtitan import AC_COMMAND, FLAVORS, REGISTRY, REGISTRY_FLOAT8, sections
+from meshplan.interop.torchtitan import AC_COMMAND, REGISTRY_FLOAT8, TT_MODELS, sections
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
 
@@ -39,7 +42,7 @@ def _registry(model: ModelSpec, plan: TrainingPlan, led: Ledger) -> list[str]:
     it: torchtitan then refuses to start, naming ``--module``), warning where the function's Float8
     linears differ from the plan's precision."""
     name = catalog_match(model)
-    config = next((c for c, m in REGISTRY.items() if m == name), None) if name in FLAVORS else None
+    config = TT_MODELS[name][2] if name in TT_MODELS else None
     fp8 = plan.precision.precision == "fp8"
     if fp8 != (config in REGISTRY_FLOAT8):
         has = "builds Float8 linears" if config in REGISTRY_FLOAT8 else "builds no Float8 linears"
@@ -49,12 +52,7 @@ def _registry(model: ModelSpec, plan: TrainingPlan, led: Ledger) -> list[str]:
         led.lose("fsdp_fp8_all_gather", "torchtitan 0.3 has no FSDP FP8 all-gather option (0.2's quantize.linear.float8.enable_fsdp_float8_all_gather)")
     if config is None:
         return []  # sections() has warned "model"
-    return [f"--module {model_module(config)}", f"--config {config}"]
-
-
-def model_module(config: str) -> str:
-    """The ``--module`` of a registry function (its prefix: ``llama3_8b`` → ``llama3``)."""
-    return config.split("_")[0]
+    return [f"--module {TT_MODELS[name][0]}", f"--config {config}"]
 
 
 def flags(model: ModelSpec, plan: TrainingPlan) -> tuple[list[str], Ledger]:
@@ -64,7 +62,7 @@ def flags(model: ModelSpec, plan: TrainingPlan) -> tuple[list[str], Ledger]:
     async_tp = secs["parallelism"].pop("enable_async_tensor_parallel", False)
     comp = secs.get("compile", {"enable": False})
     secs["compile"] = {**comp, "enable_async_tensor_parallel": async_tp}
-    if plan.pp > 1:
+    if plan.pp > 1 or plan.ep > 1:
         secs["training"]["disable_cuda_graphs"] = True
     for sec, body in secs.items():
         if sec in DROPPED:

@@ -146,7 +146,8 @@ PLAN_RULES: tuple[PlanRule, ...] = (
              lambda model, p: bool(pipeline_size_breaks(p.grad_accum, p.pp, p.vpp)),
              lambda model, p: f"micro-batches per step x pp x vpp = {p.grad_accum:,} x {p.pp} x {p.vpp} = "
                               f"{p.grad_accum * p.pp * p.vpp:,} is more than the pipeline simulation runs "
-                              f"({MAX_PIPELINE_CHUNKS:,}); use a larger micro-batch or a smaller global batch"),    PlanRule("sp_seq", "seq_len", "sequence parallelism needs seq_len / cp divisible by tp",
+                              f"({MAX_PIPELINE_CHUNKS:,}); use a larger micro-batch or a smaller global batch"),
+    PlanRule("sp_seq", "seq_len", "sequence parallelism needs seq_len / cp divisible by tp",
              lambda model, p: bool(sp_breaks(p.seq_len, p.cp, p.tp, p.sequence_parallel)),
              lambda model, p: f"with sequence parallelism seq_len / cp must be divisible by tp ({p.tp})"),
     PlanRule("ep_sp", "sequence_parallel", "expert parallelism (ep > 1) with tp > 1 needs sequence parallelism",
