@@ -468,3 +468,65 @@ def test_six_plan_kinds_are_exported_or_named(kind):
         assert {w.split(":", 1)[0] for w in warnings} <= fields, (engine, warnings)
         if engine == "megatron":
             assert warnings == ()
+
+
+def _torchtitan03_values(text: str, p: TrainingPlan) -> dict:
+    c = _torchtitan03()().parse_args(arg_tokens(text))
+    par, tr = c.parallelism, c.training
+    c._validate_cuda_graphs()
+    return dict(tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree, cp=par.context_parallel_degree,
+                ep=par.expert_parallel_degree, dp=par.data_parallel_replicate_degree * par.data_parallel_shard_degree,
+                micro_batch=par.pipeline_parallel_microbatch_size if par.pipeline_parallel_degree > 1 else tr.local_batch_size,
+                global_batch=tr.global_batch_size, seq_len=tr.seq_len, zero=3 if par.data_parallel_shard_degree > 1 else 0)
+
+
+def _deepspeed_values(text: str, p: TrainingPlan) -> dict:
+    config_mod = pytest.importorskip("deepspeed.runtime.config")
+    cfg = json.loads(text)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(config_mod.dist, "get_rank", lambda *a, **k: 0)
+    mp.setattr(config_mod.dist, "get_world_size", lambda *a, **k: p.num_gpus)
+    try:
+        ds = config_mod.DeepSpeedConfig(cfg, mpu=_deepspeed_mpu(p))
+    finally:
+        mp.undo()
+    out = dict(micro_batch=ds.train_micro_batch_size_per_gpu, zero=ds.zero_optimization_stage,
+               tp=ds.tensor_parallel_config.autotp_size or 1)
+    if p.pp > 1:
+        out["pp"] = ds.pipeline["stages"]
+    if "train_batch_size" in cfg:
+        out["global_batch"] = ds.train_batch_size
+    return out
+
+
+def _nanotron_values(text: str, p: TrainingPlan) -> dict:
+    ParallelismArgs, TokensArgs, _, from_dict, installed = _nanotron()
+    secs = yaml.safe_load(text)
+    par = from_dict(secs["parallelism"], config_class=ParallelismArgs)
+    tok = from_dict({**secs["tokens"], "train_steps": 1}, config_class=TokensArgs)
+    dp = par.dp * getattr(par, "expert_parallel_size", 1)  # 0.2's EP axis: dp / ep written as dp
+    return dict(tp=par.tp, pp=par.pp, dp=dp, micro_batch=tok.micro_batch_size, seq_len=tok.sequence_length,
+                global_batch=tok.micro_batch_size * tok.batch_accumulation_per_replica * dp)
+
+
+ENGINE_VALUES = {"torchtitan": _torchtitan03_values, "deepspeed": _deepspeed_values, "nanotron": _nanotron_values}
+
+
+@pytest.mark.parametrize("engine", ENGINE_VALUES)
+@pytest.mark.parametrize("kind", SIX_KINDS)
+def test_six_plan_kinds_pass_each_engines_validation(engine, kind):
+    """Each engine's own validation takes its export of each of the six plan kinds (or meshplan
+    refused it by name), and every value it parses equals the plan's unless the export warned that
+    field by name."""
+    from meshplan.errors import InputError
+
+    model, p = SIX_KINDS[kind]
+    try:
+        r = export(engine, model, p)
+    except InputError:
+        return  # refused by name: test_six_plan_kinds_are_exported_or_named
+    warned = {w.split(":", 1)[0] for w in r.warnings}
+    got = ENGINE_VALUES[engine](r.text, p)
+    for field, value in got.items():
+        if field not in warned:
+            assert value == getattr(p, field), (engine, kind, field, value)
