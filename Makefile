@@ -10,6 +10,8 @@ EPY := $(ENGINES)/bin/python
 # megatron/training but declares Requires-Python >= 3.12 (tests/test_interop_engines.py says what
 # 3.11 lacks); its dependencies (torch, numpy, packaging) come with the engines extra
 MEGATRON_CORE := megatron-core==0.19.2
+# torchtitan's 0.2 line (JobConfig, TOML), still in use: beside 0.3.0, on PYTHONPATH for its own tests
+TORCHTITAN_02 := $(ENGINES)/torchtitan-0.2
 
 .PHONY: run test bench clean engines
 
@@ -32,6 +34,7 @@ $(ENGINES)/.installed: pyproject.toml Makefile
 	$(EPY) -m pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(EPY) -m pip install -q --no-build-isolation -e '.[engines]'
 	$(EPY) -m pip install -q --no-deps --ignore-requires-python $(MEGATRON_CORE)
+	$(EPY) -m pip install -q --no-deps --target $(TORCHTITAN_02) torchtitan==0.2.2
 	touch $@
 
 engines: $(ENGINES)/.installed
@@ -40,7 +43,9 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest
 	@if [ -f $(ENGINES)/.installed ]; then \
 		echo "the engines' own parsers and validators ($(ENGINES)):"; \
-		$(EPY) -m pytest -q -p no:cacheprovider tests/test_interop_engines.py; \
+		$(EPY) -m pytest -q -p no:cacheprovider tests/test_interop_engines.py && \
+		echo "torchtitan 0.2.2 ($(TORCHTITAN_02)):" && \
+		PYTHONPATH=$(TORCHTITAN_02) $(EPY) -m pytest -q -p no:cacheprovider tests/test_interop_engines.py -k torchtitan_config_manager_reads; \
 	else echo "engines not installed (make engines): tests/test_interop_engines.py ran skipped"; fi
 
 bench: $(VENV)/.installed

@@ -2,13 +2,13 @@
 each test is skipped cleanly when it is not (none is a dependency of meshplan's tests: they pull in
 GPU kernels, tokenizers or an sdist build).
 
-Versions these tests were run with (CPU, from PyPI): torchtitan 0.2.2 (``pip install --no-deps
-torchtitan==0.2.2 tyro``: its ``ConfigManager`` reads both the TOML and the ``--section.key``
-flags), DeepSpeed 0.19.8 (``DeepSpeedConfig``, built with ``DS_BUILD_OPS=0``), nanotron 0.2
-(``nanotron.config``; nanotron 0.4 on PyPI fails to import: a circular import), Megatron-LM's
-``parse_args`` and ``validate_args`` from megatron-core 0.19.2 (its wheel for CPython 3.11 ships
-``megatron/training``; ``make engines`` installs it with ``--ignore-requires-python``, see
-:func:`_megatron`).
+Versions these tests run with (CPU, from PyPI; ``make engines``): torchtitan 0.3.0, and 0.2.2 in a
+folder of its own put first on ``PYTHONPATH`` (``pip install --no-deps --target``: its
+``ConfigManager`` reads both the TOML and the ``--section.key`` flags); DeepSpeed 0.19.8
+(``DeepSpeedConfig``, built with ``DS_BUILD_OPS=0``); nanotron 0.2 (``nanotron.config``; nanotron
+0.4 on PyPI fails to import: a circular import); Megatron-LM's ``parse_args`` and ``validate_args``
+from megatron-core 0.19.2 (its wheel for CPython 3.11 ships ``megatron/training``; ``make engines``
+installs it with ``--ignore-requires-python``, see :func:`megatron_arguments`).
 """
 
 from __future__ import annotations
