@@ -12,7 +12,7 @@ from meshplan.cost.calibration import Calibration
 from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, OpTimes, attention_kernel_of, attention_rates
 from meshplan.cost.contention import NCCL_CTAS, tp_overlap_ctas
 from meshplan.cost.fsdp_copies import fp8_gather_saving, runs_fsdp2
-from meshplan.cost.params import layer_params_per_rank
+from meshplan.cost.params import layer_params_per_rank, layer_tensors_per_rank
 from meshplan.cost.variability import THROUGHPUT_CV, expected_max_z, straggler_factor
 from meshplan.explain import Derivation
 from meshplan.pipeline.deepspeed_steps import runs_deepspeed
@@ -67,10 +67,20 @@ def _fsdp_rows(est, lt, fsdp_terms: tuple | None) -> list[Derivation]:
         gathered = "P·w − S"
         saving = fp8_gather_saving(est.model, p.tp, p.precision.weight_bytes, True)
         symbols.append(("S", f"{saving:,} bytes: the Float8Linear weights gathered as FP8, P_lin·(w − 1) (FSDP2's FP8 all-gather)"))
-    symbols.append(("AG, RS", f"{fmt_seconds(ag)} all-gather of {gathered}{again}, {fmt_seconds(rs)} reduce-scatter of P·γ, "
+    blocking = p.stack.zero3_comm == "blocking-per-tensor"
+    calls = ""
+    if blocking:
+        k = len(layer_tensors_per_rank(est.model, p.tp))
+        symbols.append(("k", f"{k} parameter tensors per layer, one collective each: Σᵢ T(Pᵢ·w), (k − 1) ring latencies "
+                             "more than one call"))
+        calls = " in k calls"
+    symbols.append(("AG, RS", f"{fmt_seconds(ag)} all-gather of {gathered}{again}, {fmt_seconds(rs)} reduce-scatter of P·γ{calls}, "
                               f"over N = {p.shard_degree}"))
     ag_bwd = "AG + RS" if p.stack.reshard_after_forward else "RS"
     formula = f"max(AG − forward, 0) forward, max({ag_bwd} − backward, 0) backward: a layer's collectives behind a layer's compute"
+    if blocking:
+        formula = (f"AG forward, {ag_bwd} backward, all exposed: each gather follows a device-wide synchronize "
+                   "(DeepSpeed ZeRO-3 of 2021, zero3_comm blocking-per-tensor)")
     if runs_fsdp2(p.zero, p.stack.kernels):
         symbols.append(("copies", f"{fmt_seconds(copies[0])} copy-out (2·({gathered})) per all-gather, {fmt_seconds(copies[1])} "
                                   "copy-in (P·(w + γ)) per reduce-scatter, on the compute stream"))

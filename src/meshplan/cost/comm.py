@@ -13,7 +13,9 @@ from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
 from meshplan.cost.fsdp_copies import fp8_gather_saving
-from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, kv_heads_per_rank, layer_params_per_rank
+from meshplan.cost.params import (
+    embedding_params_per_rank, head_params_per_rank, kv_heads_per_rank, layer_params_per_rank, unit_tensors_per_rank,
+)
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import PrecisionRecipe
@@ -72,6 +74,14 @@ def cp_kv_bytes(model: ModelSpec, tokens: float, tp: int, act_bytes: int) -> flo
     return 2 * tokens * kv_heads_per_rank(model, tp) * model.head_dim * act_bytes
 
 
+def per_tensor_time(op: str, tensors: tuple[int, ...], bytes_per: float, pl: GroupPlacement, cluster: ClusterSpec,
+                    cal: Calibration) -> float:
+    """Seconds of one collective per parameter tensor, Σᵢ T_op(nᵢ·w): each call pays the ring's
+    latency (:func:`meshplan.cost.collectives.collective_time`), so a unit of k tensors costs
+    (k − 1) latencies more than one call of its Σnᵢ·w bytes."""
+    return sum(coll.collective_time(op, n * bytes_per, pl, cluster, cal) for n in tensors)
+
+
 def fsdp_unit_times(
     model: ModelSpec,
     tp: int,
@@ -81,6 +91,7 @@ def fsdp_unit_times(
     cluster: ClusterSpec,
     cal: Calibration,
     fp8_gather: bool = False,
+    per_tensor: bool = False,
 ) -> tuple[float, float, float, float, float, float]:
     """ZeRO-3 / FSDP collectives of one micro-batch, one per unit and direction, before overlap:
     (layer all-gather, layer reduce-scatter, embedding all-gather, embedding reduce-scatter, head
@@ -91,13 +102,22 @@ def fsdp_unit_times(
     learned positions) and the final norm with the LM head on the last stage (P_head = h + V·h/t,
     or the norm alone when a tied head shares the embedding's weight on one stage). With
     ``fp8_gather`` a layer gathers its Float8Linear weights as FP8 bytes, P_l·w − P_lin·(w − 1)
-    (:func:`meshplan.cost.fsdp_copies.fp8_gather_saving`)."""
+    (:func:`meshplan.cost.fsdp_copies.fp8_gather_saving`). ``per_tensor`` (DeepSpeed's ZeRO-3 of
+    2021, ``zero3_comm`` blocking-per-tensor): one collective per parameter tensor of the unit
+    (:func:`meshplan.cost.params.unit_tensors_per_rank`; :func:`per_tensor_time`), an FP8 saving
+    spread over them in proportion."""
     sizes = (
         (layer_params_per_rank(model, tp), fp8_gather_saving(model, tp, rec.weight_bytes, fp8_gather)),
         (embedding_params_per_rank(model, tp), 0),
         (head_params_per_rank(model, tp, pp), 0),
     )
     out: list[float] = []
+    if per_tensor:
+        for (p, saving), parts in zip(sizes, unit_tensors_per_rank(model, tp, pp)):
+            gathered = rec.weight_bytes - saving / p if p else rec.weight_bytes  # bytes a parameter moves
+            out.append(per_tensor_time("all_gather", parts, gathered, pl_shard, cluster, cal))
+            out.append(per_tensor_time("reduce_scatter", parts, rec.grad_bytes, pl_shard, cluster, cal))
+        return tuple(out)  # type: ignore[return-value]
     for p, saving in sizes:
         out.append(coll.collective_time("all_gather", p * rec.weight_bytes - saving, pl_shard, cluster, cal))
         out.append(coll.collective_time("reduce_scatter", p * rec.grad_bytes, pl_shard, cluster, cal))

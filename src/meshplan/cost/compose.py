@@ -87,7 +87,7 @@ def layer_times(
     cp: Num, cp_comm: tuple[Num, Num], fsdp_per_layer: Any, all_gather: Num, reduce_scatter: Num, reshard_after_forward: bool,
     fsdp_units: tuple[Num, Num, Num, Num], embedding_kept: Any, tp_overlapped: tuple[Num, Num] | None = None,
     kernels: str = "fused", nccl_share: Num = 0.0, tp_share: Num = 0.0,
-    fsdp_copies: tuple[Num, Num, Num, Num, Num, Num] = (0.0,) * 6, expert_tp: Num | None = None,
+    fsdp_copies: tuple[Num, Num, Num, Num, Num, Num] = (0.0,) * 6, expert_tp: Num | None = None, zero3_blocking: bool = False,
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs (numbers, or
     arrays over rows of plans, elementwise):
@@ -114,7 +114,7 @@ def layer_times(
     h_cp_fwd = hidden_comm(raw_cp_fwd, cp_fwd)
     h_cp_bwd = hidden_comm(raw_cp_bwd, cp_bwd) + pick(full_recompute, h_cp_fwd, 0.0)
     z = _fsdp_times(fwd, bwd, recompute, emb, head, fsdp_per_layer, all_gather, reduce_scatter, reshard_after_forward, fsdp_units,
-                    embedding_kept, fsdp_copies)
+                    embedding_kept, fsdp_copies, zero3_blocking)
     c_fwd = contention_time(h_tp_fwd, tp_share) + contention_time(h_cp_fwd + z["hidden_fsdp_fwd"], nccl_share)
     c_bwd = contention_time(h_tp_bwd, tp_share) + contention_time(h_cp_bwd + z["hidden_fsdp_bwd"], nccl_share)
     return LayerTimes(
@@ -175,7 +175,8 @@ def _tp_times(tp_one: Num, tp_comm_overlap: Any, tp_overlapped: tuple[Num, Num] 
 
 
 def _fsdp_times(fwd: Num, bwd: Num, recompute: Num, emb: tuple, head: tuple, fsdp_per_layer: Any, all_gather: Num,
-                reduce_scatter: Num, reshard_after_forward: bool, fsdp_units: tuple, embedding_kept: Any, fsdp_copies: tuple) -> dict:
+                reduce_scatter: Num, reshard_after_forward: bool, fsdp_units: tuple, embedding_kept: Any, fsdp_copies: tuple,
+                blocking: bool = False) -> dict:
     """A layer's, the embedding's and the LM head's exposed and hidden ZeRO-3 time, forward and
     backward (the :class:`LayerTimes` fields ``fsdp_*`` and ``hidden_fsdp_*``; 0 unless
     ``fsdp_per_layer``).
@@ -190,13 +191,17 @@ def _fsdp_times(fwd: Num, bwd: Num, recompute: Num, emb: tuple, head: tuple, fsd
       is never resharded after forward); the head unit, first in backward, stays gathered after
       forward. (The last block that torchtitan's root-unit layout also keeps gathered is charged
       its backward all-gather and copy-out like every other: one layer's, hidden but for the
-      copy-out, under 0.1 % of a step.)
+      copy-out, under 0.1 % of a step.) ``blocking`` (``zero3_comm`` blocking-per-tensor: a
+      device-wide synchronize before every gather): nothing hidden, every collective exposed.
     * FSDP2's copies (``fsdp_copies``: copy-out and copy-in of a layer, of the embedding and of
       the head unit, :func:`meshplan.cost.fsdp_copies.fsdp2_unit_copy_times`; zeros on other
       stacks) run on the compute stream beside the collectives they serve, one copy-out after
       every all-gather and one copy-in before every reduce-scatter, charged to the FSDP time in
       full."""
     ag_bwd = all_gather if reshard_after_forward else 0.0
+    if blocking:  # no compute to hide behind: exposed(comm, 0) = comm
+        fwd = bwd = recompute = 0.0
+        emb, head = (0.0,) * 3, (0.0,) * 3
     fsdp_fwd = pick(fsdp_per_layer, exposed(all_gather, fwd), 0.0)
     fsdp_bwd = pick(fsdp_per_layer, exposed(ag_bwd + reduce_scatter, bwd + recompute), 0.0)
     emb_ag, emb_rs, head_ag, head_rs = fsdp_units

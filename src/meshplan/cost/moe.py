@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 from meshplan.cost import collectives as coll
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
-from meshplan.cost.comm import Placements, tp_collective_time
+from meshplan.cost.comm import Placements, per_tensor_time, tp_collective_time
 from meshplan.cost.compose import LayerTimes, StageTimes
-from meshplan.cost.params import expert_params_per_rank, layer_params_per_rank
+from meshplan.cost.params import expert_params_per_rank, layer_params_per_rank, moe_layer_tensors_per_rank
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -153,11 +153,18 @@ def expert_shard_degree(plan: TrainingPlan) -> int:
 
 def moe_fsdp_layer_times(
     model: ModelSpec, tp: int, ep: int, rec, pl_shard: GroupPlacement, edp: GroupPlacement,
-    cluster: ClusterSpec, cal: Calibration,
+    cluster: ClusterSpec, cal: Calibration, per_tensor: bool = False,
 ) -> tuple[float, float]:
     """ZeRO-3 / FSDP (all-gather, reduce-scatter) of one MoE layer before overlap: its dense part
     (attention, router, shared expert) over the shard group, its E/ep experts over the expert
-    data-parallel group (Rajbhandari et al. 2020, Sec. 7.2.2, per parameter group)."""
+    data-parallel group (Rajbhandari et al. 2020, Sec. 7.2.2, per parameter group); ``per_tensor``:
+    one collective per parameter tensor (:func:`meshplan.cost.params.moe_layer_tensors_per_rank`,
+    :func:`meshplan.cost.comm.per_tensor_time`)."""
+    if per_tensor:
+        dense, experts = moe_layer_tensors_per_rank(model, tp, ep)
+        groups = ((dense + experts, pl_shard),) if ep == 1 else ((dense, pl_shard), (experts, edp))
+        return (sum(per_tensor_time("all_gather", parts, rec.weight_bytes, pl, cluster, cal) for parts, pl in groups),
+                sum(per_tensor_time("reduce_scatter", parts, rec.grad_bytes, pl, cluster, cal) for parts, pl in groups))
     if ep == 1:  # every GPU holds every expert: one unit over the shard group, as a dense layer
         layer = layer_params_per_rank(model, tp, moe=True)
         return (coll.collective_time("all_gather", layer * rec.weight_bytes, pl_shard, cluster, cal),

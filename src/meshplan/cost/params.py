@@ -362,3 +362,66 @@ def rank_params(
     if has_head:
         params += head_params_per_rank(model, tp, pp)
     return params
+
+
+# ---- tensor by tensor (ZeRO-3 that gathers each parameter on its own) ---------------------------
+
+
+def layer_tensors_per_rank(model: ModelSpec, tp: int) -> tuple[int, ...]:
+    """Element counts of one dense layer's parameter tensors on one GPU of a TP group, as
+    Megatron's GPT layer holds them — the model code DeepSpeed's ZeRO-3 of 2021 partitioned and
+    gathered one tensor at a time (``zero3_comm`` blocking-per-tensor,
+    :class:`meshplan.specs.stack.Stack`): each norm's weight (and bias, LayerNorm), Q/K/V fused in
+    one weight ((a·d/t + 2·g_r·d)·h, its bias with qkv_bias) or MLA's projections one by one, the
+    output projection (and its bias), the MLP's input fused in one weight (n_in·f/t·h: gate and up
+    together when gated) and its output (each with a bias under linear_bias), q/k norms. They sum
+    to :func:`layer_params_per_rank` exactly."""
+    f, n_in = model.ffn_hidden // tp, 2 if model.gated_mlp else 1
+    mlp = (n_in * f * model.hidden, f * model.hidden)
+    return _attention_tensors(model, tp) + mlp + ((n_in * f, model.hidden) if model.linear_bias else ())
+
+
+def moe_layer_tensors_per_rank(model: ModelSpec, tp: int, ep: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """One mixture-of-experts layer's parameter tensors on one GPU, as :func:`layer_tensors_per_rank`
+    counts a dense one: (the norms, attention, router — and Qwen2-MoE's shared-expert gate — and
+    the shared expert's fused input and output weights; the E/ep routed experts' fused input and
+    output weights, two a expert). The two sum to :func:`layer_params_per_rank` (``moe``) less
+    :func:`expert_params_per_rank`, and to :func:`expert_params_per_rank`."""
+    h, n_in = model.hidden, 2 if model.gated_mlp else 1
+    dense = _attention_tensors(model, tp) + (h * model.n_experts,) + ((h,) if model.shared_expert_gate else ())
+    fs, fe = model.shared_expert_ffn_hidden // tp, model.expert_ffn_hidden // tp
+    if fs:
+        dense += (n_in * fs * h, fs * h)
+    return dense, (n_in * fe * h, fe * h) * (model.n_experts // ep)
+
+
+def _attention_tensors(model: ModelSpec, tp: int) -> tuple[int, ...]:
+    """The norms' and the attention's tensors of :func:`layer_tensors_per_rank` (the output
+    projection's bias with linear_bias)."""
+    h, d = model.hidden, model.head_dim
+    out: list[int] = list((h, h) if model.norm == "layernorm" else (h,)) * model.norms_per_layer
+    if model.qk_norm:
+        out += [d, d]
+    if model.is_mla:
+        out += [int(i * o) for i, o in (matmuls_per_rank(model, tp)[name] for name, _, _ in _mla_matmuls(model))]
+        out += [r for r in (model.q_lora_rank, model.kv_lora_rank) if r]
+    else:
+        q, kv = model.q_dim // tp, kv_heads_per_rank(model, tp) * d
+        out += [(q + 2 * kv) * h, q * h]
+        if model.qkv_bias:
+            out.append(q + 2 * kv)
+    if model.linear_bias:
+        out.append(h)  # the output projection's bias (row-parallel: replicated)
+    return tuple(out)
+
+
+def unit_tensors_per_rank(model: ModelSpec, tp: int, pp: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The parameter tensors of ZeRO-3's three kinds of unit on one GPU: a dense layer
+    (:func:`layer_tensors_per_rank`), the embedding (the vocab-parallel table, and the learned
+    positions) and the head (the final norm's weight and bias, the LM head unless a tied head
+    shares the embedding on one stage); each sums to its unit's parameter count."""
+    h = model.hidden
+    table = padded_vocab(model, tp) // tp * h
+    embedding = (table,) + ((model.max_position * h,) if model.position == "learned" else ())
+    head = ((h, h) if model.norm == "layernorm" else (h,)) + (() if model.tied_embeddings and pp == 1 else (table,))
+    return layer_tensors_per_rank(model, tp), embedding, head

@@ -73,6 +73,12 @@ class Stack(Spec):
     * ``fsdp_fp8_all_gather`` — torch's FSDP2 with torchao's Float8 linears: the blocks' weights cast
       to FP8 on their shards and all-gathered as 1 byte each (torchtitan's
       ``float8.enable_fsdp_float8_all_gather``).
+    * ``zero3_comm`` — how ZeRO-3 runs its per-layer collectives (:func:`meshplan.cost.comm.fsdp_unit_times`,
+      :func:`meshplan.cost.compose.layer_times`): ``prefetched`` (one all-gather and one
+      reduce-scatter per unit, a layer, prefetched behind compute: torch's FSDP1/2, Megatron-FSDP,
+      DeepSpeed since its coalesced gathers) or ``blocking-per-tensor`` (DeepSpeed's ZeRO-3 of 2021,
+      v0.3: one collective per parameter tensor, each all-gather after a device-wide
+      ``torch.cuda.synchronize()``, so none runs beside compute).
 
     The defaults are the ``megatron-core`` profile's.
     """
@@ -93,6 +99,7 @@ class Stack(Spec):
     fsdp_accumulate_unsharded: bool = False
     fsdp_head_in_root: bool = False
     fsdp_fp8_all_gather: bool = False
+    zero3_comm: Literal["prefetched", "blocking-per-tensor"] = "prefetched"
 
     @model_validator(mode="after")
     def _check(self) -> "Stack":
@@ -163,6 +170,8 @@ RULES: tuple[Rule, ...] = (
          "the unsharded accumulation is what torch's pipeline schedules do with ZeRO-3/FSDP: zero 3 and pp > 1"),
     Rule("reshard_after_forward", lambda s, p: not s.fsdp_accumulate_unsharded, False,
          "weights kept gathered across the step's micro-batches are not resharded after each forward"),
+    Rule("zero3_comm", lambda s, p: p.zero == 3 and p.shard_degree > 1 and not s.fsdp_accumulate_unsharded, "prefetched",
+         "ZeRO-3's per-layer collectives: zero 3 sharded over more than one rank, weights not kept gathered through the step"),
     Rule("overlap_grad_reduce", lambda s, p: not s.fsdp_accumulate_unsharded, False,
          "torch's pipeline stage reduce-scatters unsharded gradients after the stage's last backward, behind nothing "
          "(torch/distributed/pipelining/stage.py, backward_maybe_with_nosync)"),
