@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from meshplan.accuracy.formulas import megatron_r08_flops, narayanan21_eq3, step_from_tflops
 from meshplan.accuracy.runs import MappedRun, gpt_model, unsupported
-from meshplan.catalog import load_gpu
+from meshplan.catalog import load_gpu, load_stack
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
 
@@ -57,6 +57,11 @@ def _mapped(r: dict[str, Any], group: str, source: str, gpu_name: str, model, cl
     )
 
 
+#: the profile of Megatron-LM before its distributed optimizer: local DDP (gradients all-reduced after
+#: the backward), no TP overlap (catalog/data/stacks.yaml)
+MEGATRON_2021 = "megatron-lm-2021"
+
+
 # ---- Narayanan et al. 2021, Table 1 -------------------------------------------------------------
 
 
@@ -73,8 +78,7 @@ def map_narayanan21(r: dict[str, Any]) -> list[MappedRun]:
         micro_batch=mbs, global_batch=r["global_batch_seqs"], seq_len=r["seq_len"], recompute="full",
         sequence_parallel=False, zero=0,
         precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16", grad_fp32_copy=True),
-        attention="materialized", attention_flops="full", overlap_grad_reduce=overlap,
-        overlap_param_gather=False,
+        attention="materialized", attention_flops="full", stack=load_stack(MEGATRON_2021), overlap_grad_reduce=overlap,
     )
     gpu = load_gpu("a100-sxm-80gb")
     cluster = ClusterSpec.of(gpu, n)
@@ -120,8 +124,7 @@ def map_korthikanti22(r: dict[str, Any]) -> list[MappedRun]:
         global_batch=r["global_batch_seqs"], seq_len=r["seq_len"],
         recompute="selective" if selective else "full", sequence_parallel=selective, zero=0,
         precision=PrecisionRecipe(precision="fp16", grad_dtype="fp32"),
-        attention="materialized", attention_flops="full", overlap_grad_reduce=False,
-        overlap_param_gather=False,
+        attention="materialized", attention_flops="full", stack=load_stack(MEGATRON_2021),
     )
     cluster = ClusterSpec.of(load_gpu("a100-sxm-80gb"), r["gpu_count"])
     assumptions = [
