@@ -399,8 +399,9 @@ def test_megatron_validate_args_accepts_the_export(megatron_arguments, model, p,
     assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == (p.micro_batch, p.global_batch, p.seq_len)
     assert args.sequence_parallel == (p.sequence_parallel and p.tp > 1)
     assert args.recompute_granularity == {"none": None, "op": "selective"}.get(p.recompute, p.recompute)
-    if p.recompute == "full":  # every layer of every stage recomputed, one at a time
-        assert (args.recompute_method, args.recompute_num_layers) == ("uniform", 1)
+    if p.recompute == "full":  # every layer recomputed one at a time, or the first N of each stage
+        assert (args.recompute_method, args.recompute_num_layers) == (
+            ("uniform", 1) if p.recompute_layers is None else ("block", p.recompute_layers))
     assert (args.use_distributed_optimizer, args.use_megatron_fsdp, args.data_parallel_sharding_strategy if p.zero > 1 else None) == ZERO_FLAGS[p.zero]
     assert args.num_distributed_optimizer_instances == (p.dp // p.dp_shard if p.zero and p.dp_shard else 1)
     assert args.num_layers == model.n_layers and (args.num_experts or 0) == model.n_experts

@@ -84,6 +84,7 @@ GRID = {
         ("llama3-8b", plan(dp=4, zero=2, precision=PrecisionRecipe(precision="fp32", grad_dtype="fp32", optimizer="sgd"))),
         ("llama3-8b", plan(tp=2, dp=2, zero=1, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp32"))),
         ("nemotron4-15b", plan(tp=4, dp=2, micro_batch=4, tp_comm_overlap=True)),  # --squared-relu
+        ("llama3-70b", plan(tp=8, pp=4, dp=2, recompute="full", recompute_layers=10)),  # --recompute-method block
     ],
     # torchtitan has no fused (Megatron/Transformer Engine) stack: meshplan's default kernels warn
     # there, so its plans name the stacks it runs, compiled (blocks and loss, or blocks alone) or eager.

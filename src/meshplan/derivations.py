@@ -13,6 +13,7 @@ from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, OpTimes, attention_ker
 from meshplan.cost.contention import NCCL_CTAS, tp_overlap_ctas
 from meshplan.cost.fsdp_copies import fp8_gather_saving, runs_fsdp2
 from meshplan.cost.params import layer_params_per_rank, layer_tensors_per_rank
+from meshplan.cost.partial_recompute import recomputed_fraction
 from meshplan.cost.variability import THROUGHPUT_CV, expected_max_z, straggler_factor
 from meshplan.explain import Derivation
 from meshplan.pipeline.deepspeed_steps import runs_deepspeed
@@ -91,6 +92,15 @@ def _fsdp_rows(est, lt, fsdp_terms: tuple | None) -> list[Derivation]:
         f"{fmt_seconds(est.time.fsdp_comm_s)} per step on the critical rank (the embedding and head units included)",
         "Rajbhandari et al. 2020 Sec. 7.2.2" + ("; torch FSDP2's foreach_all_gather_copy_out and foreach_reduce_scatter_copy_in "
                                                  "(meshplan.cost.fsdp_copies)" if runs_fsdp2(p.zero, p.stack.kernels) else ""))]
+
+
+def _stored_mode(p: TrainingPlan, split: tuple[int, ...]) -> str:
+    """The recompute mode of the per-layer bytes a derivation quotes: with some layers recomputed,
+    those of the layers that store everything (the recomputed ones hold their input only)."""
+    if p.recompute_layers is not None and p.recompute_layers < max(split):
+        return (f"the {1 - recomputed_fraction(split, p.recompute_layers):.0%} of the layers without recompute; the first "
+                f"{p.recompute_layers} of each stage recomputed in full")
+    return f"{p.recompute} recompute"
 
 
 def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str, str], ...]:
@@ -176,7 +186,10 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
             "none": "no recompute",
             "selective": "one extra attention-core forward (Korthikanti et al. 2022 Sec. 5)",
             "op": "every second layer matmul repeated (torchtitan's op-level checkpointing)",
-            "full": "the layers' whole forward repeated (Narayanan et al. 2021 Eq. 3)",
+            "full": "the layers' whole forward repeated (Narayanan et al. 2021 Eq. 3)" + (
+                "" if p.recompute_layers is None else
+                f", for the first {p.recompute_layers} layers of each stage: {recomputed_fraction(est.split, p.recompute_layers):.1%} "
+                "of the layers (meshplan.cost.partial_recompute)"),
         }[p.recompute]))
     d.append(Derivation(
         f"memory.stages[{worst.rank}].weights", "Weights per GPU (worst stage)",
@@ -198,7 +211,7 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         "Σ over in-flight micro-batches of (layers of the stage × per-layer bytes) + backward working set "
         "(what recompute rebuilds; torch's context-parallel ring buffers) + the MLP backward's gradients, "
         "less what the peak's moment has freed or not yet built (the negative items)",
-        (("per layer", f"{fmt_bytes(la.stored)} per micro-batch ({p.recompute} recompute, "
+        (("per layer", f"{fmt_bytes(la.stored)} per micro-batch ({_stored_mode(p, est.split)}, "
                        f"{'SP' if p.sequence_parallel and p.tp > 1 else 'no SP'}, {p.attention} attention)"),
          ("in flight", f"{worst.peak_inflight} micro-batch chunks at peak ({p.schedule})"),
          ("working", fmt_bytes(worst.activation_items.get('backward_working_set', 0.0))),

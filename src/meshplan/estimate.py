@@ -34,6 +34,9 @@ from meshplan.cost.flops import StepFlops, step_flops
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import ModelState, StageMemory, model_state_bytes
 from meshplan.cost.moe import add_moe_layers, expert_shard_degree, moe_layers_per_stage, rank_expert_params
+from meshplan.cost.partial_recompute import (
+    add_recomputed_layers, mixed_stage_activations, recomputed_fraction, recomputed_per_stage,
+)
 from meshplan.cost.params import (
     ParamCounts,
     count_params,
@@ -257,7 +260,8 @@ def estimate(
         syncs.append(sync)
     time = _step_time(model, plan, layers, sim, split, syncs)
     counts = count_params(model)
-    flops = step_flops(model, plan.seq_len, plan.global_batch, plan.recompute, plan.attention_flops)
+    flops = step_flops(model, plan.seq_len, plan.global_batch, plan.recompute, plan.attention_flops,
+                       recomputed_fraction(split, plan.recompute_layers))
     derivs: list[Derivation] = []
     est = Estimate(model, cluster, plan, budget, calibration_for(cluster.gpu), counts, flops, stages, split, time, sim, derivs)
     u = layers.u
@@ -290,6 +294,7 @@ class _Layers:
     working: float  # the backward working set of the layer that sets it
     backward_grads: float
     layer_stored: float
+    lt_full: Optional[LayerTimes] = None  # a fully recomputed layer, when only some are (recompute_layers)
     lt_moe: Optional[LayerTimes] = None
     moe_ops: Optional[OpTimes] = None
     moe_stage: Optional[list[int]] = None
@@ -311,27 +316,49 @@ def _layer_terms(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan, spl
     # forward) and holds what they hold, on top of its shards
     once_per_step = plan.zero == 3 and stack.fsdp_accumulate_unsharded
     fsdp_per_layer = sharded and not once_per_step
-    k, cm = terms.kernel(t, c, b, sp, plan.recompute, fp8_gather), terms.comm(t, c, pp, d, b, sp)
+    # recompute of some layers per stage (recompute_layers): the stages are built from layers
+    # without recompute, the recomputed ones added (meshplan.cost.partial_recompute)
+    partial = plan.recompute == "full" and plan.recompute_layers is not None and plan.recompute_layers < max(split)
+    mode = "none" if partial else plan.recompute
+    k, cm = terms.kernel(t, c, b, sp, mode, fp8_gather), terms.comm(t, c, pp, d, b, sp)
     u = terms.units(t, c, pp, d, ds if fsdp_per_layer else 0)
     gpu = cluster.gpu
     shares = dict(nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(stack.tp_overlap_kind), gpu.sm_count))
     lt_args = layer_time_args(
-        stack, k._asdict(), cm._asdict(), u._asdict(), full_recompute=plan.recompute == "full", sp=sp,
+        stack, k._asdict(), cm._asdict(), u._asdict(), full_recompute=mode == "full", sp=sp,
         tp_comm_overlap=stack.tp_comm_overlap, cp=c, fsdp_per_layer=fsdp_per_layer,
         embedding_kept=(model.tied_embeddings or stack.fsdp_head_in_root) and pp == 1, **shares,
     )
     lt = layer_times(**lt_args)
     st = stage_times(split, lt)
-    la = terms.activations(t, c, b, sp, plan.recompute)
+    la = terms.activations(t, c, b, sp, mode)
     # torch.distributed.pipelining keeps each stage's output until its backward (pp_buffers): the
     # message sent on, and on the last stage the logits
     stage_act = stage_activations(split, la.stored, k.emb_act, k.head_act, k.kept_output, k.held_logits)
     layers = _Layers(terms, terms.ops(t, c, b, sp, fp8_gather), la, k, cm, u, lt, st, once_per_step, fsdp_per_layer,
                      terms.fp8_saving(t, sharded), **shares, stage_act=stage_act, working=la.working,
                      backward_grads=la.gradients, layer_stored=la.stored)
+    if partial:
+        _add_recomputed_layers(plan, layers, lt_args, split, sp, fp8_gather)
     if model.is_moe:
         _add_moe_layers(model, plan, layers, lt_args, split, sp)
     return layers
+
+
+def _add_recomputed_layers(plan: TrainingPlan, layers: _Layers, lt_args: dict, split: tuple[int, ...], sp: bool,
+                           fp8_gather: bool) -> None:
+    """``layers``, built without recompute, with each stage's first ``recompute_layers`` layers
+    recomputed in full, in place (:mod:`meshplan.cost.partial_recompute`): their times and stored
+    activations, and the larger backward working set of the two kinds."""
+    terms, t, c, b = layers.terms, plan.tp, plan.cp, plan.micro_batch
+    k_full, la_full = terms.kernel(t, c, b, sp, "full", fp8_gather), terms.activations(t, c, b, sp, "full")
+    lt_full = layer_times(**(lt_args | {"full_recompute": True, "recompute": k_full.recompute}))
+    recomputed = recomputed_per_stage(split, plan.recompute_layers)
+    add_recomputed_layers(layers.st, recomputed, layers.lt, lt_full)
+    layers.stage_act = mixed_stage_activations(layers.stage_act, recomputed, layers.la.stored, la_full.stored)
+    layers.lt_full = lt_full
+    if any(recomputed) and la_full.working > layers.working:
+        layers.working, layers.backward_grads, layers.layer_stored = la_full.working, la_full.gradients, la_full.stored
 
 
 def _add_moe_layers(model: ModelSpec, plan: TrainingPlan, layers: _Layers, lt_args: dict, split: tuple[int, ...], sp: bool) -> None:

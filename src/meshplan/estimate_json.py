@@ -75,6 +75,7 @@ def estimate_json(est) -> dict[str, Any]:
             "global_batch_tokens": p.tokens_per_step,
             "seq_len": p.seq_len,
             "recompute": p.recompute,
+            "recompute_layers": p.recompute_layers,
             "sequence_parallel": p.sequence_parallel,
             "zero": p.zero,
             "precision": p.precision.precision,

@@ -151,7 +151,7 @@ def import_(
     opts = imported.options
     for name in ("gpu", "gpus", "gpus_per_node", "nic_gbps", "pod_size", "oversubscription",
                  "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
-                 "global_batch", "seq_len", "recompute", "sequence_parallel", "zero", "dp_shard", "precision",
+                 "global_batch", "seq_len", "recompute", "recompute_layers", "sequence_parallel", "zero", "dp_shard", "precision",
                  "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "stack", "tokens", "price", "pue"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)

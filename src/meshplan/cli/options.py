@@ -94,6 +94,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "global_batch_tokens": (Optional[str], _opt("--global-batch-tokens", "Tokens per optimizer step, a multiple of --seq-len, instead of --global-batch. k, M, G are binary here, as batch sizes are quoted: 16M = 16,777,216 = 2,048 x 8,192.", P_BATCH)),
     "seq_len": (Optional[int], _opt("--seq-len", "Sequence length in tokens. (default: 4096)", P_BATCH)),
     "recompute": (Optional[Literal["none", "selective", "op", "full"]], _opt("--recompute", "Activation recomputation: none; selective (Megatron: the attention core); op (torchtitan's op-level selective AC: every second matmul and the element-wise ops); full. (default: none)", P_MEMORY)),
+    "recompute_layers": (Optional[int], _opt("--recompute-layers", "With --recompute full: recompute only the first N layers of each virtual stage (Megatron's --recompute-method block; torchtitan's every-k-th layer is N = layers per stage / k). (default: every layer)", P_MEMORY)),
     "sequence_parallel": (Optional[bool], _opt("--sequence-parallel/--no-sequence-parallel", "Megatron sequence parallelism with TP. (default: on)", P_MEMORY)),
     "zero": (Optional[Literal["0", "1", "2", "3"]], _opt("--zero", "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights (FSDP). (default: 1)", P_MEMORY)),
     "dp_shard": (Optional[int], _opt("--dp-shard", "HSDP: shard model state within groups of this many DP ranks. (default: dp)", P_MEMORY)),
@@ -138,6 +139,7 @@ class PlanArgs:
     global_batch_tokens: Optional[str] = None
     seq_len: Optional[int] = None
     recompute: Optional[str] = None
+    recompute_layers: Optional[int] = None
     sequence_parallel: Optional[bool] = None
     zero: Optional[str] = None
     dp_shard: Optional[int] = None
@@ -448,9 +450,14 @@ def resolve(args: PlanArgs) -> Setup:
         tp=tp, cp=cp, pp=pp, dp=dp, ep=v["ep"], vpp=vpp, schedule=schedule, micro_batch=b,
         global_batch=global_batch, seq_len=s, precision=_spec(PrecisionRecipe, "precision", **recipe),
     )
-    for k in ("recompute", "sequence_parallel", "dp_shard", "attention", "attention_flops"):
+    for k in ("recompute", "recompute_layers", "sequence_parallel", "dp_shard", "attention", "attention_flops"):
         if v.get(k) is not None:
             plan_fields[k] = v[k]
+    if given.get("recompute") not in (None, "full") and given.get("recompute_layers") is None:
+        plan_fields.pop("recompute_layers", None)  # another recompute mode asked for: the base's layer count goes
+    if plan_fields.get("recompute_layers") is not None and plan_fields.get("recompute", "none") != "full":
+        raise InputError("recompute_layers", f"recompute_layers ({plan_fields['recompute_layers']}) needs --recompute full "
+                                             f"(got {plan_fields.get('recompute', 'none')})")
     stack = stack_of_options(given, base)
     plan_fields["stack"] = stack
     if v.get("zero") is not None:

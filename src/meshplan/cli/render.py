@@ -80,7 +80,7 @@ def header(est: Estimate, preset: Optional[Preset], requested: Optional[Stack] =
         f"(micro-batch {p.micro_batch} x {p.grad_accum:,} micro-batches x DP{p.dp})",
         f"memory: ZeRO-{p.zero}" + (f" (dp_shard {p.dp_shard})" if p.dp_shard else "")
         + ("; FP8 all-gather of the blocks' linear weights" if p.stack.fsdp_fp8_all_gather else "")
-        + f"; recompute {p.recompute}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
+        + f"; recompute {p.recompute}{recompute_layers_words(p)}; sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}"
         f"; {p.attention} attention" + (f" ({ATTENTION_KERNEL_NAMES[attention_kernel_of(p.stack.kernels, p.stack.attention_kernel, est.calibration)]})"
                                           if p.attention == "flash" else "")
         + f"; {rec.precision} compute"
@@ -112,6 +112,13 @@ def stack_words(stack: Stack, set_: dict[str, Any]) -> str:
     if stack.name in stack_names():
         words += f" ({stack_profile(stack.name)['title']})"
     return words + (f"; set: {settings_text(set_)}" if set_ else "")
+
+
+def recompute_layers_words(p) -> str:
+    """`` (the first N layers of each stage)`` for recompute of some layers (recompute_layers)."""
+    if p.recompute_layers is None:
+        return ""
+    return f" (the first {p.recompute_layers} layer{'s' if p.recompute_layers != 1 else ''} of each stage)"
 
 
 def _state_words(p) -> str:

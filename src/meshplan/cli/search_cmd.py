@@ -250,6 +250,9 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
     """Check the search's options and resolve the plan flags: (model, cluster, base plan, limits,
     budget, baseline plan or None)."""
     search.check()
+    if plan.recompute_layers is not None:
+        raise InputError("recompute_layers", "the search recomputes every layer or none of a mode; estimate a plan "
+                                             "with --recompute-layers instead")
     preset_setup = resolve(plan) if plan.preset is not None else None
     fixed = plan if plan.preset is None else replace(plan, **{k: None for k in ("tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", "recompute", "zero", "sequence_parallel", "dp_shard", "layer_split")})
     limits = search.limits(fixed)

@@ -68,9 +68,12 @@ def attention_forward_flops_per_seq_layer(model: ModelSpec, seq_len: int, conven
 
 
 def step_flops(
-    model: ModelSpec, seq_len: int, global_batch: int, recompute: str = "none", attention_flops: str = "causal"
+    model: ModelSpec, seq_len: int, global_batch: int, recompute: str = "none", attention_flops: str = "causal",
+    recomputed: float = 1.0,
 ) -> StepFlops:
-    """Model and hardware FLOPs of one step of ``global_batch`` sequences of ``seq_len`` tokens."""
+    """Model and hardware FLOPs of one step of ``global_batch`` sequences of ``seq_len`` tokens;
+    ``recomputed``: the share of the layers full recompute covers (recompute_layers,
+    :func:`meshplan.cost.partial_recompute.recomputed_fraction`)."""
     counts = count_params(model)
     tokens = seq_len * global_batch
     dense = 6 * counts.active_matmul * tokens
@@ -78,6 +81,8 @@ def step_flops(
     attention = 3 * attn_fwd
     if recompute == "full":
         extra = 2 * counts.layers_active_matmul * tokens + attn_fwd
+        if recomputed != 1.0:
+            extra = extra * recomputed
     elif recompute == "selective":
         extra = attn_fwd
     elif recompute == "op":

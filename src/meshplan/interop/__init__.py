@@ -90,7 +90,7 @@ def read_config(path: str, where: str = "plan") -> str:
 
 #: plan fields with a ``meshplan estimate`` option of the same name
 OPTION_FIELDS = ("tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "micro_batch", "global_batch", "seq_len",
-                 "recompute", "sequence_parallel", "dp_shard", "attention")
+                 "recompute", "recompute_layers", "sequence_parallel", "dp_shard", "attention")
 
 
 def options_of(parsed: ParseResult) -> dict[str, Any]:

@@ -19,8 +19,9 @@ Mapping (plan field → argument; what cannot be expressed warns on stderr):
 * micro_batch, global_batch, seq_len → ``--micro-batch-size``, ``--global-batch-size``,
   ``--seq-length``.
 * recompute: selective → ``--recompute-granularity selective``; full → ``--recompute-granularity
-  full --recompute-method uniform --recompute-num-layers 1``; op (torchtitan's) warns, exported as
-  selective.
+  full --recompute-method uniform --recompute-num-layers 1``, and with recompute_layers N
+  ``--recompute-method block --recompute-num-layers N`` (the first N layers of each virtual stage);
+  op (torchtitan's) warns, exported as selective.
 * sequence_parallel → ``--sequence-parallel``; tp_comm_overlap → ``--tp-comm-overlap`` (Transformer
   Engine's userbuffers, ``tp_overlap_kind = "userbuffers"``).
 * zero: 1 → ``--use-distributed-optimizer``; 2 / 3 → ``--use-megatron-fsdp
@@ -224,6 +225,8 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         if p.recompute == "op":
             led.lose("recompute", "Megatron-LM has no op-level selective recompute (torchtitan's); exported as selective (the attention core)")
         a.append(("--recompute-granularity", "selective"))
+    elif p.recompute == "full" and p.recompute_layers is not None:
+        a += [("--recompute-granularity", "full"), ("--recompute-method", "block"), ("--recompute-num-layers", str(p.recompute_layers))]
     elif p.recompute == "full":
         a += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", "1")]
     if p.sequence_parallel and p.tp > 1:
@@ -439,8 +442,11 @@ def parse(text: str) -> ParseResult:
     if _flag(v, "--recompute-activations"):
         gran = gran or "selective"
     f["recompute"] = "none" if gran is None else choice("recompute-granularity", gran, {"full": "full", "selective": "selective"})
-    if gran == "full" and (val("--recompute-method") not in (None, "uniform") or num("--recompute-num-layers", 1) != 1):
-        notes.append("recompute: --recompute-method block or more than one layer per unit read as full recompute of every layer")
+    if gran == "full" and val("--recompute-method") == "block":
+        f["recompute_layers"] = num("--recompute-num-layers", 1, lo=0)  # the first N layers of each virtual stage
+    elif gran == "full" and num("--recompute-num-layers", 1) != 1:
+        notes.append("recompute: --recompute-method uniform with more than one layer per checkpoint read as one layer per "
+                     "checkpoint (every layer recomputed; the stored inputs are fewer)")
     f["sequence_parallel"] = _flag(v, "--sequence-parallel") or tp == 1
     f["tp_comm_overlap"] = _flag(v, "--tp-comm-overlap") and tp > 1
 

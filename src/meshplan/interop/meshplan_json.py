@@ -34,6 +34,7 @@ def parse(text: str) -> ParseResult:
     plan, cluster = data["plan"], data.get("cluster") or {}
     try:
         fields: dict[str, Any] = {k: plan[k] for k in PLAN_KEYS}
+        fields["recompute_layers"] = plan.get("recompute_layers")  # written since recompute of some layers
         fields["dp_shard"] = None if plan["dp_shard"] == plan["dp"] else plan["dp_shard"]
         fields["layer_split"] = tuple(plan["layer_split"])
         fields["rank_order"] = tuple(plan["rank_order"])

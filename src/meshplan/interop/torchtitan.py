@@ -19,8 +19,7 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
 * micro_batch → ``parallelism.pipeline_parallel_microbatch_size`` (pp > 1; the local batch is then
   global / dp) or ``training.local_batch_size`` (pp = 1); global_batch → ``training.global_batch_size``;
   seq_len → ``training.seq_len``.
-* recompute → ``activation_checkpoint.mode`` none / full, op → selective with
-  ``selective_ac_option = "op"`` (Megatron's attention-core selective has no equivalent: exported as op).
+* recompute and recompute_layers → ``[activation_checkpoint]`` (:mod:`meshplan.interop.torchtitan_ac`).
 * precision: bf16 → ``training.mixed_precision_param = "bfloat16"`` with fp32 reduce
   (``mixed_precision_reduce``), fp32 → ``"float32"``, fp8 → bf16 plus ``model.converters =
   ["quantize.linear.float8"]``; fp16 cannot be expressed. fsdp_fp8_all_gather →
@@ -65,6 +64,7 @@ from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_bool, as_int, catalog_match,
     attention_kernel, choice, dependency_pipeline, fp8_library, fsdp_root_unit, effective_split, stage_buffers,
 )
+from meshplan.interop.torchtitan_ac import activation_checkpoint_section, read_activation_checkpoint
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -246,12 +246,7 @@ def sections(model: ModelSpec, plan: TrainingPlan, version: str = "0.2") -> tupl
         led.lose("precision.optimizer", "torchtitan builds Adam or AdamW (optimizer.name); exported as AdamW")
     out["training"] = tr
 
-    ac: dict[str, Any] = {"mode": {"none": "none", "full": "full"}.get(p.recompute, "selective")}
-    if p.recompute in ("op", "selective"):
-        ac["selective_ac_option"] = "op"
-        if p.recompute == "selective":
-            led.lose("recompute", "torchtitan cannot recompute only the attention core (Megatron's selective); exported as op-level selective AC, which recomputes more")
-    out["activation_checkpoint"] = ac
+    out["activation_checkpoint"] = activation_checkpoint_section(model, p, led, version)
     comp = _compile(p, led)
     if comp:
         out["compile"] = comp
@@ -476,20 +471,7 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     else:
         f["micro_batch"] = local
 
-    mode = str(ac.get("mode", "selective"))
-    option = str(ac.get("selective_ac_option", "2"))
-    rec = choice("activation_checkpoint.mode", mode, {"none": "none", "full": "full", "selective": "selective", "memory_budget": "op"})
-    if rec == "selective":
-        if option == "op":
-            rec = "op"
-        else:
-            every = as_int("activation_checkpoint.selective_ac_option", option)
-            rec = "full"
-            if every > 1:
-                notes.append(f"recompute: torchtitan checkpoints every {every}th layer; meshplan models every layer (full)")
-    elif mode == "memory_budget":
-        notes.append("recompute: memory_budget AC read as op-level selective")
-    f["recompute"] = rec
+    read_activation_checkpoint(ac, f, model, pp, notes)
 
     param = str(tr.get("mixed_precision_param", "bfloat16"))
     prec = choice("training.mixed_precision_param", param, {"bfloat16": "bf16", "float32": "fp32"})

@@ -105,7 +105,9 @@ def _score(objective: str, seconds_per_token: np.ndarray | float, num_gpus: int,
 def plan_of(base: TrainingPlan, table: PlanTable, i: int, stack: Optional[Stack] = None) -> TrainingPlan:
     """The plan of row ``i`` of ``table``: its axes and switches over ``base``, run by ``stack``
     (default: the base's), whose rules apply to the row (:func:`meshplan.specs.stack.applied`)."""
-    return TrainingPlan.of(**{**base.model_dump(), "stack": base.stack if stack is None else stack, **table.row(i)})
+    # the table's recompute mode covers every layer: a base's recompute of some layers does not carry over
+    return TrainingPlan.of(**{**base.model_dump(), "stack": base.stack if stack is None else stack, "recompute_layers": None,
+                              **table.row(i)})
 
 
 def search(

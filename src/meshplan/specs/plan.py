@@ -140,6 +140,9 @@ class TrainingPlan(Spec):
     global_batch: int = Field(ge=1, le=1_000_000_000)  # sequences per optimizer step
     seq_len: int = Field(ge=1, le=100_000_000)
     recompute: Literal["none", "selective", "op", "full"] = "none"
+    # with recompute full: the layers of each virtual stage recomputed, the first n (Megatron's
+    # --recompute-method block); None: every layer
+    recompute_layers: Optional[int] = Field(default=None, ge=0, le=1_000_000)
     sequence_parallel: bool = True
     zero: Literal[0, 1, 2, 3] = 1
     precision: PrecisionRecipe = PrecisionRecipe()
@@ -165,6 +168,8 @@ class TrainingPlan(Spec):
                 f"global batch ({self.global_batch} sequences) must be divisible by "
                 f"micro_batch x dp ({self.micro_batch} x {self.dp})"
             )
+        if self.recompute_layers is not None and self.recompute != "full":
+            raise ValueError(f"recompute_layers ({self.recompute_layers}) needs recompute full (got {self.recompute})")
         if self.dp_shard is not None and self.dp % self.dp_shard:
             raise ValueError(f"dp_shard ({self.dp_shard}) must divide dp ({self.dp})")
         if self.dp % self.ep:

@@ -171,6 +171,10 @@ PLAN_RULES: tuple[PlanRule, ...] = (
              lambda model, p: model.is_moe and p.stack.fsdp_fp8_all_gather,
              lambda model, p: "FP8 all-gather is modelled for dense models (torchao's Float8Linear blocks); "
                               "turn it off for a mixture-of-experts model"),
+    PlanRule("recompute_layers_moe", "recompute_layers", "recompute of some layers per stage is modelled for dense models",
+             lambda model, p: model.is_moe and p.recompute_layers is not None,
+             lambda model, p: f"recompute_layers ({p.recompute_layers}) is modelled for dense models; {model.name} is a mixture "
+                              "of experts: recompute every layer (leave recompute_layers unset)"),
     PlanRule("learned_positions", "seq_len", "seq_len must not exceed the model's learned positions",
              lambda model, p: model.position == "learned" and p.seq_len > model.max_position,
              lambda model, p: f"seq_len ({p.seq_len}) exceeds {model.name}'s {model.max_position} learned positions"),
