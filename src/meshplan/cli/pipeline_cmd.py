@@ -340,7 +340,7 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
     if run["runtime"] != "dependency":
         dep: SimResult = run["dependency"]
         extra, share = lockstep_cost(res.makespan, dep.makespan)
-        name = {"lockstep": "lockstep", "deepspeed": "DeepSpeed's blocking exchange"}[run["runtime"]]
+        name = {"lockstep": "lockstep", "deepspeed": "DeepSpeed's blocking exchange", "blocking": "Megatron-LM's blocking exchange"}[run["runtime"]]
         if share > 1e-12:
             out.print(f"{name} costs +{fmt_time(extra)} {unit} (+{100 * share:.1f}%) over the dependency-driven makespan "
                       f"{fmt_time(dep.makespan)} {unit} (bubble fraction {dep.bubble_fraction:.3f} dependency-driven)", markup=False)
@@ -371,7 +371,7 @@ def pipeline(
     wgrad: Annotated[Optional[float], typer.Option("--wgrad", "--w", help="Weight-gradient part of --bwd, run as W by schedules that split the backward (the rest is I). (default: half of --bwd)", show_default=False)] = None,
     transfer: Annotated[float, typer.Option("--transfer", "--p2p", help="Point-to-point time between consecutive stages.")] = 0.0,
     actions_file: Annotated[Optional[str], typer.Option("--actions-file", help="Simulate the schedule in this file instead: one rank per line in torch's action notation (0F0,0F1,0B0,...; comm actions skipped).", show_default=False)] = None,
-    pipeline_runtime: Annotated[Optional[Literal["dependency", "lockstep", "deepspeed"]], typer.Option("--pipeline-runtime", help=RUNTIME_HELP, show_default=False)] = None,
+    pipeline_runtime: Annotated[Optional[Literal["dependency", "lockstep", "deepspeed", "blocking"]], typer.Option("--pipeline-runtime", help=RUNTIME_HELP, show_default=False)] = None,
     stack: Annotated[Optional[str], typer.Option("--stack", help="A stack profile (meshplan stacks) whose pipeline runtime runs the schedule unless --pipeline-runtime is given, e.g. torchtitan-2024 (lockstep).", show_default=False)] = None,
     stage_times: Annotated[Optional[str], typer.Option("--stage-times", help="Per virtual stage 'f0:b0,f1:b1,...' in pipeline order (p·v pairs), instead of --fwd/--bwd.", show_default=False)] = None,
     unit: Annotated[str, typer.Option("--unit", help="Label of the time unit the numbers are in.")] = "ms",

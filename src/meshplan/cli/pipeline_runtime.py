@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from meshplan.errors import InputError
 from meshplan.pipeline import schedules as sched
+from meshplan.pipeline.blocking import runs_blocking
 from meshplan.pipeline.deepspeed_steps import runs_deepspeed
 from meshplan.pipeline.lockstep import LOCKSTEP_SCHEDULES, runs_lockstep, runtime_words
 from meshplan.pipeline.simulate import RUNTIMES
@@ -32,9 +33,10 @@ RUNTIME_HELP: str = (
     "How pipeline ranks advance: dependency (Megatron-LM, torch's 1F1B and GPipe: an action waits only for its "
     "rank and its input) or lockstep (torch's multi-stage schedules as torchtitan's 2024 runs ran them, "
     "PipelineScheduleMulti: slot by slot over the schedule's grid, each rank waiting for its neighbours' sends and "
-    "receives of the slot; changes interleaved, interleaved-zb, zbh1 and zbv only) or deepspeed (DeepSpeed's "
-    "pipeline engine: 1F1B in steps that each begin with a blocking exchange with one neighbour). (default: the "
-    "--stack's, dependency for megatron-core)")
+    "receives of the slot; changes interleaved, interleaved-zb, zbh1 and zbv only), deepspeed (DeepSpeed's "
+    "pipeline engine: 1F1B in steps that each begin with a blocking exchange with one neighbour) or blocking "
+    "(Megatron-LM's 1F1B and interleaved loops of 2021-22: a blocking exchange with the neighbours after each action). "
+    "(default: the --stack's, dependency for megatron-core)")
 
 #: the torch class that runs each single-stage schedule (dependency-driven)
 SINGLE_STAGE_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
@@ -69,8 +71,8 @@ def resolve_runtime(asked: str, name: str, pp: int, m: int, v: int, ranks, from_
     output). ``name`` is the schedule's name (``from-file`` for ``--actions-file``)."""
     if asked == "dependency":
         return "dependency", None, "dependency-driven (an action waits only for its rank and its input)"
-    if asked == "deepspeed":
-        return _deepspeed_runtime(name, pp, m, v, ranks, from_file)
+    if asked in ENGINE_RUNTIMES:
+        return _engine_runtime(asked, name, pp, m, v, ranks, from_file)
     if pp == 1:
         return "dependency", None, ("dependency-driven: one pipeline rank sends and receives nothing, "
                                     "so --pipeline-runtime lockstep changes nothing")
@@ -93,15 +95,27 @@ def resolve_runtime(asked: str, name: str, pp: int, m: int, v: int, ranks, from_
     return "lockstep", grid, words
 
 
-def _deepspeed_runtime(name: str, pp: int, m: int, v: int, ranks, from_file: bool) -> tuple[str, str | None, str]:
-    """:func:`resolve_runtime` for DeepSpeed's pipeline engine, which runs 1F1B only
-    (:mod:`meshplan.pipeline.deepspeed_steps`)."""
+#: the runtimes that replay one engine's own loop: (the test that a schedule runs it, the schedules
+#: it runs, what the output says it does)
+ENGINE_RUNTIMES = {
+    "deepspeed": (runs_deepspeed, "DeepSpeed's pipeline engine runs 1f1b only",
+                  "DeepSpeed's TrainSchedule: 2(m + p − 1) steps, each beginning with a blocking exchange with one "
+                  "neighbour, so a stage waits for that neighbour's step"),
+    "blocking": (runs_blocking, "Megatron-LM's loops run 1f1b and interleaved only",
+                 "Megatron-LM's 2021–22 loops: after each action a blocking exchange with the neighbours "
+                 "(batch_isend_irecv, wait, torch.cuda.synchronize), so a rank waits for the neighbours it exchanges with"),
+}
+
+
+def _engine_runtime(asked: str, name: str, pp: int, m: int, v: int, ranks, from_file: bool) -> tuple[str, str | None, str]:
+    """:func:`resolve_runtime` for an engine's own loop (:data:`ENGINE_RUNTIMES`), which runs only
+    the schedules it has (:mod:`meshplan.pipeline.deepspeed_steps`, :mod:`meshplan.pipeline.blocking`)."""
+    runs, only, words = ENGINE_RUNTIMES[asked]
     grid = matching_schedule(ranks, pp, m, v) if from_file else name
-    if not runs_deepspeed(grid or name, pp, "deepspeed"):
-        why = "one pipeline rank sends and receives nothing" if pp == 1 else f"DeepSpeed's pipeline engine runs 1f1b only, not {grid or name}"
-        return "dependency", None, f"dependency-driven: {why}, so --pipeline-runtime deepspeed changes nothing"
-    return "deepspeed", "1f1b", ("DeepSpeed's TrainSchedule: 2(m + p − 1) steps, each beginning with a blocking exchange with one "
-                                 "neighbour, so a stage waits for that neighbour's step")
+    if not runs(grid or name, pp, asked):
+        why = "one pipeline rank sends and receives nothing" if pp == 1 else f"{only}, not {grid or name}"
+        return "dependency", None, f"dependency-driven: {why}, so --pipeline-runtime {asked} changes nothing"
+    return asked, grid, words
 
 
 def lockstep_cost(makespan: float, dependency: float) -> tuple[float, float]:

@@ -29,6 +29,7 @@ import numpy as np
 
 from meshplan.pipeline.inflight import schedule_live_counts
 from meshplan.pipeline.live import padded_peak_bytes, peak_bytes  # noqa: F401 (padded_peak_bytes: read from here by search.engine)
+from meshplan.pipeline.blocking import runs_blocking, simulate_blocking
 from meshplan.pipeline.deepspeed_steps import runs_deepspeed, simulate_deepspeed
 from meshplan.pipeline.lockstep import runs_lockstep, simulate_lockstep
 from meshplan.pipeline.result import SimResult
@@ -58,8 +59,9 @@ def _structure(sched: Schedule, n_stages: int):
 
 #: how pipeline ranks advance (the stack's ``pipeline_runtime``): dependency-driven, torch's 2024
 #: lockstep over its slot grid (:mod:`meshplan.pipeline.lockstep`), or DeepSpeed's pipeline
-#: engine, 1F1B in blocking lockstep steps (:mod:`meshplan.pipeline.deepspeed_steps`)
-RUNTIMES = ("dependency", "lockstep", "deepspeed")
+#: engine, 1F1B in blocking lockstep steps (:mod:`meshplan.pipeline.deepspeed_steps`), or
+#: Megatron-LM's 1F1B and interleaved loops of 2021–22, every exchange blocking (:mod:`meshplan.pipeline.blocking`)
+RUNTIMES = ("dependency", "lockstep", "deepspeed", "blocking")
 
 
 def simulate(
@@ -80,10 +82,13 @@ def simulate(
     durations (their memory settings, say) get the same, immutable, result without a second run.
     ``runtime = "lockstep"`` runs a compiled multi-stage schedule slot by slot over torch's grid
     (:mod:`meshplan.pipeline.lockstep`), ``"deepspeed"`` a compiled 1F1B as DeepSpeed's
-    ``TrainSchedule`` (:mod:`meshplan.pipeline.deepspeed_steps`); other schedules run
-    dependency-driven either way."""
+    ``TrainSchedule`` (:mod:`meshplan.pipeline.deepspeed_steps`), ``"blocking"`` a compiled 1F1B or
+    interleaved schedule with Megatron-LM's blocking exchanges of 2021–22
+    (:mod:`meshplan.pipeline.blocking`); other schedules run dependency-driven either way."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
+    if isinstance(ranks, Schedule) and runs_blocking(ranks.name, ranks.pp, runtime):
+        return simulate_blocking(ranks, fwd, bwd, transfer, act_bytes, keep_timeline)
     if runtime == "deepspeed" and isinstance(ranks, Schedule) and runs_deepspeed(ranks.name, ranks.pp, runtime):
         return simulate_deepspeed(ranks, fwd, bwd, transfer, act_bytes, keep_timeline)
     if runtime == "lockstep" and isinstance(ranks, Schedule):

@@ -47,8 +47,10 @@ class Stack(Spec):
     * ``pipeline_runtime`` — how pipeline ranks advance: ``dependency`` (Megatron-LM, torch's
       single-stage schedules, torch's 2025+ runtime), ``lockstep`` (torch's ``PipelineScheduleMulti``
       of 2024: slot by slot over the schedule's grid, :mod:`meshplan.pipeline.lockstep`; changes only
-      the multi-stage schedules) or ``deepspeed`` (DeepSpeed's pipeline engine: 1F1B in steps that
-      each begin with a blocking exchange with one neighbour, :mod:`meshplan.pipeline.deepspeed_steps`).
+      the multi-stage schedules), ``deepspeed`` (DeepSpeed's pipeline engine: 1F1B in steps that
+      each begin with a blocking exchange with one neighbour, :mod:`meshplan.pipeline.deepspeed_steps`)
+      or ``blocking`` (Megatron-LM's 1F1B and interleaved loops of 2021–22: after each action a
+      blocking exchange with the neighbours, :mod:`meshplan.pipeline.blocking`).
     * ``pp_buffers`` — the stage-to-stage buffers (:func:`meshplan.cost.compose.pp_buffer_messages`):
       ``in-flight`` (Megatron-LM: the activation and gradient being received, each stage output freed
       once sent) or ``per-micro-batch`` (torch.distributed.pipelining: a receive buffer per
@@ -88,7 +90,7 @@ class Stack(Spec):
     compile_loss: bool = True
     fp8_linears: Literal["auto", "torchao", "transformer-engine"] = "auto"
     attention_kernel: Literal["auto", "flash2", "cudnn"] = "auto"
-    pipeline_runtime: Literal["dependency", "lockstep", "deepspeed"] = "dependency"
+    pipeline_runtime: Literal["dependency", "lockstep", "deepspeed", "blocking"] = "dependency"
     pp_buffers: Literal["in-flight", "per-micro-batch"] = "in-flight"
     pp_return_outputs: bool = False
     tp_comm_overlap: bool = False
@@ -155,6 +157,10 @@ class Rule:
     text: str
 
 
+#: the schedules each runtime other than torch's lockstep one applies to
+_RUNTIME_SCHEDULES = {"deepspeed": ("1f1b",), "blocking": ("1f1b", "interleaved")}
+
+
 def _torch_fsdp2(stack: Stack, plan: Any) -> bool:
     return plan.zero == 3 and stack.kernels != "fused"
 
@@ -183,10 +189,10 @@ RULES: tuple[Rule, ...] = (
          and s.fp8_library == "torchao", False,
          "FP8 all-gathers are torch's FSDP2 gathering torchao's Float8 linears: zero 3 sharded over more than one rank, "
          "precision fp8, compiled or eager kernels"),
-    Rule("pipeline_runtime", lambda s, p: p.pp > 1 and (p.schedule == "1f1b" if s.pipeline_runtime == "deepspeed"
-                                                         else p.schedule in LOCKSTEP_SCHEDULES), "dependency",
+    Rule("pipeline_runtime", lambda s, p: p.pp > 1 and p.schedule in _RUNTIME_SCHEDULES.get(s.pipeline_runtime, LOCKSTEP_SCHEDULES),
+         "dependency",
          "the lockstep runtime is torch's multi-stage schedule classes (interleaved, interleaved-zb, zbh1 or zbv), "
-         "DeepSpeed's is its 1F1B TrainSchedule; both on pp > 1"),
+         "DeepSpeed's is its 1F1B TrainSchedule, Megatron-LM's blocking one its 1F1B and interleaved loops; all on pp > 1"),
     Rule("attention_kernel", lambda s, p: p.attention == "flash", "auto",
          "the attention kernel is a FlashAttention-style one: attention flash"),
 )

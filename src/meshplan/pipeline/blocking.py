@@ -1,0 +1,176 @@
+"""Megatron-LM's pipeline before late 2022: every stage-to-stage exchange blocking.
+
+Megatron-LM's ``p2p_communication._communicate`` (v2.6, 2021-08, to the variable-sequence-length
+rewrite of 2022-11) posts a call's sends and receives with ``torch.distributed.batch_isend_irecv``,
+waits on every request and then calls ``torch.cuda.synchronize()`` ("to protect against race
+condition when using batch_isend_irecv()"). Its 1F1B and interleaved loops
+(``megatron/schedules.py``) call it after each forward or backward: the call sends what the action
+produced (a forward's activation to the next stage, a backward's gradient to the previous one)
+and receives what the rank's next action needs (``send_forward_recv_backward``,
+``send_backward_recv_forward``, ``send_forward_backward_recv_forward_backward``, ...). NCCL's
+point-to-point completes only when both ends have posted it, so a call is a rendezvous with the
+neighbours it exchanges with.
+
+Each rank runs its actions in the schedule's order (the same order as the dependency-driven
+simulation). With a_r(i) the moment rank r reaches its i-th call (the end of its previous call
+plus the action between), and P(i) the calls of the neighbours holding the other ends of its
+messages, the call ends at
+
+    e_r(i) = max(a_r(i), max over P(i) of a_q(j)) + τ   (τ one transfer; a_r(i) when it moves nothing)
+
+Messages in opposite directions or to both neighbours travel at once (NVLink and the NICs are full
+duplex), so a call costs one τ. Every data dependency of the dependency-driven simulation still
+holds, in the same order per rank, so the makespan is never shorter; it is longer wherever a rank
+waits for a neighbour that is still computing to exchange what it does not need yet.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from meshplan.pipeline.inflight import schedule_live_counts
+from meshplan.pipeline.live import peak_bytes
+from meshplan.pipeline.result import SimResult
+from meshplan.pipeline.schedules import Schedule, rounds_of
+
+#: the schedules Megatron-LM's loops run, which the blocking runtime applies to
+BLOCKING_SCHEDULES = ("1f1b", "interleaved")
+
+
+def runs_blocking(schedule: str, pp: int, runtime: str) -> bool:
+    """Whether a plan runs Megatron-LM's blocking exchanges: runtime ``blocking``, a 1F1B or
+    interleaved schedule, more than one pipeline rank."""
+    return runtime == "blocking" and schedule in BLOCKING_SCHEDULES and pp > 1
+
+
+def _program(kinds: list[int], stages: list[int], mbs: list[int], n: int, looped: bool, warm: int) -> list[tuple]:
+    """One rank's program as Megatron-LM v2.6's loops run its actions (kind 0 forward, else
+    backward): ``("act", i)`` runs action i, ``("call", sends, receives)`` one blocking exchange
+    (messages ``(kind, stage, micro-batch)``: ``a`` the activation a forward of ``stage`` sends
+    on, ``g`` the gradient a backward of ``stage`` sends back). The actions are ``warm`` leading
+    forwards (Megatron's ``num_warmup_microbatches``), then forward/backward pairs, then the
+    remaining backwards.
+
+    * 1F1B (``forward_backward_pipelining_without_interleaving``): each warm-up forward between
+      ``recv_forward`` and ``send_forward``; in the steady state ``send_forward_recv_backward``
+      after the forward and ``send_backward_recv_forward`` after the backward (``send_backward``
+      after the last); each cool-down backward between ``recv_backward`` and ``send_backward``.
+    * interleaved (``..._with_interleaving``, ``looped``): one ``recv_forward`` first; after each
+      warm-up forward ``send_forward_recv_forward`` (the last one also receiving the first
+      backward's gradient); after each forward/backward pair one
+      ``send_forward_backward_recv_forward_backward``; after each cool-down backward
+      ``send_backward_recv_backward``."""
+    acts = list(zip(kinds, stages, mbs))
+    need = lambda i: [] if i is None else ([("a", acts[i][1] - 1, acts[i][2])] if acts[i][0] == 0 and acts[i][1] > 0 else  # noqa: E731
+                                          [("g", acts[i][1] + 1, acts[i][2])] if acts[i][0] != 0 and acts[i][1] < n - 1 else [])
+    make = lambda i: ([("a", acts[i][1], acts[i][2])] if acts[i][0] == 0 and acts[i][1] < n - 1 else  # noqa: E731
+                      [("g", acts[i][1], acts[i][2])] if acts[i][0] != 0 and acts[i][1] > 0 else [])
+    fwds = [i for i, a in enumerate(acts) if a[0] == 0]
+    bwds = [i for i, a in enumerate(acts) if a[0] != 0]
+    pairs = list(zip(fwds[warm:], bwds))
+    cool = bwds[len(pairs):]
+    after = lambda xs, i: next((x for x in xs if x > i), None)  # noqa: E731
+    out: list[tuple] = []
+    call = lambda sends, recvs: out.append(("call", sends, recvs))  # noqa: E731
+    if not looped:
+        for i in fwds[:warm]:
+            call([], need(i))
+            out.append(("act", i))
+            call(make(i), [])
+        if pairs:
+            call([], need(pairs[0][0]))
+        for k, (f, b) in enumerate(pairs):
+            out.append(("act", f))
+            call(make(f), need(b))
+            out.append(("act", b))
+            call(make(b), need(pairs[k + 1][0]) if k + 1 < len(pairs) else [])
+        for b in cool:
+            call([], need(b))
+            out.append(("act", b))
+            call(make(b), [])
+        return out
+    call([], need(fwds[0]) if fwds else [])
+    for k, i in enumerate(fwds[:warm]):
+        out.append(("act", i))
+        last = k == warm - 1
+        call(make(i), need(after(fwds, i)) + (need(bwds[0]) if last and pairs else []))
+    if not pairs and bwds:
+        call([], need(bwds[0]))
+    for f, b in pairs:
+        out += [("act", f), ("act", b)]
+        call(make(f) + make(b), need(after(fwds, f)) + need(after(bwds, b)))
+    for b in cool:
+        out.append(("act", b))
+        call(make(b), need(after(bwds, b)))
+    return out
+
+
+def simulate_blocking(sched: Schedule, fwd, bwd, transfer: float = 0.0, act_bytes=None, keep_timeline: bool = False) -> SimResult:
+    """Run compiled 1F1B or interleaved ``sched`` with every exchange blocking (module docstring);
+    ``fwd``/``bwd`` per virtual stage, ``transfer`` the time of one send/receive."""
+    p, n = sched.pp, sched.n_stages
+    f, b = np.asarray(fwd, dtype=float), np.asarray(bwd, dtype=float)
+    looped, m, v = n > p, sched.microbatches, n // p
+    q = rounds_of(p, m) if looped else m
+    progs, durations = [], []
+    for r, (kd, sg, mb) in enumerate(zip(sched.kind, sched.stage, sched.mb)):
+        kinds, stages = kd.tolist(), sg.tolist()
+        warm = min((v - 1) * q + (2 if looped else 1) * (p - 1 - r), m * v)  # as the schedule warms up
+        progs.append(_program(kinds, stages, mb.tolist(), n, looped, warm))
+        durations.append([float((f if kind == 0 else b)[k]) for kind, k in zip(kinds, stages)])
+    partner: dict[tuple, tuple[int, int]] = {}  # a message's end -> (rank, item) of the other end's call
+    ends_of: dict[tuple, tuple[int, int]] = {}
+    for r, prog in enumerate(progs):
+        for j, item in enumerate(prog):
+            if item[0] == "call":
+                for msg in item[1]:
+                    ends_of[("s", msg)] = (r, j)
+                for msg in item[2]:
+                    ends_of[("r", msg)] = (r, j)
+    for (side, msg), where in ends_of.items():
+        other = ends_of.get(("r" if side == "s" else "s", msg))
+        if other is None:
+            raise ValueError(f"message {msg} has no {'receiver' if side == 's' else 'sender'}")
+        partner[(where, msg)] = other
+    clock = [0.0] * p  # each rank's time at its next item
+    pos = [0] * p  # each rank's next item
+    reached: dict[tuple[int, int], float] = {}  # (rank, call) -> when the rank got there
+    starts: list[list[float]] = [[0.0] * len(d) for d in durations]
+    work = deque(range(p))
+    while work:
+        r = work.popleft()
+        while pos[r] < len(progs[r]):
+            item = progs[r][pos[r]]
+            if item[0] == "act":
+                starts[r][item[1]] = clock[r]
+                clock[r] += durations[r][item[1]]
+                pos[r] += 1
+                continue
+            here = (r, pos[r])
+            reached[here] = clock[r]
+            others = [partner[(here, msg)] for msg in item[1] + item[2]]
+            if any(o not in reached for o in others):
+                break  # a neighbour has not reached its end of the exchange yet
+            if others:
+                clock[r] = max([clock[r]] + [reached[o] for o in others]) + transfer
+            pos[r] += 1
+            work.extend(q for q, _ in others)
+    if any(pos[r] < len(progs[r]) for r in range(p)):
+        raise ValueError("the blocking exchanges deadlock: a rank waits for a neighbour that never reaches the exchange")
+    finish = tuple(clock)
+    live = schedule_live_counts(sched, n)
+    act = np.asarray(act_bytes, dtype=float) if act_bytes is not None else np.zeros(n)
+    timeline = None
+    if keep_timeline:
+        timeline = tuple(tuple((a, starts[r][i], starts[r][i] + durations[r][i]) for i, a in enumerate(acts))
+                         for r, acts in enumerate(sched.actions()))
+    return SimResult(
+        makespan=max(finish) if finish else 0.0,
+        finish=finish,
+        busy=tuple(float(sum(d)) for d in durations),
+        peak_inflight=tuple(live[r][2] for r in range(p)),
+        peak_activation=tuple(peak_bytes(live[r][1], act[live[r][0]]) for r in range(p)),
+        timeline=timeline,
+    )
