@@ -346,7 +346,7 @@ def print_human(run: dict, unit: str, width: Optional[int], show_actions: bool, 
                       f"{fmt_time(dep.makespan)} {unit} (bubble fraction {dep.bubble_fraction:.3f} dependency-driven)", markup=False)
         else:
             out.print(f"{name} costs nothing here: the dependency-driven makespan is the same, {fmt_time(dep.makespan)} {unit} "
-                      "(no rank waits in a slot for a transfer it does not need yet)", markup=False)
+                      "(no rank waits for an exchange it does not need yet)", markup=False)
     out.print(f"bubble fraction {res.bubble_fraction:.3f} (idle share of the step: Σ idle / (p·makespan))", markup=False)
     out.print(f"bubble overhead {res.bubble_overhead:.3f} (idle relative to busy time: Σ idle / Σ busy)", markup=False)
     for line in closed_form_lines(run, unit):
