@@ -57,3 +57,11 @@ def test_the_runtime_applies_to_megatron_s_loops_only():
     assert runs_blocking("1f1b", 4, "blocking") and runs_blocking("interleaved", 4, "blocking")
     assert not runs_blocking("zbh1", 4, "blocking") and not runs_blocking("1f1b", 1, "blocking")
     assert not runs_blocking("1f1b", 4, "dependency")
+    # Megatron-LM interleaves only with the micro-batches a multiple of p ("not divisible" assertion)
+    assert runs_blocking("interleaved", 4, "blocking", 8) and not runs_blocking("interleaved", 4, "blocking", 6)
+    from meshplan.specs.plan import TrainingPlan
+
+    odd = TrainingPlan.of(pp=4, vpp=2, schedule="interleaved", global_batch=6, seq_len=1024, pipeline_runtime="blocking")
+    assert odd.stack.pipeline_runtime == "dependency"
+    even = TrainingPlan.of(pp=4, vpp=2, schedule="interleaved", global_batch=8, seq_len=1024, pipeline_runtime="blocking")
+    assert even.stack.pipeline_runtime == "blocking"

@@ -365,13 +365,13 @@ def test_cli_estimate_explain_and_bad_value(capsys):
     assert "not used by this plan: pipeline_runtime" in " ".join(capsys.readouterr().out.split())
     assert main(["estimate", *ARGS, "--set", "pipeline_runtime=slots"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "stack.pipeline_runtime" in err and "'dependency', 'lockstep' or 'deepspeed'" in err and "Traceback" not in err
+    assert "stack.pipeline_runtime" in err and "'dependency', 'lockstep', 'deepspeed' or 'blocking'" in err and "Traceback" not in err
 
 
 def test_web_plan_view_offers_the_runtime(client):
     from meshplan.web.views import CHOICES
 
-    assert ("pipeline_runtime", "pipeline runtime", ("dependency", "lockstep", "deepspeed")) in CHOICES
+    assert ("pipeline_runtime", "pipeline runtime", ("dependency", "lockstep", "deepspeed", "blocking")) in CHOICES
     page = client.get("/plan").text
     assert 'data-field="pipeline_runtime"' in page and "<option>lockstep</option>" in page
     params = dict(zip(["model", "gpus", "tp", "pp", "vpp", "seq_len", "global_batch"], ARGS[1::2]))

@@ -170,7 +170,7 @@ def test_bad_runtime_is_one_line_naming_the_option():
     code, out, err = run_cli("--pipeline-runtime", "slots")
     assert code == 2 and out == "" and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and "--pipeline-runtime" in err and "'slots'" in err
-    with pytest.raises(InputError, match="pipeline_runtime: must be dependency, lockstep or deepspeed \\(got 'slots'\\)"):
+    with pytest.raises(InputError, match="pipeline_runtime: must be dependency, lockstep, deepspeed or blocking \\(got 'slots'\\)"):
         run_pipeline(None, 4, 8, None, None, None, None, 0.0, None, runtime="slots")
     assert check_runtime(None) == "dependency" and check_runtime(" lockstep ") == "lockstep"
 
@@ -224,7 +224,7 @@ def test_web_pipeline_takes_the_runtime(client, capsys):
     plain = {k: v for k, v in q.items() if k != "pipeline_runtime"}
     assert client.get("/api/pipeline", params=plain).json()["pipeline_runtime"] == "dependency"
     rule = bad(client.get("/api/pipeline", params={**q, "pipeline_runtime": "slots"}), "pipeline_runtime")
-    assert rule == "must be dependency, lockstep or deepspeed (got 'slots')"
+    assert rule == "must be dependency, lockstep, deepspeed or blocking (got 'slots')"
     page = client.get("/pipeline").text
     assert 'data-field="pipeline_runtime"' in page and "<option>lockstep</option>" in page and 'id="pl-runtime"' in page
     assert "PipelineScheduleMulti" in page  # the option's help as the select's title

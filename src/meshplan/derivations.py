@@ -276,6 +276,7 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         fmt_seconds(t.step_s), "event simulation of the schedule (meshplan.pipeline.simulate"
         + ("; lockstep over torch's grid: meshplan.pipeline.lockstep)" if runs_lockstep(p.schedule, p.pp, p.stack.pipeline_runtime)
            else "; DeepSpeed's steps: meshplan.pipeline.deepspeed_steps)" if runs_deepspeed(p.schedule, p.pp, p.stack.pipeline_runtime)
+           else "; Megatron-LM's blocking exchanges: meshplan.pipeline.blocking)" if p.stack.pipeline_runtime == "blocking"
            else ")")))
     d.append(Derivation(
         "throughput.mfu", "Model FLOPs utilization", "model FLOPs per step / (GPUs × dense peak × step time)",

@@ -112,8 +112,10 @@ def _engine_runtime(asked: str, name: str, pp: int, m: int, v: int, ranks, from_
     the schedules it has (:mod:`meshplan.pipeline.deepspeed_steps`, :mod:`meshplan.pipeline.blocking`)."""
     runs, only, words = ENGINE_RUNTIMES[asked]
     grid = matching_schedule(ranks, pp, m, v) if from_file else name
-    if not runs(grid or name, pp, asked):
+    if not runs(grid or name, pp, asked, m):
         why = "one pipeline rank sends and receives nothing" if pp == 1 else f"{only}, not {grid or name}"
+        if pp > 1 and asked == "blocking" and (grid or name) == "interleaved":
+            why = f"Megatron-LM interleaves only with the micro-batches a multiple of p (m = {m}, p = {pp})"
         return "dependency", None, f"dependency-driven: {why}, so --pipeline-runtime {asked} changes nothing"
     return asked, grid, words
 

@@ -39,10 +39,12 @@ from meshplan.pipeline.schedules import Schedule, rounds_of
 BLOCKING_SCHEDULES = ("1f1b", "interleaved")
 
 
-def runs_blocking(schedule: str, pp: int, runtime: str) -> bool:
+def runs_blocking(schedule: str, pp: int, runtime: str, m: int = 0) -> bool:
     """Whether a plan runs Megatron-LM's blocking exchanges: runtime ``blocking``, a 1F1B or
-    interleaved schedule, more than one pipeline rank."""
-    return runtime == "blocking" and schedule in BLOCKING_SCHEDULES and pp > 1
+    interleaved schedule, more than one pipeline rank, and for interleaving ``m`` micro-batches a
+    multiple of p (``megatron/schedules.py`` asserts it: "number of microbatches is not divisible by
+    pipeline-parallel size when using interleaved schedule")."""
+    return runtime == "blocking" and schedule in BLOCKING_SCHEDULES and pp > 1 and (schedule != "interleaved" or m % pp == 0)
 
 
 def _program(kinds: list[int], stages: list[int], mbs: list[int], n: int, looped: bool, warm: int) -> list[tuple]:

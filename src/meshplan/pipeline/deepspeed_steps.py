@@ -37,9 +37,9 @@ from meshplan.pipeline.result import SimResult
 from meshplan.pipeline.schedules import Schedule
 
 
-def runs_deepspeed(schedule: str, pp: int, runtime: str) -> bool:
+def runs_deepspeed(schedule: str, pp: int, runtime: str, m: int = 0) -> bool:
     """Whether a plan runs DeepSpeed's ``TrainSchedule``: its runtime ``deepspeed``, schedule
-    1F1B (the only one the engine runs) and more than one pipeline rank."""
+    1F1B (the only one the engine runs) and more than one pipeline rank (any ``m``)."""
     return runtime == "deepspeed" and schedule == "1f1b" and pp > 1
 
 

@@ -87,7 +87,7 @@ def simulate(
     (:mod:`meshplan.pipeline.blocking`); other schedules run dependency-driven either way."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
-    if isinstance(ranks, Schedule) and runs_blocking(ranks.name, ranks.pp, runtime):
+    if isinstance(ranks, Schedule) and runs_blocking(ranks.name, ranks.pp, runtime, ranks.microbatches):
         return simulate_blocking(ranks, fwd, bwd, transfer, act_bytes, keep_timeline)
     if runtime == "deepspeed" and isinstance(ranks, Schedule) and runs_deepspeed(ranks.name, ranks.pp, runtime):
         return simulate_deepspeed(ranks, fwd, bwd, transfer, act_bytes, keep_timeline)

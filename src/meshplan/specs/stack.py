@@ -189,10 +189,12 @@ RULES: tuple[Rule, ...] = (
          and s.fp8_library == "torchao", False,
          "FP8 all-gathers are torch's FSDP2 gathering torchao's Float8 linears: zero 3 sharded over more than one rank, "
          "precision fp8, compiled or eager kernels"),
-    Rule("pipeline_runtime", lambda s, p: p.pp > 1 and p.schedule in _RUNTIME_SCHEDULES.get(s.pipeline_runtime, LOCKSTEP_SCHEDULES),
+    Rule("pipeline_runtime", lambda s, p: p.pp > 1 and p.schedule in _RUNTIME_SCHEDULES.get(s.pipeline_runtime, LOCKSTEP_SCHEDULES)
+         and not (s.pipeline_runtime == "blocking" and p.schedule == "interleaved" and p.grad_accum % p.pp),
          "dependency",
          "the lockstep runtime is torch's multi-stage schedule classes (interleaved, interleaved-zb, zbh1 or zbv), "
-         "DeepSpeed's is its 1F1B TrainSchedule, Megatron-LM's blocking one its 1F1B and interleaved loops; all on pp > 1"),
+         "DeepSpeed's is its 1F1B TrainSchedule, Megatron-LM's blocking one its 1F1B and interleaved loops (the "
+         "micro-batches a multiple of pp); all on pp > 1"),
     Rule("attention_kernel", lambda s, p: p.attention == "flash", "auto",
          "the attention kernel is a FlashAttention-style one: attention flash"),
 )

@@ -1,7 +1,7 @@
 """``/api/pipeline``: a pipeline schedule simulated as ``meshplan pipeline --json`` gives it (the
 CLI's :func:`~meshplan.cli.pipeline_cmd.run_pipeline` and :func:`~meshplan.cli.pipeline_cmd.to_json`),
 and ``/api/view/pipeline``: the same with the closed-form check the CLI prints under it. Both take
-``pipeline_runtime`` (dependency, lockstep or deepspeed) as ``meshplan pipeline --pipeline-runtime`` does."""
+``pipeline_runtime`` (dependency, lockstep, deepspeed or blocking) as ``meshplan pipeline --pipeline-runtime`` does."""
 
 from __future__ import annotations
 
