@@ -68,7 +68,7 @@ def _fsdp_rows(est, lt, fsdp_terms: tuple | None) -> list[Derivation]:
         gathered = "P·w − S"
         saving = fp8_gather_saving(est.model, p.tp, p.precision.weight_bytes, True)
         symbols.append(("S", f"{saving:,} bytes: the Float8Linear weights gathered as FP8, P_lin·(w − 1) (FSDP2's FP8 all-gather)"))
-    blocking = p.stack.zero3_comm == "blocking-per-tensor"
+    blocking = p.stack.zero3_blocking
     calls = ""
     if blocking:
         k = len(layer_tensors_per_rank(est.model, p.tp))

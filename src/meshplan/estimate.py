@@ -34,9 +34,8 @@ from meshplan.cost.flops import StepFlops, step_flops
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import ModelState, StageMemory, model_state_bytes
 from meshplan.cost.moe import add_moe_layers, expert_shard_degree, moe_layers_per_stage, rank_expert_params
-from meshplan.cost.partial_recompute import (
-    add_recomputed_layers, mixed_stage_activations, recomputed_fraction, recomputed_per_stage,
-)
+from meshplan.cost.layer_mix import add_layer_mix, mixed_stage_activations
+from meshplan.cost.partial_recompute import recomputed_fraction, recomputed_per_stage
 from meshplan.cost.params import (
     ParamCounts,
     count_params,
@@ -294,7 +293,6 @@ class _Layers:
     working: float  # the backward working set of the layer that sets it
     backward_grads: float
     layer_stored: float
-    lt_full: Optional[LayerTimes] = None  # a fully recomputed layer, when only some are (recompute_layers)
     lt_moe: Optional[LayerTimes] = None
     moe_ops: Optional[OpTimes] = None
     moe_stage: Optional[list[int]] = None
@@ -354,9 +352,8 @@ def _add_recomputed_layers(plan: TrainingPlan, layers: _Layers, lt_args: dict, s
     k_full, la_full = terms.kernel(t, c, b, sp, "full", fp8_gather), terms.activations(t, c, b, sp, "full")
     lt_full = layer_times(**(lt_args | {"full_recompute": True, "recompute": k_full.recompute}))
     recomputed = recomputed_per_stage(split, plan.recompute_layers)
-    add_recomputed_layers(layers.st, recomputed, layers.lt, lt_full)
+    add_layer_mix(layers.st, recomputed, layers.lt, lt_full)
     layers.stage_act = mixed_stage_activations(layers.stage_act, recomputed, layers.la.stored, la_full.stored)
-    layers.lt_full = lt_full
     if any(recomputed) and la_full.working > layers.working:
         layers.working, layers.backward_grads, layers.layer_stored = la_full.working, la_full.gradients, la_full.stored
 
@@ -373,7 +370,7 @@ def _add_moe_layers(model: ModelSpec, plan: TrainingPlan, layers: _Layers, lt_ar
     a2a = terms.a2a(t, c, pp, plan.dp, ep, b, sp, plan.recompute == "full")
     layers.ep_comm = add_moe_layers(layers.st, layers.moe_stage, layers.lt, layers.lt_moe, a2a)
     la, la_moe = layers.la, terms.moe_activations(t, c, b, sp, plan.recompute)
-    layers.stage_act = [a + n_m * (la_moe.stored - la.stored) for a, n_m in zip(layers.stage_act, layers.moe_stage)]
+    layers.stage_act = mixed_stage_activations(layers.stage_act, layers.moe_stage, la.stored, la_moe.stored)
     if la_moe.working > la.working:
         layers.working, layers.backward_grads, layers.layer_stored = la_moe.working, la_moe.gradients, la_moe.stored
 

@@ -37,6 +37,7 @@ from meshplan.cost.calibration import Calibration
 from meshplan.cost.collectives import GroupPlacement
 from meshplan.cost.comm import Placements, per_tensor_time, tp_collective_time
 from meshplan.cost.compose import LayerTimes, StageTimes
+from meshplan.cost.layer_mix import add_layer_mix
 from meshplan.cost.params import expert_params_per_rank, layer_params_per_rank, moe_layer_tensors_per_rank
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
@@ -116,27 +117,10 @@ def add_moe_layers(
 ) -> ExpertComm:
     """Turn ``st``, computed as if every layer were a dense one (``dense``), into the stage times
     of the real mix, in place: stage k's n_m MoE layers add n_m × (MoE − dense layer) to each part
-    (compute, recompute, TP with the expert exchange, ZeRO-3) and n_m × the all-to-alls to its
-    forward and backward."""
-    ep_fwd, ep_bwd = [], []
-    for k, n_m in enumerate(moe_per_stage):
-        d = lambda name: n_m * (getattr(moe, name) - getattr(dense, name))  # noqa: E731
-        a2a_f, a2a_b = n_m * a2a[0], n_m * a2a[1]
-        rb = d("recompute")
-        # new values, never in-place: stages may share one array (the search's inner stages)
-        st.comp_fwd[k] = st.comp_fwd[k] + d("fwd")
-        st.comp_bwd[k] = st.comp_bwd[k] + (d("bwd") + rb)
-        st.recompute[k] = st.recompute[k] + rb
-        st.tp_fwd[k] = st.tp_fwd[k] + d("tp_fwd")
-        st.tp_bwd[k] = st.tp_bwd[k] + d("tp_bwd")
-        st.fsdp_fwd[k] = st.fsdp_fwd[k] + d("fsdp_fwd")
-        st.fsdp_bwd[k] = st.fsdp_bwd[k] + d("fsdp_bwd")
-        st.wgt[k] = st.wgt[k] + d("wgt")
-        st.fwd[k] = st.fwd[k] + (d("fwd") + d("tp_fwd") + d("fsdp_fwd") + a2a_f)
-        st.bwd[k] = st.bwd[k] + (d("bwd") + rb + d("tp_bwd") + d("fsdp_bwd") + a2a_b)
-        ep_fwd.append(a2a_f)
-        ep_bwd.append(a2a_b)
-    return ExpertComm(ep_fwd, ep_bwd)
+    (compute, recompute, TP with the expert exchange, ZeRO-3; :func:`meshplan.cost.layer_mix.add_layer_mix`)
+    and n_m × the all-to-alls to its forward and backward."""
+    add_layer_mix(st, moe_per_stage, dense, moe, a2a)
+    return ExpertComm([n_m * a2a[0] for n_m in moe_per_stage], [n_m * a2a[1] for n_m in moe_per_stage])
 
 
 def rank_expert_params(model: ModelSpec, tp: int, ep: int, n_moe_layers: int) -> int:

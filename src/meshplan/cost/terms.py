@@ -264,7 +264,7 @@ class Terms:
             return UnitComm(*(0.0,) * len(UnitComm._fields))
         g8 = self.stack.fsdp_fp8_all_gather
         units = fsdp_unit_times(self.model, t, p, self.rec, self.place(t, c, p, d, fsdp).shard, self.cluster, self.cal, g8,
-                                per_tensor=self.stack.zero3_comm == "blocking-per-tensor")
+                                per_tensor=self.stack.zero3_blocking)
         copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, fp8_gather=g8)
                   if runs_fsdp2(3, self.stack.kernels) else (0.0,) * 6)
         return UnitComm(*units, *copies)
@@ -281,7 +281,7 @@ class Terms:
         copies = (fsdp2_unit_copy_times(self.model, t, p, self.rec, self.cluster.gpu, self.cal, moe=True, ep=ep)[:2]
                   if runs_fsdp2(zero, self.stack.kernels) else (0.0, 0.0))
         return (*moe_fsdp_layer_times(self.model, t, ep, self.rec, pl.shard, edp, self.cluster, self.cal,
-                                      per_tensor=self.stack.zero3_comm == "blocking-per-tensor"), *copies)
+                                      per_tensor=self.stack.zero3_blocking), *copies)
 
     @_cached
     def fp8_saving(self, t: int, sharded: bool) -> float:
@@ -365,7 +365,7 @@ def layer_time_args(stack: Stack, k, cm, u, *, full_recompute, sp, tp_comm_overl
         emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
         tp_one=cm["tp_one"], sp=sp, tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm=(cm["cp_kv"], cm["cp_dkv"]),
         kernels=stack.kernels, fsdp_per_layer=fsdp_per_layer, all_gather=u["all_gather"], reduce_scatter=u["reduce_scatter"],
-        reshard_after_forward=stack.reshard_after_forward, zero3_blocking=stack.zero3_comm == "blocking-per-tensor",
+        reshard_after_forward=stack.reshard_after_forward, zero3_blocking=stack.zero3_blocking,
         fsdp_units=(u["emb_all_gather"], u["emb_reduce_scatter"], u["head_all_gather"], u["head_reduce_scatter"]),
         fsdp_copies=tuple(u[name] for name in UnitComm._fields[6:]),
         embedding_kept=embedding_kept, nccl_share=nccl_share, tp_share=tp_share,

@@ -33,7 +33,7 @@ import numpy as np
 from meshplan.pipeline.inflight import schedule_live_counts
 from meshplan.pipeline.live import peak_bytes
 from meshplan.pipeline.result import SimResult
-from meshplan.pipeline.schedules import Schedule, rounds_of
+from meshplan.pipeline.schedules import Schedule, warmup_forwards
 
 #: the schedules Megatron-LM's loops run, which the blocking runtime applies to
 BLOCKING_SCHEDULES = ("1f1b", "interleaved")
@@ -114,28 +114,22 @@ def simulate_blocking(sched: Schedule, fwd, bwd, transfer: float = 0.0, act_byte
     ``fwd``/``bwd`` per virtual stage, ``transfer`` the time of one send/receive."""
     p, n = sched.pp, sched.n_stages
     f, b = np.asarray(fwd, dtype=float), np.asarray(bwd, dtype=float)
-    looped, m, v = n > p, sched.microbatches, n // p
-    q = rounds_of(p, m) if looped else m
+    looped = n > p
     progs, durations = [], []
     for r, (kd, sg, mb) in enumerate(zip(sched.kind, sched.stage, sched.mb)):
         kinds, stages = kd.tolist(), sg.tolist()
-        warm = min((v - 1) * q + (2 if looped else 1) * (p - 1 - r), m * v)  # as the schedule warms up
+        warm = warmup_forwards(p, sched.microbatches, n // p, 2 if looped else 1, r)
         progs.append(_program(kinds, stages, mb.tolist(), n, looped, warm))
         durations.append([float((f if kind == 0 else b)[k]) for kind, k in zip(kinds, stages)])
-    partner: dict[tuple, tuple[int, int]] = {}  # a message's end -> (rank, item) of the other end's call
-    ends_of: dict[tuple, tuple[int, int]] = {}
+    sender: dict[tuple, tuple[int, int]] = {}  # message -> (rank, item) of the call that sends it
+    receiver: dict[tuple, tuple[int, int]] = {}  # and of the call that receives it
     for r, prog in enumerate(progs):
         for j, item in enumerate(prog):
             if item[0] == "call":
-                for msg in item[1]:
-                    ends_of[("s", msg)] = (r, j)
-                for msg in item[2]:
-                    ends_of[("r", msg)] = (r, j)
-    for (side, msg), where in ends_of.items():
-        other = ends_of.get(("r" if side == "s" else "s", msg))
-        if other is None:
-            raise ValueError(f"message {msg} has no {'receiver' if side == 's' else 'sender'}")
-        partner[(where, msg)] = other
+                sender.update((msg, (r, j)) for msg in item[1])
+                receiver.update((msg, (r, j)) for msg in item[2])
+    if sender.keys() != receiver.keys():
+        raise ValueError(f"messages sent or received only once: {sorted(sender.keys() ^ receiver.keys())[:3]}")
     clock = [0.0] * p  # each rank's time at its next item
     pos = [0] * p  # each rank's next item
     reached: dict[tuple[int, int], float] = {}  # (rank, call) -> when the rank got there
@@ -152,13 +146,13 @@ def simulate_blocking(sched: Schedule, fwd, bwd, transfer: float = 0.0, act_byte
                 continue
             here = (r, pos[r])
             reached[here] = clock[r]
-            others = [partner[(here, msg)] for msg in item[1] + item[2]]
+            others = [receiver[msg] for msg in item[1]] + [sender[msg] for msg in item[2]]
             if any(o not in reached for o in others):
                 break  # a neighbour has not reached its end of the exchange yet
             if others:
                 clock[r] = max([clock[r]] + [reached[o] for o in others]) + transfer
             pos[r] += 1
-            work.extend(q for q, _ in others)
+            work.extend(rank for rank, _ in others)
     if any(pos[r] < len(progs[r]) for r in range(p)):
         raise ValueError("the blocking exchanges deadlock: a rank waits for a neighbour that never reaches the exchange")
     finish = tuple(clock)

@@ -111,6 +111,14 @@ def rounds_of(pp: int, m: int) -> int:
     return m // n_rounds
 
 
+def warmup_forwards(pp: int, m: int, vpp: int, factor: int, rank: int) -> int:
+    """Forwards rank ``rank`` runs before its first backward in 1F1B (``factor`` 1) and its looped
+    variants (``factor`` 2 for interleaving, Megatron's ``num_warmup_microbatches``):
+    min((v − 1)·q + factor·(p − 1 − r), m·v), q = :func:`rounds_of` with v > 1, else m."""
+    q = rounds_of(pp, m) if vpp > 1 else m  # one chunk: rounds do not matter
+    return min((vpp - 1) * q + factor * (pp - 1 - rank), m * vpp)
+
+
 def _looped(pp: int, m: int, vpp: int, factor: int, split: bool = False):
     """1F1B and its looped variants, rank by rank (module docstring), as arrays.
 
@@ -127,7 +135,7 @@ def _looped(pp: int, m: int, vpp: int, factor: int, split: bool = False):
     mb_seq = (k // (q * vpp)) * q + k % q
     out = []
     for r in range(pp):
-        warm = min((vpp - 1) * q + factor * (pp - 1 - r), total)
+        warm = warmup_forwards(pp, m, vpp, factor, r)
         n_st = total - warm
         f_stage, b_stage = chunk_f * pp + r, (vpp - 1 - chunk_f) * pp + r
         # the sequence as (stream, index): stream 0 = forwards, 1 = backwards (B or I), 2 = W's;

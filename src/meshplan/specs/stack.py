@@ -115,6 +115,12 @@ class Stack(Spec):
         return fp8_library_of(self.kernels, self.fp8_linears)
 
     @property
+    def zero3_blocking(self) -> bool:
+        """ZeRO-3's collectives one per parameter tensor, none beside compute (``zero3_comm``
+        blocking-per-tensor, DeepSpeed's ZeRO-3 of 2021)."""
+        return self.zero3_comm == "blocking-per-tensor"
+
+    @property
     def loss_kernels(self) -> str:
         """The kernels the cross-entropy runs on: the blocks' ``kernels``, except an eager loss
         beside compiled blocks when ``compile_loss`` is off."""
