@@ -56,7 +56,8 @@ def validate_numbers() -> dict[str, Any]:
 
 def search_spaces():
     """Three spaces: a dense 70B on 512 GPUs (default stack), an MoE on 64 GPUs, and an 8B on 64
-    GPUs run with torch's stack (compiled blocks, per-micro-batch pipeline buffers, AsyncTP)."""
+    GPUs run with torch's stack (compiled blocks, per-micro-batch pipeline buffers, AsyncTP, and
+    without it each TP collective where autograd meets it)."""
     from meshplan.catalog import load_gpu, load_model
     from meshplan.search.space import SearchLimits
     from meshplan.specs import ClusterSpec
@@ -69,7 +70,8 @@ def search_spaces():
                             SearchLimits(max_micro_batch=2, max_vpp=2)),
         "llama3-8b-64-torch": (load_model("llama3-8b"), ClusterSpec.of(h100, 64),
                                dict(global_batch=128, seq_len=8192, stack=dict(
-                                   kernels="compiled", pp_buffers="per-micro-batch", tp_overlap_kind="micro-pipeline")),
+                                   kernels="compiled", pp_buffers="per-micro-batch", tp_overlap_kind="micro-pipeline",
+                                   tp_backward_overlap=False)),
                                SearchLimits(max_micro_batch=2, max_vpp=2, tp_comm_overlap=(False, True))),
     }
 

@@ -108,3 +108,19 @@ def test_a_plan_that_fits_gets_advice_only_beyond_the_error():
     assert "advice: changes faster by more than the estimate's error (8%)" in text
     _, out, _ = run_cli("estimate", *args, "--json", "--no-advice")
     assert json.loads(out)["advice"] == []
+
+
+def test_advice_with_tp_runs_the_stack_as_the_same_flags_do():
+    """A plan at tp 1 has the backward's own TP overlap set aside by its rule; advice that adds TP
+    gets it back from the requested stack, so its step is what its flags estimate."""
+    from meshplan.cli.options import PlanArgs, resolve
+
+    setup = resolve(PlanArgs(model="mixtral-8x7b", gpus=64))
+    base = estimate(setup.model, setup.cluster, setup.plan)
+    first = advise(setup.model, setup.cluster, setup.plan, base)[0]
+    assert "--tp" in first.flags and not setup.plan.stack.tp_backward_overlap
+    flags = dict(zip(first.flags[::2], first.flags[1::2]))
+    again = resolve(PlanArgs(model="mixtral-8x7b", gpus=64, tp=int(flags["--tp"]), dp=int(flags["--dp"]),
+                             global_batch=int(flags["--global-batch"]), zero=int(flags["--zero"])))
+    assert again.plan.stack.tp_backward_overlap
+    assert first.step_s == estimate(again.model, again.cluster, again.plan).time.step_s

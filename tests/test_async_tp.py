@@ -112,12 +112,14 @@ def test_which_collectives_are_fused_in_a_llama_block():
 def test_estimate_charges_the_micro_pipeline_between_userbuffers_and_no_overlap():
     cluster = ClusterSpec.of(H100, 32)
     t = {kind: estimate(L70, cluster, _plan(tp_overlap_kind=kind)).time for kind in ("userbuffers", "micro-pipeline")}
-    off = estimate(L70, cluster, _plan(tp_comm_overlap=False)).time
+    # no overlap at all: neither TP overlap nor the backward's own (tp_backward_overlap)
+    none = dict(tp_comm_overlap=False, tp_backward_overlap=False)
+    off = estimate(L70, cluster, _plan(**none)).time
     tp = {k: v.breakdown()["tp_comm"] for k, v in t.items()}
     assert tp["userbuffers"] < tp["micro-pipeline"] < off.breakdown()["tp_comm"]
     assert t["userbuffers"].step_s < t["micro-pipeline"].step_s < off.step_s
     # the kind matters only when TP overlap is on
-    same = estimate(L70, cluster, _plan(tp_comm_overlap=False, tp_overlap_kind="micro-pipeline")).time
+    same = estimate(L70, cluster, _plan(**none, tp_overlap_kind="micro-pipeline")).time
     assert same.step_s == off.step_s
     # one micro-batch of 80 layers: forward, backward and full recompute's repeated forward, plus
     # the embedding's and LM head's half collectives (2 x (AG + RS) / 2 each way)
@@ -134,7 +136,7 @@ def test_estimate_charges_the_micro_pipeline_between_userbuffers_and_no_overlap(
         f"{fmt_seconds(fwd)} / {fmt_seconds(bwd + fwd)} (micro-pipelined, torch AsyncTP: fused "
         "all-gather/reduce-scatter matmuls in t chunks, recompute repeats the forward)")
     shown = {kind: dict(next(d for d in estimate(L70, cluster, _plan(**kw)).derivations if d.key == "time.layer").symbols)["TP exposed"]
-             for kind, kw in (("userbuffers", {}), ("off", {"tp_comm_overlap": False}))}
+             for kind, kw in (("userbuffers", {}), ("off", none))}
     assert shown["userbuffers"] == "0.0 µs / 0.0 µs (userbuffers: behind the layer's GEMMs, recompute repeats the forward)"
     assert shown["off"] == f"{fmt_seconds(2 * one)} / {fmt_seconds(4 * one)} (not overlapped, recompute repeats the forward)"
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from meshplan.catalog import load_gpu, load_model
+from meshplan.catalog import load_gpu, load_model, requested_stack
 from meshplan.estimate import Budget, estimate
 from meshplan.pipeline.live import live_count_peaks
 from meshplan.pipeline.schedules import compile_schedule, rounds_of
@@ -117,8 +117,10 @@ def test_best_first_finds_the_exhaustive_best():
     table = enumerate_plans(model, 8, 8, 4096, (32,), lim)
     res = search(model, cluster, base, lim, top_k=5)
     exact = []
+    stack = requested_stack(base)  # the profile the search runs: the base plan (tp 1) sets TP's fields aside
+    assert stack.tp_backward_overlap and not base.stack.tp_backward_overlap
     for i in range(len(table)):
-        est = estimate(model, cluster, TrainingPlan.of(**{**base.model_dump(), **table.row(i)}))
+        est = estimate(model, cluster, plan_of(base, table, i, stack))
         if est.peak_bytes <= cluster.gpu.hbm_bytes:
             exact.append(est.time.step_s)
     assert res.feasible == len(exact)

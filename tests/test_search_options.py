@@ -161,3 +161,19 @@ def test_zero3_switches_search_every_zero_stage(switch):
         assert getattr(p.stack, switch) is (p.zero == 3)
     best3 = next(c.estimate for c in result.top if c.estimate.plan.zero == 3)
     assert estimate(load_model("llama3-8b"), cluster, best3.plan).peak_bytes == best3.peak_bytes
+
+
+def test_a_baseline_runs_the_requested_stack_on_its_own_layout():
+    """The search's base plan has tp 1, whose rules set the TP fields aside; a --baseline with TP
+    gets them back from the requested stack, as the searched plans do (nemo: TP overlap;
+    megatron-core: the backward's own TP overlap)."""
+    from meshplan.catalog import load_stack
+    from meshplan.cli.search_cmd import parse_baseline
+    from meshplan.specs.plan import TrainingPlan
+
+    for name, field in (("nemo", "tp_comm_overlap"), ("megatron-core", "tp_backward_overlap")):
+        stack = load_stack(name)
+        base = TrainingPlan(global_batch=64, seq_len=4096, stack=stack)
+        assert getattr(stack, field) and not getattr(base.stack, field)
+        assert getattr(parse_baseline("tp=4,pp=2", base, 64, stack).stack, field)
+        assert not getattr(parse_baseline("tp=1,pp=2", base, 64, stack).stack, field)

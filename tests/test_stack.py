@@ -22,7 +22,7 @@ MOVED = ("kernels", "compile_loss", "pp_buffers", "pp_return_outputs", "fsdp_hea
 
 
 #: behaviour fields added to the stack since, never plan fields
-ADDED = ("zero3_comm",)
+ADDED = ("zero3_comm", "tp_backward_overlap")
 
 
 def test_the_behaviour_fields_live_in_the_stack_not_the_plan():
@@ -42,7 +42,7 @@ def test_the_behaviour_fields_live_in_the_stack_not_the_plan():
 def test_every_profile_gives_every_field_with_its_source():
     names = stack_names()
     assert {"megatron-core", "nemo", "torchtitan", "torchtitan-2024", "fsdp2-eager", "deepspeed", "deepspeed-zero3",
-            "deepspeed-zero3-2021", "nanotron", "composer", "megatron-deepspeed", "megatron-lm-2021"} == set(names)
+            "deepspeed-zero3-2021", "nanotron", "composer", "megatron-deepspeed", "megatron-lm-2021", "megatron-lm-2022"} == set(names)
     for name in names:
         entry = stack_profile(name)
         assert entry["title"] and entry["release"] and entry["summary"], name

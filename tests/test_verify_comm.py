@@ -284,9 +284,10 @@ def test_memory_rank_function_on_real_processes(runs):
 
 
 def test_predicted_tp_collectives_time_to_estimates_tp_time():
-    """The list of collectives is the one estimate() times: same count, bytes and group."""
+    """The list of collectives is the one estimate() times: same count, bytes and group (torch's
+    TP, as the verification runs it: every collective exposed, no backward re-gather)."""
     for sp in (False, True):
-        plan = TrainingPlan(tp=4, seq_len=2048, global_batch=4, sequence_parallel=sp)
+        plan = TrainingPlan.of(tp=4, seq_len=2048, global_batch=4, sequence_parallel=sp, tp_backward_overlap=False)
         cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 4)
         from meshplan.catalog import load_model
 

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Optional
 
 from pydantic import ValidationError
 
-from meshplan.catalog import stack_names, stack_recompute, stack_schedules
+from meshplan.catalog import requested_stack, stack_names, stack_recompute, stack_schedules
 from meshplan.errors import InputError
 from meshplan.estimate import Budget, Estimate, estimate
 from meshplan.specs.hardware import ClusterSpec
@@ -134,7 +134,9 @@ def flags_of(p: TrainingPlan, new: TrainingPlan, changes: dict[str, Any], batch_
 def _try(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan, changes: dict[str, Any],
          budget: Optional[Budget]) -> Optional[tuple[TrainingPlan, Estimate]]:
     try:
-        new = plan.replace(**changes)
+        # the requested stack, its rules applied to the new layout: a plan at tp 1 has TP's fields
+        # set aside, which its advice with TP gets back, as the same flags on the command line do
+        new = plan.replace(stack=requested_stack(plan), **changes)
         return new, estimate(model, cluster, new, budget)
     except (InputError, ValidationError, ValueError):
         return None

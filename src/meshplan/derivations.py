@@ -25,7 +25,13 @@ from meshplan.units import TFLOPS, fmt_bytes, fmt_seconds
 
 def _tp_overlap_words(p: TrainingPlan) -> str:
     """How a layer's TP collectives overlap, as the ``time.layer`` derivation names it."""
-    if not p.stack.tp_comm_overlap or p.tp == 1:
+    if p.tp == 1:
+        return "not overlapped"
+    if not p.stack.tp_comm_overlap:
+        if p.stack.tp_backward_overlap:
+            return ("forward not overlapped; backward behind the column-parallel linears' GEMMs"
+                    + (": the input's re-gather behind dX, the reduce-scatter behind dW, the output gradient's all-gather "
+                       "exposed" if p.sequence_parallel else ": the all-reduce behind dW") + " (meshplan.cost.tp_backward)")
         return "not overlapped"
     if p.stack.tp_overlap_kind == "micro-pipeline":
         return "micro-pipelined, torch AsyncTP: fused all-gather/reduce-scatter matmuls in t chunks"
@@ -239,7 +245,9 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
          ("attention", f"{fmt_seconds(ops.fwd_attention)} / {fmt_seconds(ops.bwd_attention)}"),
          ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),)
         + _attention_kernel_rows(p, est.calibration)
-        + (("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2)"),
+        + (("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2"
+                       + ("; the backward also re-gathers the input projections' inputs"
+                          if p.sequence_parallel and p.stack.tp_backward_overlap else "") + ")"),
          ("TP exposed", f"{fmt_seconds(lt.tp_fwd)} / {fmt_seconds(lt.tp_bwd)} "
                         f"({_tp_overlap_words(p)}{', recompute repeats the forward' if p.recompute == 'full' else ''})"))
         + _cp_rows(p, cp_comm, lt),
@@ -257,7 +265,7 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         (("n_SM", f"{gpu.sm_count} SMs ({gpu.name})"),
          ("n_c", f"{NCCL_CTAS} NCCL CTAs (FSDP, CP, DP)" + (
              f"; TP {ctas:g} ({'copy engines' if p.stack.tp_overlap_kind == 'micro-pipeline' else 'userbuffers: all-gather 1, reduce-scatter 16'})"
-             if p.stack.tp_comm_overlap and p.tp > 1 else "")),)
+             if p.stack.tp_comm_overlap and p.tp > 1 else "; TP's backward overlap runs on them too" if p.stack.tp_backward_overlap else "")),)
         + tuple((f"T_h {kinds[k]}", f"{fmt_seconds(v)} hidden → +{fmt_seconds(t.contention[k])}")
                 for k, v in t.hidden_comm.items() if v > 0),
         f"{fmt_seconds(t.contention_s)} per step (the layers' in compute, the DP synchronization's in DP comm and weight all-gather)",

@@ -51,8 +51,9 @@ def collective_derivations(est, layers) -> list[Derivation]:
     if p.tp > 1:
         ops = (("AG", "all_gather"), ("RS", "reduce_scatter")) if sp else (("AR", "all_reduce"),)
         for short, op in ops:
-            rows.append(_row(f"TP {short}", op, cm.act_msg, pl.tp, est, terms.cal,
-                             "2 per layer forward, 2 backward (the n·h·e activation)"))
+            per_layer = ("2 per layer forward, 4 backward: the input projections' inputs re-gathered (the n·h·e activation)"
+                         if short == "AG" and p.stack.tp_backward_overlap else "2 per layer forward, 2 backward (the n·h·e activation)")
+            rows.append(_row(f"TP {short}", op, cm.act_msg, pl.tp, est, terms.cal, per_layer))
     if p.cp > 1:
         rows.append(("CP K|V", f"{fmt_seconds(cm.cp_kv)} a ring step forward, {fmt_seconds(cm.cp_dkv)} backward, over "
                                f"{_where(pl.cp)} (time.layer: what stays exposed)"))

@@ -29,7 +29,7 @@ from meshplan.cost.compose import (
     total_of,
 )
 from meshplan.cost.compute import OpTimes, optimizer_step_time
-from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_overlap_ctas
+from meshplan.cost.contention import NCCL_CTAS, contention_time, sm_share, tp_hidden_ctas
 from meshplan.cost.flops import StepFlops, step_flops
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import ModelState, StageMemory, model_state_bytes
@@ -321,7 +321,8 @@ def _layer_terms(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan, spl
     k, cm = terms.kernel(t, c, b, sp, mode, fp8_gather), terms.comm(t, c, pp, d, b, sp)
     u = terms.units(t, c, pp, d, ds if fsdp_per_layer else 0)
     gpu = cluster.gpu
-    shares = dict(nccl_share=sm_share(NCCL_CTAS, gpu.sm_count), tp_share=sm_share(tp_overlap_ctas(stack.tp_overlap_kind), gpu.sm_count))
+    shares = dict(nccl_share=sm_share(NCCL_CTAS, gpu.sm_count),
+                  tp_share=sm_share(tp_hidden_ctas(stack.tp_comm_overlap, stack.tp_overlap_kind), gpu.sm_count))
     lt_args = layer_time_args(
         stack, k._asdict(), cm._asdict(), u._asdict(), full_recompute=mode == "full", sp=sp,
         tp_comm_overlap=stack.tp_comm_overlap, cp=c, fsdp_per_layer=fsdp_per_layer,

@@ -35,6 +35,7 @@ def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
         micro_batch=v["micro_batch"], global_batch=LLAMA3_BATCH_TOKENS // s, seq_len=s,
         recompute=v["recompute"], zero=v["zero"], rank_order=tuple(v["rank_order"].split(",")),
         precision=PrecisionRecipe(precision="bf16", grad_dtype="fp32"), attention_kernel=v["attention_kernel"],
+        tp_backward_overlap=v["tp_backward_overlap"],
     )
     cluster = ClusterSpec.of(load_gpu(v["gpu"]), n, pod_size=v["pod_size"],
                              oversubscription=v["oversubscription"])
@@ -65,7 +66,9 @@ def map_llama3(r: dict[str, Any]) -> list[MappedRun]:
         "for 128 stages of 126 layers)",
         "document masking not modelled: attention spans whole sequences",
         "Meta's own PyTorch stack, not Transformer Engine: the paper names no attention kernel; FlashAttention-2's "
-        "rates (meshplan attention_kernel flash2), not the cuDNN attention the fused stack takes on Hopper",
+        "rates (meshplan attention_kernel flash2), not the cuDNN attention the fused stack takes on Hopper; "
+        "and not Megatron's or Transformer Engine's linears, which run the backward's TP collectives behind their "
+        "GEMMs: each TP collective exposed where autograd meets it, as torch's TP runs them (tp_backward_overlap off)",
         "H100 SXM 80GB HBM3 at 700 W (catalog), 400 Gb/s RoCE per GPU",
     ]
     if cp > 1:

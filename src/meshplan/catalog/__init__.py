@@ -21,7 +21,7 @@ from meshplan.errors import InputError
 from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import GPUSpec, PeakFlops
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.stack import BEHAVIOUR_FIELDS, Stack, applied
+from meshplan.specs.stack import BEHAVIOUR_FIELDS, RULES, Stack, applied
 from meshplan.units import GBPS, GiB, TFLOPS
 
 from pydantic import ValidationError
@@ -254,6 +254,10 @@ def stack_overrides(stack: Stack, plan: Any = None) -> dict[str, Any]:
     if stack.name not in stack_names():
         return {}
     profile = load_stack(stack.name)
+    set_aside: set[str] = set()
     if plan is not None:
         profile = applied(profile, plan)
-    return {k: v for k, v in stack.behaviour().items() if getattr(profile, k) != v}
+        # a field at its neutral value by a rule that leaves it to the plan's other fields (TP
+        # overlap on sets the backward's own TP overlap aside) was not set: no difference
+        set_aside = {r.field for r in RULES if not r.applies(stack, plan) and getattr(stack, r.field) == r.neutral}
+    return {k: v for k, v in stack.behaviour().items() if getattr(profile, k) != v and k not in set_aside}

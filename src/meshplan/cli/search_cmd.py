@@ -49,9 +49,10 @@ _LAYOUT_KEYS = {"tp", "cp", "pp", "dp", "ep", "vpp", "schedule", "micro_batch", 
                 "tp_comm_overlap", "dp_shard"}
 
 
-def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan:
-    """``"tp=8,pp=16,cp=1,vpp=2,schedule=interleaved"`` over the search's base plan; dp is the
-    rest of the GPUs unless given."""
+def parse_baseline(text: str, base: TrainingPlan, num_gpus: int, stack: Optional[Stack] = None) -> TrainingPlan:
+    """``"tp=8,pp=16,cp=1,vpp=2,schedule=interleaved"`` over the search's base plan, run by
+    ``stack`` as requested (default: the base's; its rules apply to the baseline's own layout, not
+    to the base's, whose tp 1 sets the TP fields aside); dp is the rest of the GPUs unless given."""
     fields: dict[str, Any] = {}
     for part in text.split(","):
         if not part.strip():
@@ -91,7 +92,8 @@ def parse_baseline(text: str, base: TrainingPlan, num_gpus: int) -> TrainingPlan
         if num_gpus % inner:
             raise InputError("baseline", f"tp x cp x pp = {inner} does not divide the {num_gpus:,} GPUs")
         fields["dp"] = num_gpus // inner
-    merged = {**base.model_dump(), "tp": 1, "cp": 1, "pp": 1, "vpp": 1, "schedule": "1f1b", **fields}
+    merged = {**base.model_dump(), "stack": base.stack if stack is None else stack, "tp": 1, "cp": 1, "pp": 1, "vpp": 1,
+              "schedule": "1f1b", **fields}
     try:
         return TrainingPlan.of(**merged)
     except Exception as err:  # pydantic: one line naming the rule
@@ -277,7 +279,7 @@ def _setup(plan: PlanArgs, search: SearchArgs, baseline: Optional[str]) -> tuple
         base_plan = base_plan.replace(**{"global_batch": preset_setup.plan.global_batch, "seq_len": preset_setup.plan.seq_len})
     bl = None
     if baseline is not None:
-        bl = parse_baseline(baseline, base_plan, cluster.num_gpus)
+        bl = parse_baseline(baseline, base_plan, cluster.num_gpus, one.stack)
     elif preset_setup is not None:
         bl = preset_setup.plan
     return one.model, cluster, base_plan, limits, budget, bl, stack

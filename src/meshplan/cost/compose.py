@@ -21,7 +21,7 @@ import numpy as np
 
 from meshplan.cost.contention import contention_time
 from meshplan.cost.cp_exchange import cp_exposed_times, cp_raw_times
-from meshplan.cost.step import exposed
+from meshplan.cost.step import exposed, hidden_comm
 
 Num = Union[float, int, np.ndarray]
 
@@ -88,11 +88,13 @@ def layer_times(
     fsdp_units: tuple[Num, Num, Num, Num], embedding_kept: Any, tp_overlapped: tuple[Num, Num] | None = None,
     kernels: str = "fused", nccl_share: Num = 0.0, tp_share: Num = 0.0,
     fsdp_copies: tuple[Num, Num, Num, Num, Num, Num] = (0.0,) * 6, expert_tp: Num | None = None, zero3_blocking: bool = False,
+    own_backward_tp: tuple[Num, Num, Num] | None = None,
 ) -> LayerTimes:
     """Per-layer times from the layer's op times and the collective times it needs (numbers, or
     arrays over rows of plans, elementwise):
 
-    * TP, exposed or hidden behind the GEMMs (:func:`_tp_times`); the embedding reduces its output
+    * TP, exposed or hidden behind the GEMMs (:func:`_tp_times`; ``own_backward_tp``: the
+      backward's own overlap, :meth:`meshplan.cost.terms.Terms.backward_tp`); the embedding reduces its output
       forward (reduce-scatter with SP, then an all-gather of its gradient backward); the LM head
       gathers its input forward with SP and reduces its input gradient backward (Shoeybi et al.
       2019; Korthikanti et al. 2022).
@@ -107,7 +109,7 @@ def layer_times(
       collectives and ``nccl_share`` for the CP and FSDP ones (both 0: no contention).
     """
     tp_fwd, tp_bwd, h_tp_fwd, h_tp_bwd = _tp_times(tp_one, tp_comm_overlap, tp_overlapped, expert_tp, fwd_gemm, bwd_gemm,
-                                                   full_recompute)
+                                                   full_recompute, own_backward_tp)
     half = pick(sp, tp_one / 2, 0.0)
     cp_fwd, cp_bwd = cp_exposed_times(kernels, cp, cp_comm[0], cp_comm[1], fwd_attention, bwd_attention)
     raw_cp_fwd, raw_cp_bwd = cp_raw_times(kernels, cp, cp_comm[0], cp_comm[1])
@@ -147,7 +149,7 @@ def layer_times(
 
 
 def _tp_times(tp_one: Num, tp_comm_overlap: Any, tp_overlapped: tuple[Num, Num] | None, expert_tp: Num | None, fwd_gemm: Num,
-              bwd_gemm: Num, full_recompute: Any) -> tuple[Num, Num, Num, Num]:
+              bwd_gemm: Num, full_recompute: Any, own_backward: tuple[Num, Num, Num] | None = None) -> tuple[Num, Num, Num, Num]:
     """A layer's exposed TP (forward, backward) and the TP hidden behind its GEMMs (forward,
     backward; full recompute hides the forward's again in the backward). ``tp_one``: one
     all-reduce, or with sequence parallelism one all-gather + one reduce-scatter, of n·h·e (0
@@ -158,17 +160,25 @@ def _tp_times(tp_one: Num, tp_comm_overlap: Any, tp_overlapped: tuple[Num, Num] 
     :func:`meshplan.cost.moe.expert_tp_time`) keeps the attention half's TP pair as above; its MLP
     half moves the dispatched tokens instead, one all-gather and one reduce-scatter of n·k·h·e
     each way, exposed (outside the TP overlap). torch's micro-pipelined times already leave an MoE
-    layer's MLP pair exposed whole (``tp_one``), which the expert exchange replaces."""
+    layer's MLP pair exposed whole (``tp_one``), which the expert exchange replaces.
+
+    Without TP overlap, ``own_backward`` (attention's exposed, a dense MLP's exposed, one block's
+    moved; the stack's ``tp_backward_overlap``, :mod:`meshplan.cost.tp_backward`) replaces the
+    backward's pairs: the column-parallel linears run their collectives behind their own GEMMs and
+    only what outlasts them is exposed; the forward's stay exposed."""
     pairs = 2 if expert_tp is None else 1  # TP pairs that overlap can hide: attention's and a dense MLP's
-    tp_fwd = tp_bwd = pairs * tp_one
+    tp_fwd = tp_bwd = moved_bwd = pairs * tp_one
     if tp_overlapped is None:
         tp_fwd, tp_bwd = pick(tp_comm_overlap, exposed(tp_fwd, fwd_gemm), tp_fwd), pick(tp_comm_overlap, exposed(tp_bwd, bwd_gemm), tp_bwd)
     else:
         mlp = 0.0 if expert_tp is None else tp_one  # the MoE MLP pair its times leave exposed
         tp_fwd = pick(tp_comm_overlap, tp_overlapped[0] - mlp, tp_fwd)
         tp_bwd = pick(tp_comm_overlap, tp_overlapped[1] - mlp, tp_bwd)
+    if own_backward is not None:  # where TP overlap is off (plan by plan in the search)
+        tp_bwd = pick(tp_comm_overlap, tp_bwd, own_backward[0] + (own_backward[1] if expert_tp is None else 0.0))
+        moved_bwd = pick(tp_comm_overlap, moved_bwd, pairs * own_backward[2])
     h_tp_fwd = hidden_comm(pairs * tp_one, tp_fwd)
-    h_tp_bwd = hidden_comm(pairs * tp_one, tp_bwd) + pick(full_recompute, h_tp_fwd, 0.0)
+    h_tp_bwd = hidden_comm(moved_bwd, tp_bwd) + pick(full_recompute, h_tp_fwd, 0.0)
     if expert_tp is not None:
         tp_fwd, tp_bwd = tp_fwd + expert_tp, tp_bwd + expert_tp
     return tp_fwd, tp_bwd, h_tp_fwd, h_tp_bwd
@@ -227,14 +237,6 @@ def _fsdp_times(fwd: Num, bwd: Num, recompute: Num, emb: tuple, head: tuple, fsd
         hidden_fsdp_head_fwd=on(hidden_comm(head_ag, fsdp_head_fwd)),
         hidden_fsdp_head_bwd=on(hidden_comm(head_rs, fsdp_head_bwd)),
     )
-
-
-def hidden_comm(comm: Num, exposed_part: Num) -> Num:
-    """Seconds of a collective that run concurrently with compute: its time before overlap less
-    the part left exposed, max(comm − exposed, 0) (0 when nothing overlaps). Numbers or arrays."""
-    if isinstance(comm, np.ndarray) or isinstance(exposed_part, np.ndarray):
-        return np.maximum(comm - exposed_part, 0.0)
-    return max(comm - exposed_part, 0.0)
 
 
 @dataclass

@@ -304,6 +304,24 @@ def layer_op_times(
     return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec, weight_cast)
 
 
+def input_projection_backward(model: ModelSpec, tokens: float, tp: int, kernels: str, gpu: GPUSpec, cal: Calibration,
+                              compute_dtype: str, act_bytes: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(input-gradient, weight-gradient) seconds of the GEMMs that read the attention block's and
+    the MLP block's input (:data:`INPUT_PROJECTIONS`: QKV, gate|up or fc1; MLA's q_a and kv_a), one
+    micro-batch of ``tokens`` on one TP rank, the pair the block's backward TP collectives run behind
+    (:mod:`meshplan.cost.tp_backward`); the MLP's pair is a dense MLP's."""
+    peak, cal_g = gpu.peak(compute_dtype), gemm_calibration(cal, compute_dtype)
+    ge = gemm_operand_bytes(compute_dtype, act_bytes)
+    blocks = {False: [0.0, 0.0], True: [0.0, 0.0]}
+    for name, (M, N, K) in projection_gemms(model, tokens, tp, kernels):
+        if name in INPUT_PROJECTIONS:
+            _, dgrad, wgrad = _gemm_fwd_bwd(M, N, K, gpu, cal_g, peak, ge, act_bytes)
+            pair = blocks[name in MLP_GEMM_NAMES]
+            pair[0] += dgrad
+            pair[1] += wgrad
+    return (blocks[False][0], blocks[False][1]), (blocks[True][0], blocks[True][1])
+
+
 def _gemm_times(gemms: list, grouped: list, gpu: GPUSpec, cal: Calibration, cal_g: Calibration, peak: float, ge: float,
                 e: int) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of a layer's GEMMs ``gemms`` (M, N, K)

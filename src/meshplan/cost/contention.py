@@ -36,7 +36,7 @@ and H100 (Lee et al. 2025, arXiv 2507.03114, abstract), is above NCCL's 16/132 =
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -60,6 +60,15 @@ def tp_overlap_ctas(tp_overlap_kind: str) -> float:
     """SMs an overlapped TP collective holds for the plan's ``tp_overlap_kind``: Transformer
     Engine's userbuffers (``userbuffers``) or torch's micro-pipelined TP (``micro-pipeline``)."""
     return MICRO_PIPELINE_CTAS if tp_overlap_kind == "micro-pipeline" else USERBUFFERS_CTAS
+
+
+def tp_hidden_ctas(tp_comm_overlap: Any, tp_overlap_kind: str) -> Any:
+    """SMs the TP collectives hidden behind compute hold: the TP overlap's
+    (:func:`tp_overlap_ctas`) where ``tp_comm_overlap`` (a switch, or an array of them), else
+    NCCL's own kernels (:data:`NCCL_CTAS`), which run the backward's own overlap
+    (:mod:`meshplan.cost.tp_backward`)."""
+    return np.where(tp_comm_overlap, tp_overlap_ctas(tp_overlap_kind), NCCL_CTAS) if isinstance(tp_comm_overlap, np.ndarray) \
+        else (tp_overlap_ctas(tp_overlap_kind) if tp_comm_overlap else NCCL_CTAS)
 
 
 def contention_time(hidden: Num, share: Num) -> Num:

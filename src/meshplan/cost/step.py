@@ -6,7 +6,9 @@ Per layer and micro-batch (n = b·s/c tokens per GPU, e bytes per activation ele
   parallelism 2 all-reduces of n·h·e forward and 2 backward; with it, 2 all-gathers + 2
   reduce-scatters of the same size forward and backward (same bytes on the wire). On the critical
   path; with TP communication overlap (Megatron ``--tp-comm-overlap``, torchtitan async TP) only
-  the part longer than the layer's GEMMs stays exposed.
+  the part longer than the layer's GEMMs stays exposed, and without it Megatron-LM (since
+  2021-09) and Transformer Engine run the backward's behind the column-parallel linears' own
+  GEMMs (:mod:`meshplan.cost.tp_backward`).
 * CP ring attention (Liu et al. 2023): c − 1 steps, each passing the local K and V
   (2·n·g·d·e / t bytes) forward, and K, V plus their gradients backward; each step overlaps
   with 1/c of the attention compute.
@@ -32,3 +34,11 @@ def exposed(comm, window, tail=0.0):
     if isinstance(comm, np.ndarray) or isinstance(window, np.ndarray) or isinstance(tail, np.ndarray):
         return np.maximum(np.maximum(comm - window, np.minimum(tail, comm)), 0.0)
     return max(comm - window, min(tail, comm), 0.0)
+
+
+def hidden_comm(comm, exposed_part):
+    """Seconds of a collective that run concurrently with compute: its time before overlap less
+    the part left exposed, max(comm − exposed, 0) (0 when nothing overlaps). Numbers or arrays."""
+    if isinstance(comm, np.ndarray) or isinstance(exposed_part, np.ndarray):
+        return np.maximum(comm - exposed_part, 0.0)
+    return max(comm - exposed_part, 0.0)

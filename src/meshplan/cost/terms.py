@@ -28,13 +28,14 @@ from meshplan.cost.activations import (
 from meshplan.cost.async_tp import micro_pipeline_tp_times
 from meshplan.cost.calibration import calibration_for, synchronized
 from meshplan.cost.comm import Placements, dp_sync_times, fsdp_unit_times, placements, tp_collective_time
-from meshplan.cost.compute import OpTimes, embedding_op_times, head_op_times, layer_op_times, recompute_time
+from meshplan.cost.compute import OpTimes, embedding_op_times, head_op_times, input_projection_backward, layer_op_times, recompute_time
 from meshplan.cost.cp_exchange import cp_exchange_collectives
 from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_step_copy_times, fsdp2_unit_copy_times, gather_pool_bytes, runs_fsdp2
 from meshplan.cost.moe import (
     alltoall_times, expert_dp_placements, expert_group_placements, expert_tp_time, moe_fsdp_layer_times, rank_expert_params,
 )
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, largest_layer_params, rank_params
+from meshplan.cost.tp_backward import block_backward_tp
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -95,6 +96,11 @@ class MicroBatchComm(NamedTuple):
     tp_micro_fwd: float  # micro-pipelined TP, forward and backward
     tp_micro_bwd: float
     expert_tp: float  # an MoE layer's expert TP exchange
+    # under tp_backward_overlap (meshplan.cost.tp_backward; else 0): the backward TP each block
+    # leaves exposed, attention's and a dense MLP's, and what one block's backward moves
+    tp_bwd_attn: float
+    tp_bwd_mlp: float
+    tp_bwd_moved: float
 
 
 class UnitComm(NamedTuple):
@@ -244,7 +250,25 @@ class Terms:
         micro = (micro_pipeline_tp_times(model, tokens, t, bool(sp), pl.tp, cluster, cal, self.rec.compute_dtype, e, st.kernels)
                  if st.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
         expert_tp = expert_tp_time(model, tokens, pl.tp, e, cluster, cal) if model.is_moe else 0.0
-        return MicroBatchComm(tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp)
+        return MicroBatchComm(tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp,
+                              *self.backward_tp(t, c, p, d, b, sp))
+
+    @_cached
+    def backward_tp(self, t: int, c: int, p: int, d: int, b: int, sp: bool) -> tuple[float, float, float]:
+        """(attention's exposed, a dense MLP's exposed, one block's moved) backward TP seconds of
+        one micro-batch when the column-parallel linears run them behind their GEMMs
+        (:func:`meshplan.cost.tp_backward.block_backward_tp`); zeros unless the stack does and TP
+        spans more than one GPU."""
+        pl = self.place(t, c, p, d, d)
+        if not self.stack.tp_backward_overlap or pl.tp.size <= 1:
+            return 0.0, 0.0, 0.0
+        model, cluster, cal = self.model, self.cluster, self.cal
+        tokens = b * self.base.seq_len / c
+        act_msg = tokens * model.hidden * self.e
+        ag, rs, ar = (coll.collective_time(op, act_msg, pl.tp, cluster, cal) for op in ("all_gather", "reduce_scatter", "all_reduce"))
+        attn, mlp = input_projection_backward(model, tokens, t, self.stack.kernels, cluster.gpu, cal, self.rec.compute_dtype, self.e)
+        (x_attn, moved), (x_mlp, _) = (block_backward_tp(bool(sp), ag, rs, ar, *g) for g in (attn, mlp))
+        return x_attn, x_mlp, moved
 
     @_cached
     def a2a(self, t: int, c: int, p: int, d: int, ep: int, b: int, sp: bool, full: bool) -> tuple[float, float]:
@@ -369,6 +393,7 @@ def layer_time_args(stack: Stack, k, cm, u, *, full_recompute, sp, tp_comm_overl
         fsdp_units=(u["emb_all_gather"], u["emb_reduce_scatter"], u["head_all_gather"], u["head_reduce_scatter"]),
         fsdp_copies=tuple(u[name] for name in UnitComm._fields[6:]),
         embedding_kept=embedding_kept, nccl_share=nccl_share, tp_share=tp_share,
+        own_backward_tp=(cm["tp_bwd_attn"], cm["tp_bwd_mlp"], cm["tp_bwd_moved"]) if stack.tp_backward_overlap else None,
         **{name: k[name] for name in _OP_FIELDS},
     )
     if stack.tp_overlap_kind == "micro-pipeline":

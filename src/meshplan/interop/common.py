@@ -100,6 +100,16 @@ def fp8_library(plan: TrainingPlan, led: Ledger, engine: str, native: str) -> No
         led.lose("fp8_linears", f"{engine}'s FP8 linears are {native}'s, not {plan.stack.fp8_library}'s; exported so")
 
 
+def tp_backward(plan: TrainingPlan, led: Ledger, engine: str, native: bool) -> None:
+    """Warn when ``plan``'s TP backward (``tp_backward_overlap``: the column-parallel linears'
+    collectives behind their own GEMMs, :mod:`meshplan.cost.tp_backward`) is not what the
+    ``engine`` runs without TP overlap (``native``): no engine has a switch for it."""
+    if plan.tp > 1 and not plan.stack.tp_comm_overlap and plan.stack.tp_backward_overlap != native:
+        how = ("runs the column-parallel linears' backward collectives behind their GEMMs (no switch turns it off)" if native
+               else "meets each TP collective where autograd does")
+        led.lose("tp_backward_overlap", f"{engine} {how}; exported so")
+
+
 def attention_kernel(plan: TrainingPlan, led: Ledger, engine: str) -> None:
     """Warn when ``plan`` asks for cuDNN's fused attention (``attention_kernel cudnn``) from an
     engine whose attention is torch's SDPA or the flash-attn package: FlashAttention-2."""

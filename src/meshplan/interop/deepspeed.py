@@ -36,7 +36,7 @@ from meshplan.bounded_parse import load_json
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, attention_kernel, choice, dependency_pipeline, fp8_all_gather, fsdp_root_unit,
-    stage_buffers,
+    stage_buffers, tp_backward,
 )
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -91,6 +91,7 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
     fsdp_root_unit(p, led, "DeepSpeed")
     fp8_all_gather(p, led, "DeepSpeed")
     attention_kernel(p, led, "DeepSpeed (torch's SDPA or flash-attn in the model code)")
+    tp_backward(p, led, "DeepSpeed's AutoTP without tp_overlap_comm", native=False)
     if p.stack.fsdp_accumulate_unsharded:
         led.lose("fsdp_accumulate_unsharded", "DeepSpeed ZeRO-3 reduce-scatters gradients every micro-batch")
     cfg["zero_optimization"] = zero
@@ -197,6 +198,7 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
 
     tpc = cfg.get("tensor_parallel", {})
     f["tp_comm_overlap"] = tp > 1 and as_bool("tensor_parallel.tp_overlap_comm", tpc.get("tp_overlap_comm", False))
+    f["tp_backward_overlap"] = False  # AutoTP meets each TP collective where autograd does
     f["sequence_parallel"] = tp == 1
     interval = as_int("pipeline.activation_checkpoint_interval", cfg.get("pipeline", {}).get("activation_checkpoint_interval", 0), lo=0)
     f["recompute"] = "full" if (pp > 1 and interval > 0) else "none"

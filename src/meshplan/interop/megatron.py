@@ -63,6 +63,7 @@ from meshplan.interop import shell
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_int, choice,
     dependency_pipeline, effective_split, fp8_all_gather, fp8_library, fsdp_root_unit, single_values, stage_buffers,
+    tp_backward,
 )
 from meshplan.pipeline.stages import check_split, default_layer_split
 from meshplan.specs.model import ModelSpec
@@ -203,6 +204,7 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
     if schedule in NEAREST:
         led.lose("schedule", f"Megatron-LM has no {schedule} schedule; exported as {NEAREST[schedule]} with {vpp} chunk(s) per rank")
     dependency_pipeline(p, led, "Megatron-LM")
+    tp_backward(p, led, "Megatron-Core", native=True)
     fsdp_root_unit(p, led, "Megatron-LM")
     fp8_all_gather(p, led, "Megatron-LM")
     fp8_library(p, led, "Megatron-LM", "transformer-engine")
@@ -449,6 +451,7 @@ def parse(text: str) -> ParseResult:
                      "checkpoint (every layer recomputed; the stored inputs are fewer)")
     f["sequence_parallel"] = _flag(v, "--sequence-parallel") or tp == 1
     f["tp_comm_overlap"] = _flag(v, "--tp-comm-overlap") and tp > 1
+    f["tp_backward_overlap"] = True  # Megatron-Core's linears and Transformer Engine's, always
 
     fsdp = _flag(v, "--use-megatron-fsdp")
     strategy = val("--data-parallel-sharding-strategy")

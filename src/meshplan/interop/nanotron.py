@@ -52,7 +52,7 @@ from meshplan.bounded_parse import brief, load_yaml
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, ExportResult, Ledger, ParseResult, as_bool, as_int, attention_kernel, catalog_match, choice,
-    dependency_pipeline, fp8_all_gather, fsdp_root_unit, stage_buffers,
+    dependency_pipeline, fp8_all_gather, fsdp_root_unit, stage_buffers, tp_backward,
 )
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -156,6 +156,7 @@ def _parallelism(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
     fsdp_root_unit(p, led, "nanotron")
     fp8_all_gather(p, led, "nanotron")
     attention_kernel(p, led, "nanotron")
+    tp_backward(p, led, "nanotron without tp_linear_async_communication", native=False)
     stage_buffers(p, led, "nanotron", "in-flight")
     if p.layer_split is not None:
         led.lose("layer_split", "nanotron splits layers by its own cost estimate; not exported")
@@ -265,6 +266,7 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     mode = str(par.get("tp_mode") or "ALL_REDUCE")
     f["sequence_parallel"] = choice("parallelism.tp_mode", mode, {"ALL_REDUCE": False, "REDUCE_SCATTER": True}) or tp == 1
     f["tp_comm_overlap"] = tp > 1 and as_bool("parallelism.tp_linear_async_communication", par.get("tp_linear_async_communication") or False)
+    f["tp_backward_overlap"] = False  # without the async linears, each TP collective where autograd meets it
     f["recompute"] = _recompute(par, notes)
 
     if tok:

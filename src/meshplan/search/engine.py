@@ -79,7 +79,7 @@ from meshplan.cost.compose import (
     total_of,
 )
 from meshplan.cost.compute import optimizer_step_time
-from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_overlap_ctas
+from meshplan.cost.contention import NCCL_CTAS, sm_share, tp_hidden_ctas
 from meshplan.cost.fsdp_copies import runs_fsdp2
 from meshplan.cost.memory import ModelState, model_state_bytes
 from meshplan.cost.moe import add_moe_layers, moe_layers_per_stage
@@ -124,9 +124,11 @@ def _shared_stage_times(split: tuple[int, ...], lt) -> StageTimes:
 
 #: the stack fields the engine applies plan by plan itself, whose rules do not split a table
 #: (:meth:`Engine._parts`): TP overlap and its kind by the plan's overlap column (no overlap, no
-#: hidden TP), the pipeline's buffers and kept outputs by pp > 1, FSDP2's root unit by
+#: hidden TP; the backward's own TP overlap only where TP overlap is off, nothing at tp 1), the
+#: pipeline's buffers and kept outputs by pp > 1, FSDP2's root unit by
 #: :func:`meshplan.cost.fsdp_copies.root_unit_applies`; the pipeline runtime is the simulation's
-_PER_ROW = frozenset({"tp_comm_overlap", "tp_overlap_kind", "pp_buffers", "pp_return_outputs", "fsdp_head_in_root", "pipeline_runtime"})
+_PER_ROW = frozenset({"tp_comm_overlap", "tp_overlap_kind", "tp_backward_overlap", "pp_buffers", "pp_return_outputs",
+                      "fsdp_head_in_root", "pipeline_runtime"})
 
 
 
@@ -218,7 +220,8 @@ class Engine:
         self.rec = base.precision
         # the SM shares of hidden collectives (meshplan.cost.contention), as estimate takes them
         self.nccl_share = sm_share(NCCL_CTAS, cluster.gpu.sm_count)
-        self.tp_share = sm_share(tp_overlap_ctas(self.stack.tp_overlap_kind), cluster.gpu.sm_count)
+        # the hidden TP's per plan, by its TP overlap column: (without, with)
+        self.tp_share = tuple(sm_share(tp_hidden_ctas(on, self.stack.tp_overlap_kind), cluster.gpu.sm_count) for on in (False, True))
         # the per-argument terms, through the code estimate uses
         self.terms = Terms(model, cluster, base, self.stack)
         self.cal = self.terms.cal

@@ -56,11 +56,12 @@ class TableTerms:
     moe_kernel_ep1: Optional[np.ndarray] = None  # the MoE layer's terms with ep = 1 on the kernel rows
 
 
-def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, float]) -> TableTerms:
+def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float, float]]) -> TableTerms:
     """The per-argument terms of every plan of ``table`` (:class:`meshplan.cost.terms.Terms` of one
     model, cluster, base plan and stack), each computed once per distinct argument over the whole
     table (not per pipeline shape), and the layer times once per layer-time row; ``shares``: the
-    SM shares of hidden NCCL and TP collectives (:mod:`meshplan.cost.contention`)."""
+    SM shares of hidden NCCL collectives and of hidden TP ones without and with TP overlap
+    (:func:`meshplan.cost.contention.tp_hidden_ctas`)."""
     model, stack = terms.model, terms.stack
     # the recompute mode as its code in the table
     kernel_of = lambda t, c, b, sp, rc, g8: terms.kernel(t, c, b, sp, RECOMPUTE[rc], g8)  # noqa: E731
@@ -124,7 +125,7 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, float]) -> 
     )
 
 def _layer_times(table: PlanTable, at: np.ndarray, stack: Stack, model: ModelSpec, per_layer: np.ndarray, k: dict, cm: dict, moe: dict,
-                 shares: tuple[float, float]) -> tuple:
+                 shares: tuple[float, tuple[float, float]]) -> tuple:
     """:func:`layer_times` of the plans ``at`` (indices into ``table``), whose weights are sharded
     per layer where ``per_layer``, and of their MoE layers (None for a dense model), from their
     kernel and collective columns ``k``, ``cm`` and the MoE layer's kernel terms and ZeRO-3
@@ -133,7 +134,7 @@ def _layer_times(table: PlanTable, at: np.ndarray, stack: Stack, model: ModelSpe
         stack, k, cm, cm, full_recompute=table.recompute[at] == RECOMPUTE.index("full"), sp=table.sp[at],
         tp_comm_overlap=table.tpo[at], cp=table.cp[at], fsdp_per_layer=per_layer,
         embedding_kept=(model.tied_embeddings & (table.pp[at] == 1)) | root_unit_applies(stack.fsdp_head_in_root, table.zero[at], table.pp[at]),
-        nccl_share=shares[0], tp_share=shares[1],
+        nccl_share=shares[0], tp_share=np.where(table.tpo[at], shares[1][1], shares[1][0]),
     )
     lt = layer_times(**lt_args)
     if not model.is_moe:

@@ -62,6 +62,14 @@ class Stack(Spec):
       torchtitan's ``enable_async_tensor_parallel``); ``tp_overlap_kind`` says how
       (:mod:`meshplan.cost.async_tp`): ``userbuffers`` (Transformer Engine: every TP collective) or
       ``micro-pipeline`` (torch's AsyncTP: the fused all-gather/reduce-scatter matmuls only).
+    * ``tp_backward_overlap`` — without TP overlap, the column-parallel linears' backward runs its
+      TP collectives behind its own GEMMs (:mod:`meshplan.cost.tp_backward`): the input gradient's
+      all-reduce, with sequence parallelism its reduce-scatter, behind the weight-gradient GEMM, and
+      with sequence parallelism the all-gather of the saved input shard behind the input-gradient
+      GEMM (Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` since 2021-09,
+      always on in Megatron-Core; Transformer Engine's ``Linear`` and ``LayerNormLinear``); off:
+      each TP collective is exposed where autograd meets it (Megatron-LM v2.6's mapping
+      functions, torch's DTensor TP, nanotron without ``tp_linear_async_communication``).
     * ``overlap_grad_reduce``, ``overlap_param_gather`` — the data-parallel gradient reduction and
       parameter all-gather run behind compute (Megatron ``--overlap-grad-reduce``,
       ``--overlap-param-gather``; DDP buckets; FSDP prefetch).
@@ -95,6 +103,7 @@ class Stack(Spec):
     pp_return_outputs: bool = False
     tp_comm_overlap: bool = False
     tp_overlap_kind: Literal["userbuffers", "micro-pipeline"] = "userbuffers"
+    tp_backward_overlap: bool = True
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     reshard_after_forward: bool = True
@@ -177,6 +186,8 @@ RULES: tuple[Rule, ...] = (
          "the FP8 linears' library applies to precision fp8"),
     Rule("tp_comm_overlap", lambda s, p: p.tp > 1, False, "TP communication overlap needs tp > 1"),
     Rule("tp_overlap_kind", lambda s, p: s.tp_comm_overlap, "userbuffers", "the kind of TP overlap needs TP overlap"),
+    Rule("tp_backward_overlap", lambda s, p: p.tp > 1 and not s.tp_comm_overlap, False,
+         "the backward's own TP overlap needs tp > 1 and no TP communication overlap, which hides every TP collective"),
     Rule("pp_buffers", lambda s, p: p.pp > 1, "in-flight", "stage-to-stage buffers need pp > 1"),
     Rule("fsdp_accumulate_unsharded", lambda s, p: p.zero == 3 and p.pp > 1, False,
          "the unsharded accumulation is what torch's pipeline schedules do with ZeRO-3/FSDP: zero 3 and pp > 1"),
