@@ -26,6 +26,7 @@ waits for a neighbour that is still computing to exchange what it does not need 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -47,13 +48,13 @@ def runs_blocking(schedule: str, pp: int, runtime: str, m: int = 0) -> bool:
     return runtime == "blocking" and schedule in BLOCKING_SCHEDULES and pp > 1 and (schedule != "interleaved" or m % pp == 0)
 
 
-def _program(kinds: list[int], stages: list[int], mbs: list[int], n: int, looped: bool, warm: int) -> list[tuple]:
+def _program(kinds: list[int], stages: list[int], mbs: list[int], n: int, looped: bool, warm: int, m: int) -> list:
     """One rank's program as Megatron-LM v2.6's loops run its actions (kind 0 forward, else
-    backward): ``("act", i)`` runs action i, ``("call", sends, receives)`` one blocking exchange
-    (messages ``(kind, stage, micro-batch)``: ``a`` the activation a forward of ``stage`` sends
-    on, ``g`` the gradient a backward of ``stage`` sends back). The actions are ``warm`` leading
-    forwards (Megatron's ``num_warmup_microbatches``), then forward/backward pairs, then the
-    remaining backwards.
+    backward): an int ``i`` runs action i, a pair ``(sends, receives)`` is one blocking exchange of
+    messages numbered ``(d·n + stage)·m + micro-batch`` (d = 0: the activation a forward of
+    ``stage`` sends on; d = 1: the gradient a backward of ``stage`` sends back; ``m`` micro-batches).
+    The actions are ``warm`` leading forwards (Megatron's ``num_warmup_microbatches``), then
+    forward/backward pairs, then the remaining backwards.
 
     * 1F1B (``forward_backward_pipelining_without_interleaving``): each warm-up forward between
       ``recv_forward`` and ``send_forward``; in the steady state ``send_forward_recv_backward``
@@ -64,48 +65,52 @@ def _program(kinds: list[int], stages: list[int], mbs: list[int], n: int, looped
       backward's gradient); after each forward/backward pair one
       ``send_forward_backward_recv_forward_backward``; after each cool-down backward
       ``send_backward_recv_backward``."""
-    acts = list(zip(kinds, stages, mbs))
-    need = lambda i: [] if i is None else ([("a", acts[i][1] - 1, acts[i][2])] if acts[i][0] == 0 and acts[i][1] > 0 else  # noqa: E731
-                                          [("g", acts[i][1] + 1, acts[i][2])] if acts[i][0] != 0 and acts[i][1] < n - 1 else [])
-    make = lambda i: ([("a", acts[i][1], acts[i][2])] if acts[i][0] == 0 and acts[i][1] < n - 1 else  # noqa: E731
-                      [("g", acts[i][1], acts[i][2])] if acts[i][0] != 0 and acts[i][1] > 0 else [])
-    fwds = [i for i, a in enumerate(acts) if a[0] == 0]
-    bwds = [i for i, a in enumerate(acts) if a[0] != 0]
+    needs, makes = [], []  # per action: the message it receives first and the one it sends on
+    for k, st, mb in zip(kinds, stages, mbs):
+        if k == 0:
+            needs.append([(st - 1) * m + mb] if st > 0 else [])
+            makes.append([st * m + mb] if st < n - 1 else [])
+        else:
+            needs.append([(n + st + 1) * m + mb] if st < n - 1 else [])
+            makes.append([(n + st) * m + mb] if st > 0 else [])
+    need = lambda i: [] if i is None else needs[i]  # noqa: E731
+    fwds = [i for i, k in enumerate(kinds) if k == 0]
+    bwds = [i for i, k in enumerate(kinds) if k != 0]
     pairs = list(zip(fwds[warm:], bwds))
     cool = bwds[len(pairs):]
-    after = lambda xs, i: next((x for x in xs if x > i), None)  # noqa: E731
-    out: list[tuple] = []
-    call = lambda sends, recvs: out.append(("call", sends, recvs))  # noqa: E731
+    after = lambda xs, i: xs[j] if (j := bisect_right(xs, i)) < len(xs) else None  # noqa: E731  (xs ascending)
+    out: list = []
+    call = lambda sends, recvs: out.append((sends, recvs))  # noqa: E731
     if not looped:
         for i in fwds[:warm]:
             call([], need(i))
-            out.append(("act", i))
-            call(make(i), [])
+            out.append(i)
+            call(makes[i], [])
         if pairs:
             call([], need(pairs[0][0]))
         for k, (f, b) in enumerate(pairs):
-            out.append(("act", f))
-            call(make(f), need(b))
-            out.append(("act", b))
-            call(make(b), need(pairs[k + 1][0]) if k + 1 < len(pairs) else [])
+            out.append(f)
+            call(makes[f], need(b))
+            out.append(b)
+            call(makes[b], need(pairs[k + 1][0]) if k + 1 < len(pairs) else [])
         for b in cool:
             call([], need(b))
-            out.append(("act", b))
-            call(make(b), [])
+            out.append(b)
+            call(makes[b], [])
         return out
     call([], need(fwds[0]) if fwds else [])
     for k, i in enumerate(fwds[:warm]):
-        out.append(("act", i))
+        out.append(i)
         last = k == warm - 1
-        call(make(i), need(after(fwds, i)) + (need(bwds[0]) if last and pairs else []))
+        call(makes[i], need(after(fwds, i)) + (need(bwds[0]) if last and pairs else []))
     if not pairs and bwds:
         call([], need(bwds[0]))
     for f, b in pairs:
-        out += [("act", f), ("act", b)]
-        call(make(f) + make(b), need(after(fwds, f)) + need(after(bwds, b)))
+        out += [f, b]
+        call(makes[f] + makes[b], need(after(fwds, f)) + need(after(bwds, b)))
     for b in cool:
-        out.append(("act", b))
-        call(make(b), need(after(bwds, b)))
+        out.append(b)
+        call(makes[b], need(after(bwds, b)))
     return out
 
 
@@ -115,44 +120,65 @@ def simulate_blocking(sched: Schedule, fwd, bwd, transfer: float = 0.0, act_byte
     p, n = sched.pp, sched.n_stages
     f, b = np.asarray(fwd, dtype=float), np.asarray(bwd, dtype=float)
     looped = n > p
+    m = int(max((int(mb.max()) for mb in sched.mb if len(mb)), default=-1)) + 1
     progs, durations = [], []
     for r, (kd, sg, mb) in enumerate(zip(sched.kind, sched.stage, sched.mb)):
         kinds, stages = kd.tolist(), sg.tolist()
         warm = warmup_forwards(p, sched.microbatches, n // p, 2 if looped else 1, r)
-        progs.append(_program(kinds, stages, mb.tolist(), n, looped, warm))
+        progs.append(_program(kinds, stages, mb.tolist(), n, looped, warm, m))
         durations.append([float((f if kind == 0 else b)[k]) for kind, k in zip(kinds, stages)])
-    sender: dict[tuple, tuple[int, int]] = {}  # message -> (rank, item) of the call that sends it
-    receiver: dict[tuple, tuple[int, int]] = {}  # and of the call that receives it
+    # each call numbered g (a program item −g − 1), with the ranks and calls at its messages' other ends
+    call_rank: list[int] = []
+    sender: dict[int, int] = {}  # message -> the call that sends it
+    receiver: dict[int, int] = {}  # and the call that receives it
     for r, prog in enumerate(progs):
         for j, item in enumerate(prog):
-            if item[0] == "call":
-                sender.update((msg, (r, j)) for msg in item[1])
-                receiver.update((msg, (r, j)) for msg in item[2])
+            if type(item) is tuple:
+                g = len(call_rank)
+                call_rank.append(r)
+                sender.update(dict.fromkeys(item[0], g))
+                receiver.update(dict.fromkeys(item[1], g))
+                prog[j] = (g, item)
     if sender.keys() != receiver.keys():
         raise ValueError(f"messages sent or received only once: {sorted(sender.keys() ^ receiver.keys())[:3]}")
+    partners: list[tuple[int, ...]] = [()] * len(call_rank)
+    for prog in progs:
+        for j, item in enumerate(prog):
+            if type(item) is tuple:
+                g, (sends, recvs) = item
+                partners[g] = tuple(receiver[msg] for msg in sends) + tuple(sender[msg] for msg in recvs)
+                prog[j] = -g - 1
     clock = [0.0] * p  # each rank's time at its next item
     pos = [0] * p  # each rank's next item
-    reached: dict[tuple[int, int], float] = {}  # (rank, call) -> when the rank got there
+    reached = [-1.0] * len(call_rank)  # per call: when its rank got there (−1: not yet)
     starts: list[list[float]] = [[0.0] * len(d) for d in durations]
-    work = deque(range(p))
+    work, queued = deque(range(p)), [True] * p  # ranks to advance, each queued once
     while work:
         r = work.popleft()
-        while pos[r] < len(progs[r]):
-            item = progs[r][pos[r]]
-            if item[0] == "act":
-                starts[r][item[1]] = clock[r]
-                clock[r] += durations[r][item[1]]
-                pos[r] += 1
+        queued[r] = False
+        prog, dur, start = progs[r], durations[r], starts[r]
+        i, t = pos[r], clock[r]
+        while i < len(prog):
+            item = prog[i]
+            if item >= 0:  # an action
+                start[item] = t
+                t += dur[item]
+                i += 1
                 continue
-            here = (r, pos[r])
-            reached[here] = clock[r]
-            others = [receiver[msg] for msg in item[1]] + [sender[msg] for msg in item[2]]
-            if any(o not in reached for o in others):
+            g = -item - 1
+            reached[g] = t
+            others = partners[g]
+            if any(reached[o] < 0 for o in others):
                 break  # a neighbour has not reached its end of the exchange yet
             if others:
-                clock[r] = max([clock[r]] + [reached[o] for o in others]) + transfer
-            pos[r] += 1
-            work.extend(rank for rank, _ in others)
+                t = max(t, max(reached[o] for o in others)) + transfer
+            i += 1
+            for o in others:
+                rank = call_rank[o]
+                if not queued[rank]:
+                    queued[rank] = True
+                    work.append(rank)
+        pos[r], clock[r] = i, t
     if any(pos[r] < len(progs[r]) for r in range(p)):
         raise ValueError("the blocking exchanges deadlock: a rank waits for a neighbour that never reaches the exchange")
     finish = tuple(clock)
