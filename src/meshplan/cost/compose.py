@@ -94,10 +94,10 @@ def layer_times(
     arrays over rows of plans, elementwise):
 
     * TP, exposed or hidden behind the GEMMs (:func:`_tp_times`; ``own_backward_tp``: the
-      backward's own overlap, :meth:`meshplan.cost.terms.Terms.backward_tp`); the embedding reduces its output
-      forward (reduce-scatter with SP, then an all-gather of its gradient backward); the LM head
-      gathers its input forward with SP and reduces its input gradient backward (Shoeybi et al.
-      2019; Korthikanti et al. 2022).
+      backward's own overlap, :meth:`meshplan.cost.terms.Terms.backward_tp`); the embedding
+      reduces its output forward (reduce-scatter with SP, then an all-gather of its gradient
+      backward); the LM head gathers its input forward with SP and reduces its input gradient
+      backward (Shoeybi et al. 2019; Korthikanti et al. 2022).
     * CP (``cp_comm``: one K|V exchange and one backward transfer,
       :func:`meshplan.cost.cp_exchange.cp_exchange_collectives`): exposed as the software stack
       ``kernels`` runs it (:func:`meshplan.cost.cp_exchange.cp_exposed_times`: Megatron/TE's ring

@@ -67,8 +67,9 @@ def tp_hidden_ctas(tp_comm_overlap: Any, tp_overlap_kind: str) -> Any:
     (:func:`tp_overlap_ctas`) where ``tp_comm_overlap`` (a switch, or an array of them), else
     NCCL's own kernels (:data:`NCCL_CTAS`), which run the backward's own overlap
     (:mod:`meshplan.cost.tp_backward`)."""
-    return np.where(tp_comm_overlap, tp_overlap_ctas(tp_overlap_kind), NCCL_CTAS) if isinstance(tp_comm_overlap, np.ndarray) \
-        else (tp_overlap_ctas(tp_overlap_kind) if tp_comm_overlap else NCCL_CTAS)
+    if isinstance(tp_comm_overlap, np.ndarray):
+        return np.where(tp_comm_overlap, tp_overlap_ctas(tp_overlap_kind), NCCL_CTAS)
+    return tp_overlap_ctas(tp_overlap_kind) if tp_comm_overlap else NCCL_CTAS
 
 
 def contention_time(hidden: Num, share: Num) -> Num:
