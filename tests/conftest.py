@@ -26,6 +26,15 @@ def _output_width(monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
 
 
+@pytest.fixture(scope="session")
+def validated_all():
+    """``validate_runs(run_set="all")``, computed once for the modules that read it (every
+    published run predicted: the slowest setup the suite has)."""
+    from meshplan.accuracy import validate_runs
+
+    return validate_runs(run_set="all")
+
+
 @pytest.fixture(scope="module")
 def client():
     pytest.importorskip("fastapi", reason="fastapi is not installed (the web extra)")

@@ -392,5 +392,5 @@ def test_cli_validate_set_held_out_json_and_bad_input():
     assert code == 2 and "set" in err and "Traceback" not in err + out
     code, out, err = run_cli("validate", "--source", "mtnlg")  # a held-out source, visible set
     assert code == 2 and "--set all" in err
-    code, out, _ = run_cli("validate", "--set", "all", "--source", "mtnlg,korthikanti22", "--json")
-    assert code == 0 and set(json.loads(out)["groups"]) == {"mtnlg", "korthikanti22"}
+    code, out, _ = run_cli("validate", "--set", "all", "--source", "mtnlg,bloom", "--json")
+    assert code == 0 and set(json.loads(out)["groups"]) == {"mtnlg", "bloom"}

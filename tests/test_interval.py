@@ -10,7 +10,6 @@ from importlib import resources
 import pytest
 from test_validate_cli import assert_one_error, run_cli
 
-from meshplan.accuracy import validate_runs
 from meshplan.accuracy.coverage import coverage
 from meshplan.accuracy.interval import (
     WRITE_COMMAND, Residual, conformal_ratios, interval_for, load_residuals, min_runs, residuals_json, residuals_of,
@@ -20,8 +19,8 @@ from meshplan.errors import InputError
 
 
 @pytest.fixture(scope="module")
-def everything():
-    return validate_runs(run_set="all")
+def everything(validated_all):
+    return validated_all
 
 
 def _res(ratio: float, *, source="s", family="fused", generation="H100", gpus=64, run_set="visible") -> Residual:

@@ -147,8 +147,9 @@ def test_without_ctas_the_step_is_shorter_by_the_contention(rows, monkeypatch):
 
 def test_rows_that_overlap_nothing_are_unchanged(rows):
     # Narayanan 2021 with Megatron's local DDP: TP exposed (v2.6), DP reduced after the pipeline
-    local = [r for rid, r in rows.items() if rid.startswith("narayanan21") and not r.plan.stack.overlap_grad_reduce]
-    assert len(local) >= 5
+    # (the pipelines of up to 16 stages: the deeper ones replay Megatron's blocking loop at length)
+    local = [r for rid, r in rows.items() if rid.startswith("narayanan21") and not r.plan.stack.overlap_grad_reduce and r.plan.pp <= 16]
+    assert len(local) >= 4
     for r in local:
         t = estimate(r.model, r.cluster, r.plan).time
         assert t.contention_s == 0.0 and sum(t.hidden_comm.values()) == 0.0, r.id
@@ -158,7 +159,7 @@ def test_the_backwards_own_tp_overlap_is_charged_at_nccls_share(rows):
     # Korthikanti 2022: only the backward's TP hides (behind the column-parallel linears' GEMMs),
     # run by NCCL's kernels, so its contention is NCCL's share of the SMs
     for rid, r in rows.items():
-        if rid.startswith("korthikanti22"):
+        if rid.startswith(("korthikanti22_22B", "korthikanti22_175B")):  # with and without SP, pipelined or not
             t = estimate(r.model, r.cluster, r.plan).time
             assert r.plan.stack.tp_backward_overlap and not r.plan.stack.tp_comm_overlap
             assert t.hidden_comm["tp"] > 0 and sum(t.hidden_comm.values()) == t.hidden_comm["tp"], rid

@@ -9,15 +9,14 @@ import json
 import pytest
 from test_validate_cli import run_cli
 
-from meshplan.accuracy import validate_runs
 from meshplan.accuracy.groups import gpu_generation, scale_bucket, stack_family
 from meshplan.catalog import load_stack
 from meshplan.cli import validate_cmd
 
 
 @pytest.fixture(scope="module")
-def everything():
-    return validate_runs(run_set="all")
+def everything(validated_all):
+    return validated_all
 
 
 def test_bucket_edges_generation_and_family():
