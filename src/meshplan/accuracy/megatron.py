@@ -57,7 +57,7 @@ def _mapped(r: dict[str, Any], group: str, source: str, gpu_name: str, model, cl
     )
 
 
-#: the profiles of Megatron-LM before its distributed optimizer: local DDP (gradients all-reduced after
+#: the profiles of Megatron-LM without its distributed optimizer: local DDP (gradients all-reduced after
 #: the backward), no TP overlap; v2.6 meets each TP collective where autograd does, the 2022 code runs
 #: the column-parallel linears' backward collectives behind their GEMMs (catalog/data/stacks.yaml)
 MEGATRON_2021, MEGATRON_2022 = "megatron-lm-2021", "megatron-lm-2022"
