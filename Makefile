@@ -39,8 +39,9 @@ $(ENGINES)/.installed: pyproject.toml Makefile
 
 engines: $(ENGINES)/.installed
 
+# the suite in as many processes as the machine has cores, up to 4 (pytest-xdist; `-n 0` runs it in one)
 test: $(VENV)/.installed-test
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4
 	@if [ -f $(ENGINES)/.installed ]; then \
 		echo "the engines' own parsers and validators ($(ENGINES)):"; \
 		$(EPY) -m pytest -q -p no:cacheprovider tests/test_interop_engines.py && \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 #: Where the browser tests write their screenshots.
@@ -48,9 +49,15 @@ def record(name: str, seconds: float) -> float:
     the test's own generous bound; returns it."""
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / "timings.json"
-    times = json.loads(path.read_text()) if path.exists() else {}
+    try:
+        times = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):  # none yet, or one another test process is replacing
+        times = {}
     times[name] = round(seconds, 3)
-    path.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+    # written whole, then renamed over the old file: the test processes of `make test` share it
+    part = path.with_name(f"timings.{os.getpid()}.json")
+    part.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+    os.replace(part, path)
     return seconds
 
 
