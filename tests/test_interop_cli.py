@@ -64,14 +64,15 @@ def _export(tmp_path, engine: str, *extra: str):
 #: flags that make PLAN expressible in each engine: FSDP without PP for torchtitan (its FSDP under PP
 #: keeps weights gathered across micro-batches, a setting no flag has) and a stack it runs (compiled
 #: blocks with the loss compiled or eager: it has no fused one), 1F1B and ZeRO-0 for nanotron, no
-#: recompute for nanotron 0.2 (its Llama has none); torch's and nanotron's TP backward, each
-#: collective where autograd meets it
+#: recompute for nanotron 0.2 (its Llama has none) and its fp32 gradient accumulator (a pass of its
+#: own, ZeRO-0); torch's and nanotron's TP backward, each collective where autograd meets it
 TORCH_TP = ["--set", "tp_backward_overlap=false"]
+NANOTRON_GRADS = ["--set", "grad_accumulation=buffer"]
 EXPRESSIBLE = {"torchtitan": ["--zero", "3", "--pp", "1", "--vpp", "1", "--set", "kernels=compiled", *TORCH_TP],
                "torchtitan-toml": ["--zero", "3", "--pp", "1", "--vpp", "1", "--set", "kernels=compiled", "--set", "compile_loss=false",
                                    *TORCH_TP],
-               "megatron": [], "nanotron@main": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0", *TORCH_TP],
-               "nanotron": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0", "--recompute", "none", *TORCH_TP]}
+               "megatron": [], "nanotron@main": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0", *TORCH_TP, *NANOTRON_GRADS],
+               "nanotron": ["--vpp", "1", "--schedule", "1f1b", "--zero", "0", "--recompute", "none", *TORCH_TP, *NANOTRON_GRADS]}
 
 
 @pytest.mark.parametrize("engine", sorted(EXPRESSIBLE))

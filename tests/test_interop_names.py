@@ -31,7 +31,7 @@ MEGATRON = {
     "--add-qkv-bias", "--attention-dropout", "--hidden-dropout", "--vocab-size", "--seq-length",
     "--micro-batch-size", "--global-batch-size", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--tp-comm-overlap", "--sequence-parallel", "--optimizer", "--attention-backend",
-    "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32", "--tensor-model-parallel-size",
+    "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32", "--no-gradient-accumulation-fusion", "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage",
     "--num-virtual-stages-per-pipeline-rank", "--overlap-grad-reduce", "--overlap-param-gather",
@@ -69,14 +69,16 @@ TORCHTITAN03 = {n for n in TORCHTITAN if n.split(".")[0] in ("training", "parall
 TORCH_SCHEDULES = {"1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 # DeepSpeed, deepspeed/runtime/config.py and constants.py (train_batch_size,
 # train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16, fp16, data_types.grad_accum_dtype,
-# pipeline, sequence_parallel_size), deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig: stage,
+# pipeline: get_pipeline_config's stages, activation_checkpoint_interval, pipe_partitioned and
+# grad_partitioned, sequence_parallel_size), deepspeed/runtime/zero/config.py (DeepSpeedZeroConfig: stage,
 # overlap_comm, stage3_prefetch_bucket_size), deepspeed/runtime/tensor_parallel/config.py
 # (TPTrainingConfig: autotp_size, tp_overlap_comm), DeepSpeed 0.19.8.
 DEEPSPEED = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16.enabled",
     "fp16.enabled", "data_types.grad_accum_dtype", "zero_optimization.stage", "zero_optimization.overlap_comm",
     "zero_optimization.stage3_prefetch_bucket_size", "tensor_parallel.autotp_size", "tensor_parallel.tp_overlap_comm",
-    "pipeline.stages", "pipeline.activation_checkpoint_interval", "sequence_parallel_size",
+    "pipeline.stages", "pipeline.activation_checkpoint_interval", "pipeline.pipe_partitioned", "pipeline.grad_partitioned",
+    "sequence_parallel_size",
 }
 # nanotron, src/nanotron/config/parallelism_config.py (ParallelismArgs: dp, tp, pp, pp_engine, tp_mode,
 # tp_linear_async_communication, recompute_layer; context_parallel_size is never written: the exported

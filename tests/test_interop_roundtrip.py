@@ -27,7 +27,10 @@ CARRIES_MODEL = {"megatron": set(MODELS), **dict.fromkeys(("nanotron", "nanotron
                  **dict.fromkeys(("torchtitan", "torchtitan@0.3", "torchtitan@0.2", "torchtitan-toml"), {"llama3-8b", "llama3-70b"})}
 #: a warned field and the fields that change with it
 FOLLOWS = {
-    "zero": {"reshard_after_forward", "fsdp_accumulate_unsharded", "dp_shard", "overlap_param_gather", "overlap_grad_reduce"},
+    # the stack rules follow it: the gradients' accumulation pass applies at zero 0 and 1 only
+    "zero": {"reshard_after_forward", "fsdp_accumulate_unsharded", "dp_shard", "overlap_param_gather", "overlap_grad_reduce",
+             "grad_accumulation"},
+    "sequence_parallel": {"pp_scatter_gather"},  # split stage messages apply without sequence parallelism
     "schedule": {"vpp", "layer_split"},
     "fsdp_accumulate_unsharded": {"zero", "reshard_after_forward", "overlap_grad_reduce"},  # the stack rules follow it
     "model": {"vpp", "layer_split"},  # torchtitan: without a known flavor the stage count is unknown
@@ -103,23 +106,25 @@ GRID = {
         ("llama3-8b", plan(dp=8, zero=3, recompute="op", precision=PrecisionRecipe(precision="fp8"), kernels="compiled", fsdp_fp8_all_gather=True)),
         ("llama3-70b", plan(tp_backward_overlap=False, tp=8, pp=4, dp=2, zero=3, reshard_after_forward=False, fsdp_accumulate_unsharded=True, pp_buffers="per-micro-batch",
                             overlap_grad_reduce=False, precision=PrecisionRecipe(precision="fp8"), kernels="eager", fsdp_fp8_all_gather=True)),
-        ("llama3-8b", plan(dp=8, zero=0, kernels="eager")),
+        ("llama3-8b", plan(dp=8, zero=0, kernels="eager", grad_accumulation="autograd")),
         ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"), kernels="eager")),
     ],
     # DeepSpeed runs the PyTorch module it is given, eager: fused and compiled kernels warn there.
     "deepspeed": [
-        ("llama3-8b", plan(dp=8, zero=1, overlap_param_gather=False, kernels="eager")),
+        ("llama3-8b", plan(dp=8, zero=1, overlap_param_gather=False, kernels="eager", grad_accumulation="autograd")),
         ("llama3-8b", plan(dp=8, zero=3, overlap_grad_reduce=False, kernels="eager")),
         ("llama3-8b", plan(dp=8, zero=3, overlap_param_gather=False, precision=PrecisionRecipe(precision="fp16", grad_dtype="fp16"), kernels="eager")),
-        ("llama3-8b", plan(tp=4, pp=2, dp=2, zero=1, sequence_parallel=False, overlap_param_gather=False, recompute="full", tp_comm_overlap=True, kernels="eager")),
+        ("llama3-8b", plan(tp=4, pp=2, dp=2, zero=1, sequence_parallel=False, overlap_param_gather=False, recompute="full", tp_comm_overlap=True, kernels="eager",
+                            grad_accumulation="autograd", pp_scatter_gather=True)),
         ("llama3-8b", plan(cp=4, dp=2, zero=2, overlap_param_gather=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"), kernels="eager")),
-        ("llama3-8b", plan(dp=16, zero=0, micro_batch=4, precision=PrecisionRecipe(precision="fp32"), kernels="eager")),
+        ("llama3-8b", plan(dp=16, zero=0, micro_batch=4, precision=PrecisionRecipe(precision="fp32"), kernels="eager", grad_accumulation="autograd")),
     ],
     "nanotron": [
-        ("llama3-8b", plan(tp_backward_overlap=False, tp=2, pp=2, dp=2, zero=1, overlap_param_gather=False)),
-        ("llama3-8b", plan(tp=4, pp=4, dp=2, zero=0, schedule="gpipe", recompute="full", tp_comm_overlap=True)),
-        ("llama3-70b", plan(tp_backward_overlap=False, tp=8, dp=4, zero=0, sequence_parallel=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"))),
-        ("llama2-7b", plan(dp=4, zero=0, precision=PrecisionRecipe(precision="fp32"), micro_batch=3)),
+        ("llama3-8b", plan(tp_backward_overlap=False, tp=2, pp=2, dp=2, zero=1, overlap_param_gather=False, grad_accumulation="buffer")),
+        ("llama3-8b", plan(tp=4, pp=4, dp=2, zero=0, schedule="gpipe", recompute="full", tp_comm_overlap=True, grad_accumulation="buffer")),
+        ("llama3-70b", plan(tp_backward_overlap=False, tp=8, dp=4, zero=0, sequence_parallel=False, precision=PrecisionRecipe(precision="bf16", grad_dtype="bf16"),
+                             grad_accumulation="autograd")),
+        ("llama2-7b", plan(dp=4, zero=0, precision=PrecisionRecipe(precision="fp32"), micro_batch=3, grad_accumulation="buffer")),
     ],
 }
 # torchtitan 0.3 (the bare name) takes FP8 from the registry function (llama3_405b's only): the

@@ -12,6 +12,7 @@ from meshplan.cost.calibration import Calibration
 from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, OpTimes, attention_kernel_of, attention_rates
 from meshplan.cost.contention import NCCL_CTAS, tp_overlap_ctas
 from meshplan.cost.fsdp_copies import fp8_gather_saving, runs_fsdp2
+from meshplan.cost.grad_accumulation import grad_accumulation_bytes, grad_accumulation_share
 from meshplan.cost.params import layer_params_per_rank, layer_tensors_per_rank
 from meshplan.cost.partial_recompute import recomputed_fraction
 from meshplan.cost.variability import THROUGHPUT_CV, expected_max_z, straggler_factor
@@ -129,6 +130,30 @@ def _variability_row(n: int) -> Derivation:
          ("z(N)", f"{expected_max_z(n):.3f} (expected largest of N standard normals, Blom 1958)")),
         f"f = {f:.4f}: compute {100 * (f - 1):.2f} % slower than one GPU's",
         "meshplan.cost.variability; Sinha et al. SC'22 (8 % average variation between a cluster's GPUs)")
+
+
+def grad_accumulation_rows(est, terms) -> list[Derivation]:
+    """``time.grad_accumulation``: the pass that joins each micro-batch's weight gradients to the
+    step's (:mod:`meshplan.cost.grad_accumulation`); none when the GEMMs fuse it or the rule set it
+    aside."""
+    p, rec = est.plan, est.plan.precision
+    kind = p.stack.grad_accumulation
+    per = grad_accumulation_bytes(kind, rec.weight_bytes, rec.grad_bytes)
+    if not per:
+        return []
+    layer = terms.grad_accumulation_passes(p.tp, p.pp, p.ep)[0]
+    m = p.num_microbatches
+    share = grad_accumulation_share(kind, m)
+    how = (f"w + 2·g = {rec.weight_bytes} + 2·{rec.grad_bytes} (main_grad.add_ after every micro-batch)" if kind == "buffer"
+           else f"3·w = 3·{rec.weight_bytes} (AccumulateGrad's in-place add, from the second micro-batch)")
+    return [Derivation(
+        "time.grad_accumulation", "Gradients joined to the step's, per micro-batch",
+        "share × bytes per parameter × P_layer / (W·η_hbm), inside each layer's backward",
+        (("kind", kind), ("bytes per parameter", f"{per}: {how}"),
+         ("P_layer", f"{layer_params_per_rank(est.model, p.tp):,} parameters a layer on a rank"),
+         ("share", f"{share:.4f} of m = {m} micro-batches")),
+        f"{fmt_seconds(layer * share)} a layer per micro-batch ({fmt_seconds(layer)} a pass)",
+        "meshplan.cost.grad_accumulation")]
 
 
 def _stack_row(p: TrainingPlan) -> Derivation:

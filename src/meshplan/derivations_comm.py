@@ -57,7 +57,12 @@ def collective_derivations(est, layers) -> list[Derivation]:
     if p.cp > 1:
         rows.append(("CP K|V", f"{fmt_seconds(cm.cp_kv)} a ring step forward, {fmt_seconds(cm.cp_dkv)} backward, over "
                                f"{_where(pl.cp)} (time.layer: what stays exposed)"))
-    if p.pp > 1:
+    if p.pp > 1 and p.stack.pp_scatter_gather:  # 1/t of each message sent, then all-gathered over TP
+        rows.append(_row("PP p2p", "send_recv", cm.p2p_bytes / p.tp, pl.pp, est, terms.cal,
+                         "1/t of the message per micro-batch and stage boundary, forward and backward"))
+        rows.append(_row("PP gather", "all_gather", cm.p2p_bytes, pl.tp, est, terms.cal,
+                         f"after each receive, the message rebuilt (pp_scatter_gather); transfer {fmt_seconds(cm.p2p)} in all"))
+    elif p.pp > 1:
         rows.append(_row("PP p2p", "send_recv", cm.p2p_bytes, pl.pp, est, terms.cal,
                          "per micro-batch and stage boundary, forward and backward"))
     if m.is_moe and p.ep > 1:

@@ -44,8 +44,10 @@ from meshplan.cost.params import (
     largest_layer_params,
     rank_params,
 )
-from meshplan.cost.terms import KernelTerms, MicroBatchComm, Terms, UnitComm, layer_time_args, moe_layer_time_args
-from meshplan.derivations import derivations
+from meshplan.cost.terms import (
+    KernelTerms, MicroBatchComm, Terms, UnitComm, grad_accumulate_per_micro_batch, layer_time_args, moe_layer_time_args,
+)
+from meshplan.derivations import derivations, grad_accumulation_rows
 from meshplan.derivations_comm import collective_derivations
 from meshplan.estimate_json import estimate_json
 from meshplan.explain import Derivation
@@ -267,6 +269,7 @@ def estimate(
     fsdp_terms = (u.all_gather, u.reduce_scatter, tuple(u)[6:]) if layers.fsdp_per_layer else None
     derivs.extend(derivations(est, layers.ops, layers.la, layers.cm.tp_one, layers.cm.p2p, layers.lt,
                               (layers.cm.cp_kv, layers.cm.cp_dkv), fsdp_terms))
+    derivs.extend(grad_accumulation_rows(est, layers.terms))
     derivs.extend(collective_derivations(est, layers))
     return est
 
@@ -323,10 +326,12 @@ def _layer_terms(model: ModelSpec, cluster: ClusterSpec, plan: TrainingPlan, spl
     gpu = cluster.gpu
     shares = dict(nccl_share=sm_share(NCCL_CTAS, gpu.sm_count),
                   tp_share=sm_share(tp_hidden_ctas(stack.tp_comm_overlap, stack.tp_overlap_kind), gpu.sm_count))
+    acc = grad_accumulate_per_micro_batch(terms, t, pp, plan.ep, plan.num_microbatches)
     lt_args = layer_time_args(
         stack, k._asdict(), cm._asdict(), u._asdict(), full_recompute=mode == "full", sp=sp,
         tp_comm_overlap=stack.tp_comm_overlap, cp=c, fsdp_per_layer=fsdp_per_layer,
         embedding_kept=(model.tied_embeddings or stack.fsdp_head_in_root) and pp == 1, **shares,
+        grad_accumulate=(acc[0], acc[2], acc[3]),
     )
     lt = layer_times(**lt_args)
     st = stage_times(split, lt)
@@ -366,7 +371,8 @@ def _add_moe_layers(model: ModelSpec, plan: TrainingPlan, layers: _Layers, lt_ar
     layers.moe_ops = terms.moe_ops(t, c, b, sp, ep)
     km = terms.moe_kernel(t, c, b, sp, plan.recompute, ep)
     moe_units = terms.moe_units(t, c, pp, plan.dp, plan.dp_shard or plan.dp, ep, plan.zero)
-    layers.lt_moe = layer_times(**moe_layer_time_args(lt_args, km._asdict(), moe_units, layers.cm.expert_tp))
+    acc = grad_accumulate_per_micro_batch(terms, t, pp, ep, plan.num_microbatches)[1]
+    layers.lt_moe = layer_times(**moe_layer_time_args(lt_args, km._asdict(), moe_units, layers.cm.expert_tp, acc))
     layers.moe_stage = moe_layers_per_stage(model, split)
     a2a = terms.a2a(t, c, pp, plan.dp, ep, b, sp, plan.recompute == "full")
     layers.ep_comm = add_moe_layers(layers.st, layers.moe_stage, layers.lt, layers.lt_moe, a2a)

@@ -34,7 +34,11 @@ from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_step_copy_times, 
 from meshplan.cost.moe import (
     alltoall_times, expert_dp_placements, expert_group_placements, expert_tp_time, moe_fsdp_layer_times, rank_expert_params,
 )
-from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, largest_layer_params, rank_params
+from meshplan.cost.grad_accumulation import grad_accumulation_bytes, grad_accumulation_share
+from meshplan.cost.kernel_time import memory_time
+from meshplan.cost.params import (
+    embedding_params_per_rank, head_params_per_rank, largest_layer_params, layer_params_per_rank, rank_params,
+)
 from meshplan.cost.tp_backward import block_backward_tp
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.model import ModelSpec
@@ -246,12 +250,38 @@ class Terms:
         tp_one = tp_collective_time(act_msg, bool(sp), pl.tp, cluster, cal)
         cp_kv, cp_dkv = cp_exchange_collectives(model, tokens, t, e, st.kernels, c, pl.cp, cluster, cal)
         p2p_bytes = self.p2p_bytes(t, c, b, sp)
-        p2p = coll.collective_time("send_recv", p2p_bytes, pl.pp, cluster, cal) if p > 1 else 0.0
+        p2p = self.p2p_time(p2p_bytes, pl, t > 1 and not sp) if p > 1 else 0.0
         micro = (micro_pipeline_tp_times(model, tokens, t, bool(sp), pl.tp, cluster, cal, self.rec.compute_dtype, e, st.kernels)
                  if st.tp_overlap_kind == "micro-pipeline" else (0.0, 0.0))
         expert_tp = expert_tp_time(model, tokens, pl.tp, e, cluster, cal) if model.is_moe else 0.0
         return MicroBatchComm(tp_one, cp_kv, cp_dkv, act_msg, p2p_bytes, p2p, *micro, expert_tp,
                               *self.backward_tp(t, c, p, d, b, sp))
+
+    def p2p_time(self, message: float, pl: Placements, split: bool) -> float:
+        """One stage-to-stage transfer of ``message`` bytes; with the stack's ``pp_scatter_gather``
+        and a ``split`` (TP without sequence parallelism) each TP rank sends 1/t of it and the
+        receiving stage all-gathers it over TP (Megatron-LM's ``scatter_gather_tensors_in_pipeline``:
+        ``split_tensor_into_1d_equal_chunks`` before the send, ``gather_split_1d_tensor`` after the
+        receive, ``megatron/p2p_communication.py@v2.6``; DeepSpeed's ``PartitionedTensor``):
+        T = T_send(m/t) + T_AG(m over t), else T_send(m)."""
+        cluster, cal = self.cluster, self.cal
+        if not (self.stack.pp_scatter_gather and split):
+            return coll.collective_time("send_recv", message, pl.pp, cluster, cal)
+        return (coll.collective_time("send_recv", message / pl.tp.size, pl.pp, cluster, cal)
+                + coll.collective_time("all_gather", message, pl.tp, cluster, cal))
+
+    @_cached
+    def grad_accumulation_passes(self, t: int, pp: int, ep: int) -> tuple[float, float, float, float]:
+        """Seconds of one pass of the stack's ``grad_accumulation`` over a rank's gradients
+        (:mod:`meshplan.cost.grad_accumulation`): (a dense layer's, an MoE layer's, the embedding's,
+        the final norm and LM head's)."""
+        per = grad_accumulation_bytes(self.stack.grad_accumulation, self.rec.weight_bytes, self.rec.grad_bytes)
+        if not per:
+            return (0.0, 0.0, 0.0, 0.0)
+        model, gpu, cal = self.model, self.cluster.gpu, self.cal
+        counts = (layer_params_per_rank(model, t), layer_params_per_rank(model, t, True, ep) if model.is_moe else 0,
+                  embedding_params_per_rank(model, t), head_params_per_rank(model, t, pp))
+        return tuple(memory_time(per * n, gpu, cal) if n else 0.0 for n in counts)
 
     @_cached
     def backward_tp(self, t: int, c: int, p: int, d: int, b: int, sp: bool) -> tuple[float, float, float]:
@@ -376,17 +406,21 @@ _OP_FIELDS = ("fwd", "bwd", "wgt", "fwd_gemm", "bwd_gemm", "fwd_attention", "bwd
 
 
 def layer_time_args(stack: Stack, k, cm, u, *, full_recompute, sp, tp_comm_overlap, cp, fsdp_per_layer, embedding_kept,
-                    nccl_share: float, tp_share: float) -> dict:
+                    nccl_share: float, tp_share: float, grad_accumulate: tuple = (0.0, 0.0, 0.0)) -> dict:
     """The arguments of :func:`meshplan.cost.compose.layer_times` for a dense layer, from its
     kernel terms ``k`` (:class:`KernelTerms`), micro-batch collectives ``cm``
     (:class:`MicroBatchComm`) and ZeRO-3 unit collectives ``u`` (:class:`UnitComm`), each a
     mapping of field to number (one plan) or to array (rows of plans), and the plan's switches
     (numbers or arrays alike): one builder for ``estimate`` and the search's engine.
     ``embedding_kept``: the LM head reuses a tied embedding's weight on the one stage, or FSDP2's
-    root unit keeps it gathered."""
+    root unit keeps it gathered. ``grad_accumulate``: the seconds a micro-batch's backward spends
+    joining its weight gradients to the step's (the layer's, the embedding's, the head's:
+    :func:`grad_accumulate_per_micro_batch`), part of the weight-gradient work."""
+    acc_layer, acc_emb, acc_head = grad_accumulate
     args = dict(
         full_recompute=full_recompute,
-        emb=(k["emb_fwd"], k["emb_bwd"], k["emb_wgt"]), head=(k["head_fwd"], k["head_bwd"], k["head_wgt"]),
+        emb=(k["emb_fwd"], k["emb_bwd"] + acc_emb, k["emb_wgt"] + acc_emb),
+        head=(k["head_fwd"], k["head_bwd"] + acc_head, k["head_wgt"] + acc_head),
         tp_one=cm["tp_one"], sp=sp, tp_comm_overlap=tp_comm_overlap, cp=cp, cp_comm=(cm["cp_kv"], cm["cp_dkv"]),
         kernels=stack.kernels, fsdp_per_layer=fsdp_per_layer, all_gather=u["all_gather"], reduce_scatter=u["reduce_scatter"],
         reshard_after_forward=stack.reshard_after_forward, zero3_blocking=stack.zero3_blocking,
@@ -396,16 +430,28 @@ def layer_time_args(stack: Stack, k, cm, u, *, full_recompute, sp, tp_comm_overl
         own_backward_tp=(cm["tp_bwd_attn"], cm["tp_bwd_mlp"], cm["tp_bwd_moved"]) if stack.tp_backward_overlap else None,
         **{name: k[name] for name in _OP_FIELDS},
     )
+    args["bwd"], args["wgt"] = args["bwd"] + acc_layer, args["wgt"] + acc_layer
     if stack.tp_overlap_kind == "micro-pipeline":
         args["tp_overlapped"] = (cm["tp_micro_fwd"], cm["tp_micro_bwd"])
     return args
 
 
-def moe_layer_time_args(dense: dict, km, moe_units, expert_tp) -> dict:
+def moe_layer_time_args(dense: dict, km, moe_units, expert_tp, grad_accumulate=0.0) -> dict:
     """:func:`layer_time_args` of a mixture-of-experts layer: the dense layer's ``dense`` with the
     MoE layer's kernel terms ``km`` (:class:`MoeKernelTerms`, a mapping), its ZeRO-3 collectives
     and FSDP2 copies ``moe_units`` (:meth:`Terms.moe_units`: all-gather, reduce-scatter, copy-out,
-    copy-in) and its expert TP exchange ``expert_tp``."""
+    copy-in), its expert TP exchange ``expert_tp`` and its gradients' accumulation per micro-batch
+    ``grad_accumulate`` (s)."""
     all_gather, reduce_scatter, copy_out, copy_in = moe_units
+    ops = {name: km[name] for name in _OP_FIELDS}
+    ops["bwd"], ops["wgt"] = ops["bwd"] + grad_accumulate, ops["wgt"] + grad_accumulate
     return dense | {"all_gather": all_gather, "reduce_scatter": reduce_scatter, "expert_tp": expert_tp,
-                    "fsdp_copies": (copy_out, copy_in, *dense["fsdp_copies"][2:])} | {name: km[name] for name in _OP_FIELDS}
+                    "fsdp_copies": (copy_out, copy_in, *dense["fsdp_copies"][2:])} | ops
+
+
+def grad_accumulate_per_micro_batch(terms: "Terms", t: int, pp: int, ep: int, microbatches) -> tuple:
+    """Seconds per micro-batch of the stack's gradient accumulation (:mod:`meshplan.cost.grad_accumulation`):
+    one pass over a rank's gradients times the share of the step's ``microbatches`` that run it
+    (a number or an array over plans): (a dense layer's, an MoE layer's, the embedding's, the head's)."""
+    share = grad_accumulation_share(terms.stack.grad_accumulation, microbatches)
+    return tuple(x * share for x in terms.grad_accumulation_passes(t, pp, ep))

@@ -19,6 +19,7 @@ from meshplan.pipeline.lockstep import runs_lockstep
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan
+from meshplan.specs.stack import field_applies
 
 DEFAULT_RANK_ORDER = ("tp", "cp", "dp", "pp")
 
@@ -108,6 +109,32 @@ def tp_backward(plan: TrainingPlan, led: Ledger, engine: str, native: bool) -> N
         how = ("runs the column-parallel linears' backward collectives behind their GEMMs (no switch turns it off)" if native
                else "meets each TP collective where autograd does")
         led.lose("tp_backward_overlap", f"{engine} {how}; exported so")
+
+
+def native_field(plan: TrainingPlan, led: Ledger, engine: str, field: str, native: Any, how: str) -> None:
+    """Warn when ``plan``'s stack ``field``, where the plan uses it, is not ``native``, the value
+    the ``engine`` runs (``how``: what the engine does)."""
+    if field_applies(field, plan.stack, plan) and getattr(plan.stack, field) != native:
+        led.lose(field, f"{engine} {how}; exported so")
+
+
+def pipeline_messages(plan: TrainingPlan, led: Ledger, engine: str, native: bool) -> None:
+    """Warn when ``plan``'s stage messages (``pp_scatter_gather``: 1/t of each sent, then
+    all-gathered over TP) are not what the ``engine`` sends (``native``)."""
+    native_field(plan, led, engine, "pp_scatter_gather", native,
+                 "sends 1/t of each stage message and all-gathers it over TP" if native
+                 else "sends each stage message whole from every TP rank")
+
+
+#: what each kind of gradient accumulation does, as the warnings say it
+ACCUMULATION_WORDS = {"fused": "accumulates the weight gradients in the GEMMs' epilogue",
+                      "buffer": "adds each micro-batch's gradients into an fp32 buffer, a pass of its own",
+                      "autograd": "accumulates the gradients in .grad by autograd"}
+
+
+def grad_accumulation(plan: TrainingPlan, led: Ledger, engine: str, native: str) -> None:
+    """Warn when ``plan``'s gradient accumulation (``grad_accumulation``) is not the ``engine``'s."""
+    native_field(plan, led, engine, "grad_accumulation", native, ACCUMULATION_WORDS[native])
 
 
 def attention_kernel(plan: TrainingPlan, led: Ledger, engine: str) -> None:

@@ -36,10 +36,11 @@ from meshplan.bounded_parse import load_json
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, as_bool, as_int, attention_kernel, choice, dependency_pipeline, fp8_all_gather, fsdp_root_unit,
-    stage_buffers, tp_backward,
+    grad_accumulation, stage_buffers, tp_backward,
 )
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.stack import field_applies
 
 SOURCE = "deepspeedai/DeepSpeed deepspeed/runtime/config.py, deepspeed/runtime/zero/config.py"
 DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -92,6 +93,7 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
     fp8_all_gather(p, led, "DeepSpeed")
     attention_kernel(p, led, "DeepSpeed (torch's SDPA or flash-attn in the model code)")
     tp_backward(p, led, "DeepSpeed's AutoTP without tp_overlap_comm", native=False)
+    grad_accumulation(p, led, "DeepSpeed", native="autograd")
     if p.stack.fsdp_accumulate_unsharded:
         led.lose("fsdp_accumulate_unsharded", "DeepSpeed ZeRO-3 reduce-scatters gradients every micro-batch")
     cfg["zero_optimization"] = zero
@@ -109,6 +111,8 @@ def config(model: ModelSpec, plan: TrainingPlan) -> tuple[dict[str, Any], Ledger
         pipe: dict[str, Any] = {"stages": p.pp}
         if p.recompute == "full":
             pipe["activation_checkpoint_interval"] = 1
+        if field_applies("pp_scatter_gather", p.stack, p) and not p.stack.pp_scatter_gather:
+            pipe["pipe_partitioned"] = pipe["grad_partitioned"] = False  # whole messages (both default to true)
         cfg["pipeline"] = pipe
         led.note(f"pipeline: build the model as deepspeed.pipe.PipelineModule(layers=..., num_stages={p.pp}) and train with engine.train_batch(); pipeline.stages is stated for reference")
         if p.schedule != "1f1b":
@@ -199,6 +203,13 @@ def parse_config(cfg: dict[str, Any]) -> ParseResult:
     tpc = cfg.get("tensor_parallel", {})
     f["tp_comm_overlap"] = tp > 1 and as_bool("tensor_parallel.tp_overlap_comm", tpc.get("tp_overlap_comm", False))
     f["tp_backward_overlap"] = False  # AutoTP meets each TP collective where autograd does
+    pipe_cfg = cfg.get("pipeline", {})
+    split = [as_bool(f"pipeline.{k}", pipe_cfg.get(k, True)) for k in ("pipe_partitioned", "grad_partitioned")]
+    if split[0] != split[1]:
+        notes.append("pp_scatter_gather: pipe_partitioned and grad_partitioned differ; read as "
+                     + ("split" if split[0] else "whole") + " messages (the activations')")
+    f["pp_scatter_gather"] = split[0]
+    f["grad_accumulation"] = "autograd"  # the engine's backward per micro-batch: .grad accumulates by autograd
     f["sequence_parallel"] = tp == 1
     interval = as_int("pipeline.activation_checkpoint_interval", cfg.get("pipeline", {}).get("activation_checkpoint_interval", 0), lo=0)
     f["recompute"] = "full" if (pp > 1 and interval > 0) else "none"

@@ -62,8 +62,8 @@ from meshplan.errors import InputError
 from meshplan.interop import shell
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_int, choice,
-    dependency_pipeline, effective_split, fp8_all_gather, fp8_library, fsdp_root_unit, single_values, stage_buffers,
-    tp_backward,
+    dependency_pipeline, effective_split, fp8_all_gather, fp8_library, fsdp_root_unit, grad_accumulation, pipeline_messages,
+    single_values, stage_buffers, tp_backward,
 )
 from meshplan.pipeline.stages import check_split, default_layer_split
 from meshplan.specs.model import ModelSpec
@@ -205,6 +205,9 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         led.lose("schedule", f"Megatron-LM has no {schedule} schedule; exported as {NEAREST[schedule]} with {vpp} chunk(s) per rank")
     dependency_pipeline(p, led, "Megatron-LM")
     tp_backward(p, led, "Megatron-Core", native=True)
+    pipeline_messages(p, led, "Megatron-Core", native=False)
+    if p.stack.grad_accumulation != "buffer":  # buffer: --no-gradient-accumulation-fusion, below
+        grad_accumulation(p, led, "Megatron-LM", native="fused")
     fsdp_root_unit(p, led, "Megatron-LM")
     fp8_all_gather(p, led, "Megatron-LM")
     fp8_library(p, led, "Megatron-LM", "transformer-engine")
@@ -238,6 +241,8 @@ def export(model: ModelSpec, plan: TrainingPlan, gpus_per_node: int = 8) -> Any:
         if p.stack.tp_overlap_kind != "userbuffers":
             led.lose("tp_overlap_kind", "Megatron's --tp-comm-overlap is Transformer Engine's userbuffers overlap; exported as it")
 
+    if p.stack.grad_accumulation == "buffer":  # the DDP hook's main_grad.add_ instead of the fused wgrad GEMM
+        a.append(("--no-gradient-accumulation-fusion", None))
     if p.zero == 1:
         a.append(("--use-distributed-optimizer", None))
     elif p.zero in SHARDING:
@@ -452,6 +457,8 @@ def parse(text: str) -> ParseResult:
     f["sequence_parallel"] = _flag(v, "--sequence-parallel") or tp == 1
     f["tp_comm_overlap"] = _flag(v, "--tp-comm-overlap") and tp > 1
     f["tp_backward_overlap"] = True  # Megatron-Core's linears and Transformer Engine's, always
+    f["pp_scatter_gather"] = False  # Megatron-Core sends each stage message whole
+    f["grad_accumulation"] = "buffer" if _flag(v, "--no-gradient-accumulation-fusion") else "fused"
 
     fsdp = _flag(v, "--use-megatron-fsdp")
     strategy = val("--data-parallel-sharding-strategy")

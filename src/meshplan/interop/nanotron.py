@@ -52,7 +52,7 @@ from meshplan.bounded_parse import brief, load_yaml
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, ExportResult, Ledger, ParseResult, as_bool, as_int, attention_kernel, catalog_match, choice,
-    dependency_pipeline, fp8_all_gather, fsdp_root_unit, stage_buffers, tp_backward,
+    dependency_pipeline, fp8_all_gather, fsdp_root_unit, grad_accumulation, pipeline_messages, stage_buffers, tp_backward,
 )
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import TrainingPlan
@@ -157,6 +157,9 @@ def _parallelism(p: TrainingPlan, rel: Release, led: Ledger) -> dict[str, Any]:
     fp8_all_gather(p, led, "nanotron")
     attention_kernel(p, led, "nanotron")
     tp_backward(p, led, "nanotron without tp_linear_async_communication", native=False)
+    pipeline_messages(p, led, "nanotron", native=False)
+    # accumulate_grad_in_fp32 (the fp32 gradients') adds each micro-batch's gradients into an fp32 buffer
+    grad_accumulation(p, led, "nanotron", native="buffer" if p.precision.grad_dtype == "fp32" else "autograd")
     stage_buffers(p, led, "nanotron", "in-flight")
     if p.layer_split is not None:
         led.lose("layer_split", "nanotron splits layers by its own cost estimate; not exported")
@@ -267,6 +270,7 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     f["sequence_parallel"] = choice("parallelism.tp_mode", mode, {"ALL_REDUCE": False, "REDUCE_SCATTER": True}) or tp == 1
     f["tp_comm_overlap"] = tp > 1 and as_bool("parallelism.tp_linear_async_communication", par.get("tp_linear_async_communication") or False)
     f["tp_backward_overlap"] = False  # without the async linears, each TP collective where autograd meets it
+    f["pp_scatter_gather"] = False  # P2P.send_tensors: whole tensors
     f["recompute"] = _recompute(par, notes)
 
     if tok:
@@ -289,6 +293,7 @@ def parse_sections(d: dict[str, Any]) -> ParseResult:
     if isinstance(factory, dict) and factory.get("name") is not None:
         prec["optimizer"] = choice("optimizer.optimizer_factory.name", factory["name"], {"adamW": "adam", "adam": "adam", "sgd": "sgd"})
     f["precision"] = prec
+    f["grad_accumulation"] = "buffer" if prec["grad_dtype"] == "fp32" else "autograd"  # FP32GradientAccumulator or .grad
     f.update(rank_order=DEFAULT_RANK_ORDER, overlap_grad_reduce=True, overlap_param_gather=zero == 0, kernels="fused")
     model = _model(mdl.get("model_config")) if mdl.get("model_config") else None
     return ParseResult("nanotron", f, model, tuple(notes))

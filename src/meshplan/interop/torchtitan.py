@@ -62,7 +62,8 @@ from meshplan.bounded_parse import brief, load_toml
 from meshplan.errors import InputError
 from meshplan.interop.common import (
     DEFAULT_RANK_ORDER, Ledger, ParseResult, arg_pairs, arg_tokens, as_bool, as_int, catalog_match,
-    attention_kernel, choice, dependency_pipeline, fp8_library, fsdp_root_unit, effective_split, stage_buffers, tp_backward,
+    attention_kernel, choice, dependency_pipeline, fp8_library, fsdp_root_unit, effective_split, grad_accumulation,
+    pipeline_messages, stage_buffers, tp_backward,
 )
 from meshplan.interop.torchtitan_ac import activation_checkpoint_section, read_activation_checkpoint
 from meshplan.pipeline.stages import default_layer_split
@@ -222,6 +223,8 @@ def sections(model: ModelSpec, plan: TrainingPlan, version: str = "0.2") -> tupl
     fp8_library(p, led, "torchtitan", "torchao")
     attention_kernel(p, led, "torchtitan")
     tp_backward(p, led, "torchtitan (torch's DTensor TP)", native=False)
+    pipeline_messages(p, led, "torchtitan (torch.distributed.pipelining)", native=False)
+    grad_accumulation(p, led, "torchtitan", native="autograd")
     par["context_parallel_degree"] = p.cp
     if p.ep > 1:
         _experts(p, shard, par, led, version)
@@ -415,6 +418,8 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     async_tp = par.get("enable_async_tensor_parallel", s.get("compile", {}).get("enable_async_tensor_parallel", False))
     f["tp_comm_overlap"] = as_bool("parallelism.enable_async_tensor_parallel", async_tp) and tp > 1
     f["tp_backward_overlap"] = False  # torch's DTensor TP: each collective where autograd meets it
+    f["pp_scatter_gather"] = False  # torch.distributed.pipelining sends whole tensors
+    f["grad_accumulation"] = "autograd"  # torch's AccumulateGrad (DDP); FSDP2 plans set it aside
     if f["tp_comm_overlap"]:
         f["tp_overlap_kind"] = "micro-pipeline"
 

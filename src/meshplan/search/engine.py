@@ -125,10 +125,11 @@ def _shared_stage_times(split: tuple[int, ...], lt) -> StageTimes:
 #: the stack fields the engine applies plan by plan itself, whose rules do not split a table
 #: (:meth:`Engine._parts`): TP overlap and its kind by the plan's overlap column (no overlap, no
 #: hidden TP; the backward's own TP overlap only where TP overlap is off, nothing at tp 1), the
-#: pipeline's buffers and kept outputs by pp > 1, FSDP2's root unit by
+#: pipeline's buffers and kept outputs by pp > 1, its messages split over TP by tp > 1 without
+#: sequence parallelism (:meth:`meshplan.cost.terms.Terms.p2p_time`), FSDP2's root unit by
 #: :func:`meshplan.cost.fsdp_copies.root_unit_applies`; the pipeline runtime is the simulation's
 _PER_ROW = frozenset({"tp_comm_overlap", "tp_overlap_kind", "tp_backward_overlap", "pp_buffers", "pp_return_outputs",
-                      "fsdp_head_in_root", "pipeline_runtime"})
+                      "pp_scatter_gather", "fsdp_head_in_root", "pipeline_runtime"})
 
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from meshplan.cost.compose import LayerTimes, layer_times
 from meshplan.cost.fsdp_copies import root_unit_applies
+from meshplan.cost.grad_accumulation import grad_accumulation_share
 from meshplan.cost.terms import KernelTerms, MicroBatchComm, MoeKernelTerms, Terms, UnitComm, layer_time_args, moe_layer_time_args
 from meshplan.search.rows import Digits, code_rows, digit, distinct_rows, gather, gather_distinct, slices_by
 from meshplan.search.space import RECOMPUTE, PlanTable
@@ -73,7 +74,8 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float
     fsdp = np.where(sharded & (not stack.fsdp_accumulate_unsharded), ds, 0)
     # where FSDP2 all-gathers the Float8Linear weights in FP8 (a base setting, on the sharded ZeRO-3 plans)
     g8 = (sharded & stack.fsdp_fp8_all_gather).astype(np.int64)
-    D = Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=table.tpo.astype(np.int64)))
+    D = Digits(dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, tpo=table.tpo.astype(np.int64),
+                    gb=table.global_batch))
     # the mesh rows: the distinct (tp, cp, dp, shard group, ep, ZeRO stage), pp first, so that a
     # pp's rows are a slice ((t, c, p) fix d)
     mesh_where, mesh_inv = D.rows("p t c ds ep zero")
@@ -85,7 +87,11 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float
     # their keys are taken over the layer-time rows
     outer = [p[mesh_where], mesh[:, 0], mesh[:, 1], fsdp[mesh_where]] + ([mesh[:, 4]] if model.is_moe else [])
     _, outer_of_mesh = distinct_rows(outer)
-    at, lt_inv = code_rows([(outer_of_mesh.take(mesh_inv), int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"), D.digit("tpo")])
+    # (autograd's gradient accumulation costs (m − 1)/m of a pass a micro-batch: m, so the global
+    # batch, splits its rows)
+    by_batch = [D.digit("gb")] if stack.grad_accumulation == "autograd" else []
+    at, lt_inv = code_rows([(outer_of_mesh.take(mesh_inv), int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"),
+                            D.digit("tpo"), *by_batch])
     row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, g8=g8).items()}
     cols = lambda names: [row[name] for name in names.split()]  # noqa: E731
     kernel_rows = distinct_rows(cols("t c b sp rc g8"))
@@ -113,7 +119,9 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float
         # the layer whose backward working set is larger, as estimate takes it, and its stored bytes
         layer_stored = np.where(moe_working > working, moe["kernel"][:, MOE_FIELDS.index("act_stored")], layer_stored)
         working = np.maximum(working, moe_working)
-    lt, lt_moe = _layer_times(table, at, stack, model, row["fsdp"] > 0, k, cm, moe, shares)
+    passes = gather(terms.grad_accumulation_passes, cols("t p ep"), 4)
+    acc = passes * grad_accumulation_share(stack.grad_accumulation, table.num_microbatches[at])[:, None]
+    lt, lt_moe = _layer_times(table, at, stack, model, row["fsdp"] > 0, k, cm, moe, shares, acc.T)
     return TableTerms(
         kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
         te_vals=mesh[te_where][:, [0, 4]].tolist(), te_of_mesh=te_of_mesh, mesh_rows=mesh, mesh_where=mesh_where,
@@ -125,20 +133,21 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float
     )
 
 def _layer_times(table: PlanTable, at: np.ndarray, stack: Stack, model: ModelSpec, per_layer: np.ndarray, k: dict, cm: dict, moe: dict,
-                 shares: tuple[float, tuple[float, float]]) -> tuple:
+                 shares: tuple[float, tuple[float, float]], acc: np.ndarray) -> tuple:
     """:func:`layer_times` of the plans ``at`` (indices into ``table``), whose weights are sharded
     per layer where ``per_layer``, and of their MoE layers (None for a dense model), from their
-    kernel and collective columns ``k``, ``cm`` and the MoE layer's kernel terms and ZeRO-3
-    collectives ``moe`` (``kernel``, ``comm``)."""
+    kernel and collective columns ``k``, ``cm``, the MoE layer's kernel terms and ZeRO-3
+    collectives ``moe`` (``kernel``, ``comm``) and their gradients' accumulation per micro-batch
+    ``acc`` (:func:`meshplan.cost.terms.grad_accumulate_per_micro_batch`, one row per part)."""
     lt_args = layer_time_args(
         stack, k, cm, cm, full_recompute=table.recompute[at] == RECOMPUTE.index("full"), sp=table.sp[at],
         tp_comm_overlap=table.tpo[at], cp=table.cp[at], fsdp_per_layer=per_layer,
         embedding_kept=(model.tied_embeddings & (table.pp[at] == 1)) | root_unit_applies(stack.fsdp_head_in_root, table.zero[at], table.pp[at]),
-        nccl_share=shares[0], tp_share=np.where(table.tpo[at], shares[1][1], shares[1][0]),
+        nccl_share=shares[0], tp_share=np.where(table.tpo[at], shares[1][1], shares[1][0]), grad_accumulate=(acc[0], acc[2], acc[3]),
     )
     lt = layer_times(**lt_args)
     if not model.is_moe:
         return lt, None
     mc = moe["comm"]
     km = dict(zip(MOE_FIELDS, moe["kernel"].T))
-    return lt, layer_times(**moe_layer_time_args(lt_args, km, (mc[:, 0], mc[:, 1], mc[:, 2], mc[:, 3]), cm["expert_tp"]))
+    return lt, layer_times(**moe_layer_time_args(lt_args, km, (mc[:, 0], mc[:, 1], mc[:, 2], mc[:, 3]), cm["expert_tp"], acc[1]))

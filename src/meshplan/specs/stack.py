@@ -70,6 +70,19 @@ class Stack(Spec):
       always on in Megatron-Core; Transformer Engine's ``Linear`` and ``LayerNormLinear``); off:
       each TP collective is exposed where autograd meets it (Megatron-LM v2.6's mapping
       functions, torch's DTensor TP, nanotron without ``tp_linear_async_communication``).
+    * ``pp_scatter_gather`` — with TP and without sequence parallelism, each TP rank sends only its
+      1/t of a stage-to-stage message and the receiving stage all-gathers it over its TP group
+      (:meth:`meshplan.cost.terms.Terms.comm`): Megatron-LM's ``scatter_gather_tensors_in_pipeline``
+      (2021-01 to the move of its pipeline into Megatron-Core, 2023), DeepSpeed's pipeline engine
+      since 2021-09 (``pipe_partitioned``, ``grad_partitioned``); off: every TP rank sends the whole
+      n·h·e message (Megatron-Core, torch.distributed.pipelining).
+    * ``grad_accumulation`` — how each micro-batch's weight gradients join the step's
+      (:func:`meshplan.cost.compute.grad_accumulation_bytes`): ``fused`` (the weight-gradient GEMMs
+      accumulate into the fp32 buffer in their epilogue: Megatron-LM's
+      ``gradient_accumulation_fusion`` since 2022-02, Megatron-Core, Transformer Engine), ``buffer``
+      (Megatron-LM v2.x's local DDP adds each gradient into its contiguous ``main_grad`` after every
+      micro-batch: a pass of its own) or ``autograd`` (torch's ``AccumulateGrad`` adds each later
+      micro-batch's gradient into ``.grad`` in place: DeepSpeed's engine, torch's DDP and pipelines).
     * ``overlap_grad_reduce``, ``overlap_param_gather`` — the data-parallel gradient reduction and
       parameter all-gather run behind compute (Megatron ``--overlap-grad-reduce``,
       ``--overlap-param-gather``; DDP buckets; FSDP prefetch).
@@ -104,6 +117,8 @@ class Stack(Spec):
     tp_comm_overlap: bool = False
     tp_overlap_kind: Literal["userbuffers", "micro-pipeline"] = "userbuffers"
     tp_backward_overlap: bool = True
+    pp_scatter_gather: bool = False
+    grad_accumulation: Literal["fused", "buffer", "autograd"] = "fused"
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     reshard_after_forward: bool = True
@@ -189,6 +204,12 @@ RULES: tuple[Rule, ...] = (
     Rule("tp_backward_overlap", lambda s, p: p.tp > 1 and not s.tp_comm_overlap, False,
          "the backward's own TP overlap needs tp > 1 and no TP communication overlap, which hides every TP collective"),
     Rule("pp_buffers", lambda s, p: p.pp > 1, "in-flight", "stage-to-stage buffers need pp > 1"),
+    Rule("pp_scatter_gather", lambda s, p: p.pp > 1 and p.tp > 1 and not p.sequence_parallel, False,
+         "stage messages split over TP need pp > 1 and tp > 1 without sequence parallelism (with it a message is already "
+         "split)"),
+    Rule("grad_accumulation", lambda s, p: p.zero <= 1 or p.shard_degree == 1, "fused",
+         "an accumulation pass over the whole gradients needs them held whole through the step (zero 0 or 1, or "
+         "nothing to shard over); ZeRO-2/3 accumulate their 1/d shard, not charged"),
     Rule("fsdp_accumulate_unsharded", lambda s, p: p.zero == 3 and p.pp > 1, False,
          "the unsharded accumulation is what torch's pipeline schedules do with ZeRO-3/FSDP: zero 3 and pp > 1"),
     Rule("reshard_after_forward", lambda s, p: not s.fsdp_accumulate_unsharded, False,
@@ -227,6 +248,12 @@ def applied(stack: Stack, plan: Any) -> Stack:
         if getattr(current, rule.field) != rule.neutral and not rule.applies(current, plan):
             changes[rule.field] = rule.neutral
     return stack.model_copy(update=changes) if changes else stack
+
+
+def field_applies(field: str, stack: Stack, plan: Any) -> bool:
+    """Whether ``plan`` uses ``stack``'s ``field``: its rule in :data:`RULES` applies (a field
+    without a rule always does)."""
+    return all(rule.applies(stack, plan) for rule in RULES if rule.field == field)
 
 
 def ignored(stack: Stack, plan: Any) -> list[tuple[str, Any, str]]:

@@ -1,0 +1,69 @@
+"""How each micro-batch's weight gradients join the step's: the stack's ``grad_accumulation``.
+
+A step of m micro-batches produces m gradients of every weight, and the optimizer needs their sum.
+Where the sum is made decides whether it costs a pass over the gradients of its own:
+
+==========  ===============================================  ======================  ===========
+kind        where the sum is made                             bytes per parameter     share of
+                                                              per pass                micro-batches
+==========  ===============================================  ======================  ===========
+fused       in the weight-gradient GEMM's epilogue, into the  0                       —
+            fp32 buffer (C = A·B + C)
+buffer      a hook adds the fresh gradient into the           w + 2·g                 1
+            contiguous ``main_grad`` buffer, then frees it
+autograd    ``AccumulateGrad`` adds each later gradient into  3·w                     (m − 1)/m
+            ``.grad`` in place (the first one becomes it)
+==========  ===============================================  ======================  ===========
+
+w: bytes of a weight as the GEMMs use it (the gradient autograd produces has its dtype); g: bytes
+of the gradient buffer (the recipe's gradient dtype). A pass reads the fresh gradient and the
+accumulator and writes the accumulator, one memory-bound kernel per parameter tensor
+(:func:`meshplan.cost.kernel_time.memory_time` over the layer's parameters on a rank), on the
+compute stream inside the backward, so each micro-batch's backward is longer by share × pass.
+
+Sources, per kind:
+
+* ``fused``: Megatron-LM's ``gradient_accumulation_fusion`` (83b1e42, 2022-02-13; on unless
+  ``--no-gradient-accumulation-fusion``): ``fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32``
+  accumulates into ``main_grad``; Megatron-Core and Transformer Engine's ``fuse_wgrad_accumulation``
+  alike. The epilogue's read of the fp32 accumulator is left inside the GEMM's time.
+* ``buffer``: Megatron-LM v2.x's local ``DistributedDataParallel`` with contiguous buffers (its
+  default, ``--no-contiguous-buffers-in-local-ddp`` to turn off): ``_make_param_hook`` runs
+  ``param.main_grad.add_(param.grad.data)`` and ``param.grad = None`` after each parameter's
+  gradient of every micro-batch (``megatron/model/distributed.py@v2.6``).
+* ``autograd``: torch's ``AccumulateGrad`` node: the first gradient is stolen into ``.grad``, each
+  later one added in place (``torch/csrc/autograd/functions/accumulate_grad.h``, ``variable_grad
+  += new_grad``). DeepSpeed's pipeline engine runs ``torch.autograd.backward`` per micro-batch and
+  its fp16/ZeRO-1 optimizers read ``.grad`` after the last; torch's DDP under ``no_sync`` and
+  torch.distributed.pipelining alike.
+
+The stack's rule applies it where the gradients are held whole through the step (ZeRO 0 or 1, or a shard group of one):
+ZeRO-2 and FSDP reduce-scatter each micro-batch's gradients and accumulate a 1/d shard, and FSDP2's
+own unsharded accumulation under torch's pipeline schedules (``to_accumulated_grad_if_needed``) is
+not charged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the kinds of ``Stack.grad_accumulation``
+GRAD_ACCUMULATION_KINDS = ("fused", "buffer", "autograd")
+
+
+def grad_accumulation_bytes(kind: str, weight_bytes: int, grad_bytes: int) -> int:
+    """HBM bytes per parameter of one accumulation pass of ``kind`` (module table): 0 fused,
+    w + 2·g for Megatron-LM v2.x's ``main_grad`` buffer, 3·w for autograd's in-place add."""
+    if kind not in GRAD_ACCUMULATION_KINDS:
+        raise ValueError(f"grad_accumulation must be one of {', '.join(GRAD_ACCUMULATION_KINDS)}, not {kind!r}")
+    return {"fused": 0, "buffer": weight_bytes + 2 * grad_bytes, "autograd": 3 * weight_bytes}[kind]
+
+
+def grad_accumulation_share(kind: str, microbatches: Any) -> Any:
+    """The share of a step's ``microbatches`` (m; a number or an array over plans) that run a pass:
+    every one for the buffer, all but the first, (m − 1)/m, for autograd, none when fused."""
+    if kind == "buffer":
+        return microbatches / microbatches
+    if kind == "autograd":
+        return (microbatches - 1) / microbatches
+    return 0 * microbatches
