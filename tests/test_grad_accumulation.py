@@ -133,3 +133,17 @@ def test_scatter_gather_shortens_a_communication_heavy_interleaved_pipeline():
         gains.append(whole / estimate(model, cluster, plan).time.step_s - 1)
     assert 0 < gains[0] < gains[1] < gains[2] < 0.11
     assert gains[2] > 0.05
+
+
+def test_explain_shows_the_pass_of_each_kind_of_layer():
+    """``time.grad_accumulation``: a dense model's layer, a mixture of experts' MoE layer (its E/ep
+    experts on the rank); none where the GEMMs fuse the accumulation."""
+    cluster = ClusterSpec.of(load_gpu("h100-sxm-80gb"), 16)
+    model = load_model("mixtral-8x7b")
+    plan = TrainingPlan.of(tp=2, dp=8, ep=2, zero=0, global_batch=64, seq_len=4096, stack=load_stack("megatron-lm-2021"))
+    (row,) = [d for d in estimate(model, cluster, plan).derivations if d.key == "time.grad_accumulation"]
+    symbols = dict(row.symbols)
+    assert "P_layer" not in symbols and symbols["P_moe"] == f"{layer_params_per_rank(model, 2, True, 2):,} parameters an MoE layer on a rank"
+    assert symbols["bytes per parameter"].startswith("10: w + 2·g = 2 + 2·4") and "an MoE layer per micro-batch" in row.value
+    fused = estimate(model, cluster, plan.replace(grad_accumulation="fused")).derivations
+    assert not [d for d in fused if d.key == "time.grad_accumulation"]

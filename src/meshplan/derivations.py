@@ -141,18 +141,23 @@ def grad_accumulation_rows(est, terms) -> list[Derivation]:
     per = grad_accumulation_bytes(kind, rec.weight_bytes, rec.grad_bytes)
     if not per:
         return []
-    layer = terms.grad_accumulation_passes(p.tp, p.pp, p.ep)[0]
+    dense, moe, _, _ = terms.grad_accumulation_passes(p.tp, p.pp, p.ep)
     m = p.num_microbatches
     share = grad_accumulation_share(kind, m)
     how = (f"w + 2·g = {rec.weight_bytes} + 2·{rec.grad_bytes} (main_grad.add_ after every micro-batch)" if kind == "buffer"
            else f"3·w = 3·{rec.weight_bytes} (AccumulateGrad's in-place add, from the second micro-batch)")
+    model, n_moe = est.model, est.model.n_moe_layers
+    parts = ([("P_layer", f"{layer_params_per_rank(model, p.tp):,} parameters a dense layer on a rank", dense, "a dense layer")]
+             if model.n_layers > n_moe else [])
+    if n_moe:
+        parts.append(("P_moe", f"{layer_params_per_rank(model, p.tp, True, p.ep):,} parameters an MoE layer on a rank", moe,
+                      "an MoE layer"))
     return [Derivation(
         "time.grad_accumulation", "Gradients joined to the step's, per micro-batch",
         "share × bytes per parameter × P_layer / (W·η_hbm), inside each layer's backward",
-        (("kind", kind), ("bytes per parameter", f"{per}: {how}"),
-         ("P_layer", f"{layer_params_per_rank(est.model, p.tp):,} parameters a layer on a rank"),
+        (("kind", kind), ("bytes per parameter", f"{per}: {how}"), *((k, v) for k, v, _, _ in parts),
          ("share", f"{share:.4f} of m = {m} micro-batches")),
-        f"{fmt_seconds(layer * share)} a layer per micro-batch ({fmt_seconds(layer)} a pass)",
+        "; ".join(f"{fmt_seconds(t * share)} {what} per micro-batch ({fmt_seconds(t)} a pass)" for _, _, t, what in parts),
         "meshplan.cost.grad_accumulation")]
 
 
