@@ -72,12 +72,12 @@ class Stack(Spec):
       functions, torch's DTensor TP, nanotron without ``tp_linear_async_communication``).
     * ``pp_scatter_gather`` — with TP and without sequence parallelism, each TP rank sends only its
       1/t of a stage-to-stage message and the receiving stage all-gathers it over its TP group
-      (:meth:`meshplan.cost.terms.Terms.comm`): Megatron-LM's ``scatter_gather_tensors_in_pipeline``
+      (:meth:`meshplan.cost.terms.Terms.p2p_time`): Megatron-LM's ``scatter_gather_tensors_in_pipeline``
       (2021-01 to the move of its pipeline into Megatron-Core, 2023), DeepSpeed's pipeline engine
       since 2021-09 (``pipe_partitioned``, ``grad_partitioned``); off: every TP rank sends the whole
       n·h·e message (Megatron-Core, torch.distributed.pipelining).
     * ``grad_accumulation`` — how each micro-batch's weight gradients join the step's
-      (:func:`meshplan.cost.compute.grad_accumulation_bytes`): ``fused`` (the weight-gradient GEMMs
+      (:mod:`meshplan.cost.grad_accumulation`): ``fused`` (the weight-gradient GEMMs
       accumulate into the fp32 buffer in their epilogue: Megatron-LM's
       ``gradient_accumulation_fusion`` since 2022-02, Megatron-Core, Transformer Engine), ``buffer``
       (Megatron-LM v2.x's local DDP adds each gradient into its contiguous ``main_grad`` after every
