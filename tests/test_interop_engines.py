@@ -84,6 +84,10 @@ def test_torchtitan_config_manager_reads_flags_and_toml(model_name, p, tmp_path)
         assert (tr.global_batch_size, tr.seq_len) == (p.global_batch, p.seq_len)
         assert c.model.flavor in ("8B", "70B") and c.activation_checkpoint.mode == {"op": "selective", "selective": "selective"}.get(p.recompute, p.recompute)
         assert par.enable_async_tensor_parallel == p.stack.tp_comm_overlap
+        fp8 = c.quantize.linear.float8
+        assert ("quantize.linear.float8" in c.model.converters) == (p.precision.precision == "fp8")
+        assert fp8.recipe_name == (None if p.precision.fp8_scaling == "tensorwise" else p.precision.fp8_scaling)
+        assert fp8.enable_fsdp_float8_all_gather == p.stack.fsdp_fp8_all_gather
         # torchtitan compiles the blocks when "model" is among the components, the loss when "loss" is
         # (build_cross_entropy_loss): compiled with or without the loss, or compile off (eager)
         assert c.compile.enable == (p.stack.kernels == "compiled")

@@ -45,6 +45,7 @@ MEGATRON = {
 # Model, Training, Parallelism, ActivationCheckpoint, Compile, Quantize (its linear.float8: Float8Linear).
 TORCHTITAN = {
     "quantize.linear.float8.enable_fsdp_float8_all_gather", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+    "quantize.linear.float8.recipe_name",
     "compile.enable", "compile.components",
     "model.name", "model.flavor", "model.converters",
     "training.local_batch_size", "training.global_batch_size", "training.seq_len",

@@ -19,7 +19,7 @@ from meshplan.errors import InputError
 from meshplan.interop import ENGINES, canonical, export, parse_text, to_plan
 from meshplan.interop.common import same_model
 from meshplan.specs.stack import BEHAVIOUR_FIELDS
-from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
+from meshplan.specs.plan import FP8_SCALINGS, PrecisionRecipe, TrainingPlan
 
 MODELS = {name: load_model(name) for name in ("llama3-8b", "llama3-70b", "llama2-7b", "gpt3-175b", "nemotron4-15b")}
 #: engines whose config carries the model shape (torchtitan: by Llama 3.1 flavor)
@@ -108,6 +108,10 @@ GRID = {
                             overlap_grad_reduce=False, precision=PrecisionRecipe(precision="fp8"), kernels="eager", fsdp_fp8_all_gather=True)),
         ("llama3-8b", plan(dp=8, zero=0, kernels="eager", grad_accumulation="autograd")),
         ("llama3-8b", plan(dp=4, zero=3, precision=PrecisionRecipe(precision="fp32"), kernels="eager")),
+        # row-wise FP8 scaling: [quantize.linear.float8] recipe_name
+        ("llama3-8b", plan(dp=8, zero=3, recompute="op", precision=PrecisionRecipe(precision="fp8", fp8_scaling="rowwise"), kernels="compiled")),
+        ("llama3-70b", plan(tp_backward_overlap=False, tp=8, dp=4, zero=3, recompute="full", kernels="compiled",
+                            precision=PrecisionRecipe(precision="fp8", fp8_scaling="rowwise_with_gw_hp"))),
     ],
     # DeepSpeed runs the PyTorch module it is given, eager: fused and compiled kernels warn there.
     "deepspeed": [
@@ -192,6 +196,8 @@ def plans(draw):
     kernels = draw(st.sampled_from(["fused", "compiled", "eager"]))
     fp8_linears = draw(st.sampled_from(["auto", "transformer-engine"] + (["torchao"] if kernels != "fused" else [])))
     torchao = fp8_linears == "torchao" or (fp8_linears == "auto" and kernels != "fused")
+    if prec.precision == "fp8" and torchao:
+        prec = prec.model_copy(update={"fp8_scaling": draw(st.sampled_from(FP8_SCALINGS))})
     return model, TrainingPlan.of(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, vpp=vpp, schedule=schedule, layer_split=split, micro_batch=micro,
         global_batch=micro * dp * draw(st.integers(1, 8)), seq_len=draw(st.sampled_from([2048, 4096, 8192])),

@@ -1,4 +1,4 @@
-"""Invariants of the cost model as properties (issue 36), over random valid plans: catalog models
+"""Invariants of the cost model as properties over random valid plans: catalog models
 and GPUs, stack profiles, TP/CP/PP/DP degrees, schedules with their virtual stages, micro-batch
 and accumulation, ZeRO stage, recompute, precision and attention. A draw that ``estimate``
 refuses (an ``InputError``: TP not dividing the heads, too many stages, ...) is rejected at once.

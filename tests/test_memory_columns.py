@@ -1,4 +1,4 @@
-"""A rank's memory as its peak's moment holds it (issue 36): the activations the moment has freed
+"""A rank's memory as its peak's moment holds it: the activations the moment has freed
 or not yet built are activations, not buffers, so the ``other`` column (buffers and reserves) is
 never negative; and ZeRO-3 gathers only units the rank holds."""
 

@@ -131,7 +131,7 @@ def test_a_plan_breaking_two_rules_counts_under_the_first():
 
 
 def test_an_oversized_space_is_refused_before_its_table_is_built():
-    """Llama 3 405B on 16,384 GPUs with HSDP and a 4M-64M token batch range (issue 36) holds
+    """Llama 3 405B on 16,384 GPUs with HSDP and a 4M-64M token batch range holds
     4,940,260 plans (every schedule and recompute mode); under a bound of 1,000,000 (the web's) it
     is refused by count, with one line naming the field and the limit, before its columns exist:
     under 20 MB traced."""

@@ -83,6 +83,7 @@ def estimate_json(est) -> dict[str, Any]:
             "master_weights": p.precision.master_weights,
             "grad_fp32_copy": p.precision.grad_fp32_copy,
             "optimizer": p.precision.optimizer,
+            "fp8_scaling": p.precision.fp8_scaling,
             "bytes_per_param": sum(state_bytes_per_param(p.precision, runs_fsdp2(p.zero, p.stack.kernels))),
             "attention": p.attention,
             "attention_flops": p.attention_flops,

@@ -113,6 +113,8 @@ def print_plan_notes(plan_file: Optional[str]) -> None:
 
 def _flag(name: str, value: Any) -> Optional[str]:
     opt = "--" + name.replace("_", "-")
+    if name == "fp8_scaling" and value == "tensorwise":
+        return None  # the default
     if isinstance(value, bool):
         if name in ("sequence_parallel", "master_weights", "grad_fp32_copy"):
             return opt if value else f"--no-{opt[2:]}"
@@ -152,7 +154,7 @@ def import_(
     for name in ("gpu", "gpus", "gpus_per_node", "nic_gbps", "pod_size", "oversubscription",
                  "tp", "cp", "pp", "ep", "dp", "vpp", "schedule", "layer_split", "rank_order", "micro_batch",
                  "global_batch", "seq_len", "recompute", "recompute_layers", "sequence_parallel", "zero", "dp_shard", "precision",
-                 "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "stack", "tokens", "price", "pue"):
+                 "fp8_scaling", "grad_dtype", "master_weights", "grad_fp32_copy", "attention", "stack", "tokens", "price", "pue"):
         if name in opts and (flag := _flag(name, opts[name])) is not None:
             words.append(flag)
     profile = load_stack(opts.get("stack") or DEFAULT_STACK)  # the fields that differ from it are set

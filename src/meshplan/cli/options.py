@@ -102,6 +102,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "grad_dtype": (Optional[Literal["fp32", "bf16", "fp16"]], _opt("--grad-dtype", "Gradient dtype. (default: fp32)", P_MEMORY)),
     "master_weights": (Optional[bool], _opt("--master-weights/--no-master-weights", "fp32 master copy of low-precision weights. (default: on)", P_MEMORY)),
     "grad_fp32_copy": (Optional[bool], _opt("--grad-fp32-copy/--no-grad-fp32-copy", "Optimizer keeps an fp32 copy of low-precision gradients. (default: off)", P_MEMORY)),
+    "fp8_scaling": (Optional[Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]], _opt("--fp8-scaling", "FP8 scaling recipe with --precision fp8: one scale per tensor; rowwise, one per row of every GEMM operand (torchao's recipe, torchtitan's default); rowwise_with_gw_hp, the same with the weight-gradient GEMM in 16 bits. (default: tensorwise)", P_MEMORY)),
     "attention": (Optional[Literal["flash", "materialized"]], _opt("--attention", "Attention kernel: flash (no s² scores stored) or materialized. (default: flash)", P_MEMORY)),
     "attention_flops": (Optional[Literal["causal", "full"]], _opt("--attention-flops", "Count causal (half) or full s² attention FLOPs. (default: causal)", P_MEMORY)),
     "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with the GEMMs, as the stack does it (--set tp_comm_overlap). (default: the stack's)", P_STACK)),
@@ -147,6 +148,7 @@ class PlanArgs:
     grad_dtype: Optional[str] = None
     master_weights: Optional[bool] = None
     grad_fp32_copy: Optional[bool] = None
+    fp8_scaling: Optional[str] = None
     attention: Optional[str] = None
     attention_flops: Optional[str] = None
     tp_comm_overlap: Optional[bool] = None
@@ -445,7 +447,8 @@ def resolve(args: PlanArgs) -> Setup:
         raise InputError("dp_shard", f"dp_shard ({v['dp_shard']}) must divide dp ({dp})")
     if dp % v["ep"]:
         raise InputError("ep", f"ep ({v['ep']}) must divide dp ({dp}){ep_span_note(v['ep'], tp * cp * dp)}")
-    recipe = {k: v[k] for k in ("precision", "grad_dtype", "master_weights", "grad_fp32_copy") if v.get(k) is not None}
+    recipe = {k: v[k] for k in ("precision", "grad_dtype", "master_weights", "grad_fp32_copy", "fp8_scaling")
+              if v.get(k) is not None}
     plan_fields: dict[str, Any] = dict(
         tp=tp, cp=cp, pp=pp, dp=dp, ep=v["ep"], vpp=vpp, schedule=schedule, micro_batch=b,
         global_batch=global_batch, seq_len=s, precision=_spec(PrecisionRecipe, "precision", **recipe),

@@ -84,7 +84,8 @@ def header(est: Estimate, preset: Optional[Preset], requested: Optional[Stack] =
         f"; {p.attention} attention" + (f" ({ATTENTION_KERNEL_NAMES[attention_kernel_of(p.stack.kernels, p.stack.attention_kernel, est.calibration)]})"
                                           if p.attention == "flash" else "")
         + f"; {rec.precision} compute"
-        + (f" ({'Transformer Engine' if p.stack.fp8_library == 'transformer-engine' else 'torchao'} linears)" if rec.precision == "fp8" else "")
+        + (f" ({'Transformer Engine' if p.stack.fp8_library == 'transformer-engine' else 'torchao'} linears, "
+           f"{rec.fp8_scaling} scaling)" if rec.precision == "fp8" else "")
         + f", {rec.grad_dtype} gradients, "
         + _state_words(p),
     ]

@@ -429,7 +429,7 @@ def _gathered_weights(params: Num, layer_params: Num, head_here: Num, kept_embed
     the next backward, (P_l + P_pre)·w (``prefetch``: P_pre and the FP8 saving on it,
     :func:`prefetched_unit`; 2·P_l·w on a stage of two layers or more, P_l·w alone on a stage of
     one whose next unit is another rank's: counting a second layer there counted the one layer
-    twice, issue 36), plus a tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's
+    twice), plus a tied embedding the head reuses (pp = 1). With ``head_in_root`` (torchtitan's
     FSDP2 units until pytorch/torchtitan#1094, 2025-07: the embedding, final norm and LM head left
     to the root unit, which FSDP2 never reshards after forward, and the last block kept gathered)
     the root's P_emb + P_head (the embedding's share ``root_embedding_params``) are gathered at

@@ -266,13 +266,16 @@ def layer_op_times(
     weights_in_fp8: bool = False,
     fp8_linears: str = "auto",
     attention_kernel: str = "auto",
+    fp8_scaling: str = "tensorwise",
 ) -> OpTimes:
     """One transformer layer, one micro-batch, one GPU (module docstring); ``moe`` for a
     mixture-of-experts layer of an MoE model with experts spread over ``ep`` GPUs
     (:func:`moe_mlp_gemms`); ``weights_in_fp8``: torchao's Float8Linear weights arrive cast by
     FSDP2's FP8 all-gather (:func:`meshplan.cost.float8.torchao_float8_passes`); ``fp8_linears``:
     the plan's choice of FP8 library (:func:`meshplan.specs.plan.fp8_library_of`);
-    ``attention_kernel``: the plan's attention kernel (:func:`meshplan.cost.attention.attention_kernel_of`).
+    ``attention_kernel``: the plan's attention kernel (:func:`meshplan.cost.attention.attention_kernel_of`);
+    ``fp8_scaling``: torchao's recipe (:mod:`meshplan.cost.float8`; ``rowwise_with_gw_hp`` runs
+    the weight-gradient GEMMs in 16 bits).
 
     ``attention_flops_convention`` is the FLOP-counting convention and does not change the time:
     FlashAttention skips fully masked blocks (the causal half), materialized attention computes
@@ -289,6 +292,8 @@ def layer_op_times(
     ge = gemm_operand_bytes(compute_dtype, e)
     fg, bi, bw = _gemm_times(gemms, grouped, gpu, cal, cal_g, peak, ge, e)
     peak16 = gpu.peak("bf16") if compute_dtype == "fp8" else peak  # attention stays 16-bit
+    if compute_dtype == "fp8" and fp8_scaling == "rowwise_with_gw_hp":
+        bw = _gemm_times(gemms, grouped, gpu, cal, cal, peak16, gemm_operand_bytes("bf16", e), e)[2]
     fa, ba = _attention_core_times(model, micro_batch, seq_len, tp, cp, attention, kernels, attention_kernel, gpu, cal, peak16, e)
     fm, bm = _elementwise_times(model, tokens, tp, sequence_parallel, kernels, moe, named, gpu, cal, e)
     # op-level selective checkpointing repeats every second matmul (separate q, k, v as torchtitan
@@ -299,7 +304,8 @@ def layer_op_times(
     )
     weight_cast = 0.0
     if compute_dtype == "fp8":
-        casts = _fp8_cast_times(model, tokens, tp, kernels, fp8_linears, moe, gemms, grouped, weights_in_fp8, gpu, cal, e)
+        casts = _fp8_cast_times(model, tokens, tp, kernels, fp8_linears, moe, gemms, grouped, weights_in_fp8, gpu, cal, e,
+                                fp8_scaling)
         fm, bm, op_rec, weight_cast = fm + casts[0], bm + casts[1], op_rec + casts[2], casts[3]
     return OpTimes(fg, fa, fm, bi + bw, ba, bm, bw, op_rec, weight_cast)
 
@@ -421,12 +427,13 @@ def _elementwise_times(model: ModelSpec, tokens: float, tp: int, sequence_parall
 
 
 def _fp8_cast_times(model: ModelSpec, tokens: float, tp: int, kernels: str, fp8_linears: str, moe: bool, gemms: list,
-                    grouped: list, weights_in_fp8: bool, gpu: GPUSpec, cal: Calibration, e: int) -> tuple[float, float, float, float]:
+                    grouped: list, weights_in_fp8: bool, gpu: GPUSpec, cal: Calibration, e: int,
+                    scaling: str = "tensorwise") -> tuple[float, float, float, float]:
     """What FP8 GEMMs add to a layer: (forward, backward, op-level recompute) seconds of their
     casts and the weights' casts once per step (Megatron-Core, :func:`fp8_weight_cast_per_step`;
     0 elsewhere). Transformer Engine casts every FP8 GEMM's operands (the projections and MLP, or
     the MoE layer's shared expert and experts: the router runs in 16 bits); torchao's Float8Linear
-    its own passes (:mod:`meshplan.cost.float8`)."""
+    its own passes under the recipe ``scaling`` (:mod:`meshplan.cost.float8`)."""
     if fp8_library_of(kernels, fp8_linears) == "transformer-engine":
         te_gemms = [(*g, 1) for g in gemms] + list(grouped[1:])
         cast_f, cast_b, weight_f, weight_b = fp8_cast_bytes(te_gemms, e)
@@ -441,7 +448,7 @@ def _fp8_cast_times(model: ModelSpec, tokens: float, tp: int, kernels: str, fp8_
     # stack's shapes count it once
     cast_gemms = gemms if kernels == "eager" else [
         shape for nm, shape in projection_gemms(model, tokens, tp, "fused") if not (moe and nm in MLP_GEMM_NAMES)]
-    f8 = torchao_float8_passes(cast_gemms, e, weights_in_fp8)
+    f8 = torchao_float8_passes(cast_gemms, e, weights_in_fp8, scaling, compiled=kernels != "eager")
     return (memory_time(f8.fwd_bytes, gpu, cal) + (f8.fwd_kernels - 1) * cal.kernel_overhead,
             memory_time(f8.bwd_bytes, gpu, cal) + (f8.bwd_kernels - 1) * cal.kernel_overhead,
             memory_time(f8.recompute_bytes, gpu, cal) + (f8.recompute_kernels - 1) * cal.kernel_overhead, 0.0)

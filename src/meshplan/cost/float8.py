@@ -67,6 +67,50 @@ the input-gradient GEMM stays:
     bytes_fwd = (2e + 1)·M·K,   bytes_recompute = (e + 1)·M·K
 
 with one cast (three kernels) per GEMM forward and one recomputed.
+
+**Row-wise scaling** (``fp8_scaling``: torchao's ``rowwise`` and ``rowwise_with_gw_hp`` recipes,
+``Float8LinearConfig.from_recipe_name``; the only recipes of torchtitan's Float8 linears since
+it left ``JobConfig``). Each operand gets one scale per row along its GEMM's reduction axis
+(``ScalingGranularity.AXISWISE``): ``torch.amax(torch.abs(x), dim)``, one read of ``e`` bytes
+per element, then the cast, read ``e`` and write ``1`` — ``2e + 1`` bytes, two kernels. A scale
+along one axis cannot serve the other, so ``matmul_with_hp_or_float8_args`` saves the 16-bit
+input and weight and casts every operand of every GEMM from them
+(``torchao/float8/float8_linear.py``):
+
+* forward ``X·Wᵀ``: X along K, W along K;
+* input gradient ``G·W``: G along N, W along N;
+* weight gradient ``Gᵀ·X``: G along M, X along M;
+
+six casts per linear, with the same three column-major copies as above
+(``preprocess_addmm``). The two backward GEMMs run without fast accumulation, for which
+torchao calls the tensorwise cuBLAS kernel with unit scales and multiplies the output by the
+outer product of the scales afterwards ("The rowwise CUTLASS-based kernel is so slow without
+fast-accum that we'd rather use the tensorwise cuBLAS-based kernel and do the scaling manually
+afterwards", ``float8_ops.py``, ``addmm_float8_unwrapped``; pytorch/ao#1377): one more pass over
+each output, read and write ``e`` bytes. So, eager,
+
+    bytes_fwd = (2e + 1)·(M·K + K·N)
+    bytes_bwd = (2e + 1)·(2·M·N + M·K + K·N) + 2·(M·N + M·K + K·N) + 2e·(M·K + K·N)
+
+Compiled, Inductor folds the input gradient's scaling into the kernel that reads it next (the sum
+of the q/k/v or gate/up input gradients, SwiGLU's and the norm's backward; wo's, read by the
+attention backward, is the one exception, left uncharged), and the ``2e·M·K`` term goes; the
+weight gradient leaves the compiled block as its output and keeps its pass.
+``rowwise_with_gw_hp`` keeps the weight-gradient GEMM in 16 bits (``ScalingType.DISABLED`` for
+both its operands) and casts the weight for the input gradient per tensor (three kernels):
+
+    bytes_bwd = (2e + 1)·(M·N + K·N) + 2·K·N (+ 2e·M·K eager)
+
+The forward GEMM with row-wise scales and fast accumulation is ``_scaled_mm``'s row-wise kernel
+(CUTLASS ``f8f8bf16_rowwise``; cuBLASLt's outer-vector scaling from cuBLAS 12.9,
+pytorch/pytorch#157905, which found the two "perform very closely"); measured GEMM alone at
+"90-100 % of tensor-wise efficiency" for most shapes (pytorch/pytorch#147971): meshplan times it
+at the tensorwise FP8 rate, and the 16-bit weight-gradient GEMM of ``rowwise_with_gw_hp`` at the
+16-bit rate. Op-level checkpointing saves ``aten.max``, the tensorwise amax, not ``aten.amax``:
+its recompute repeats the row-wise casts whole, ``(2e + 1)·(M·K + K·N)``. FSDP2 gathers the
+weights of row-wise recipes in 16 bits (torchao's ``enable_fsdp_float8_all_gather`` "only
+supports tensorwise scaling granularity"), and torchtitan's tensor parallelism gathers their
+activations in 16 bits too.
 """
 
 from __future__ import annotations
@@ -75,6 +119,8 @@ from dataclasses import dataclass
 
 #: kernels per cast: amax in two stages, the cast (the column-major copy is one more)
 CAST_KERNELS = 3
+#: kernels per row-wise cast: the amax along one axis, the cast
+AXISWISE_CAST_KERNELS = 2
 
 
 @dataclass(frozen=True)
@@ -89,9 +135,16 @@ class Float8Passes:
     recompute_kernels: int
 
 
-def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int, weights_in_fp8: bool = False) -> Float8Passes:
+def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int, weights_in_fp8: bool = False,
+                          scaling: str = "tensorwise", compiled: bool = True) -> Float8Passes:
     """The passes of the module docstring for GEMMs (M, N, K) with ``e``-byte operands;
-    ``weights_in_fp8``: the weights arrive cast (FSDP2's FP8 all-gather)."""
+    ``weights_in_fp8``: the weights arrive cast (FSDP2's FP8 all-gather, tensorwise only);
+    ``scaling``: the recipe, ``tensorwise``, ``rowwise`` or ``rowwise_with_gw_hp``; ``compiled``:
+    Inductor folds the row-wise input gradients' scaling into their readers."""
+    if scaling != "tensorwise":
+        if weights_in_fp8:
+            raise ValueError(f"FSDP2 gathers {scaling} weights in 16 bits, not in FP8")
+        return _rowwise_passes(gemms, e, scaling == "rowwise_with_gw_hp", not compiled)
     cast, copy = 2 * e + 1, 2  # amax read + cast read and write; FP8 read and write
     inputs = sum(M * K for M, _, K in gemms)
     operands = sum(M * K + K * N for M, N, K in gemms)
@@ -106,4 +159,31 @@ def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int, weigh
         fwd_kernels=casts * g * CAST_KERNELS,
         bwd_kernels=g * (CAST_KERNELS + 1) + 2 * g,  # the gradient, then three copies
         recompute_kernels=casts * g,  # the casts (amax saved)
+    )
+
+
+def _rowwise_passes(gemms: list[tuple[float, float, float]], e: int, weight_grad_16bit: bool,
+                    input_grad_pass: bool) -> Float8Passes:
+    """Row-wise scaling's passes (module docstring): six casts per GEMM, or four with the
+    weight-gradient GEMM in 16 bits (``weight_grad_16bit``, ``rowwise_with_gw_hp``);
+    ``input_grad_pass``: the input gradient's scaling is a pass of its own (eager)."""
+    cast, copy, rescale = 2 * e + 1, 2, 2 * e  # amax + cast; FP8 copy; an output's scaling pass
+    X = sum(M * K for M, _, K in gemms)
+    W = sum(K * N for _, N, K in gemms)
+    G = sum(M * N for M, N, _ in gemms)
+    g = len(gemms)
+    rescaled = X if input_grad_pass else 0.0
+    if weight_grad_16bit:  # G along N, W per tensor, W's copy
+        bwd_bytes = cast * (G + W) + copy * W + rescale * rescaled
+        bwd_kernels = g * (AXISWISE_CAST_KERNELS + CAST_KERNELS + 1 + input_grad_pass)
+    else:  # G along N and M, W along N, X along M; three copies; the weight gradient's scaling
+        bwd_bytes = cast * (2 * G + W + X) + copy * (G + X + W) + rescale * (W + rescaled)
+        bwd_kernels = g * (4 * AXISWISE_CAST_KERNELS + 3 + 1 + input_grad_pass)
+    return Float8Passes(
+        fwd_bytes=cast * (X + W),
+        bwd_bytes=bwd_bytes,
+        recompute_bytes=cast * (X + W),
+        fwd_kernels=2 * g * AXISWISE_CAST_KERNELS,
+        bwd_kernels=bwd_kernels,
+        recompute_kernels=2 * g * AXISWISE_CAST_KERNELS,
     )

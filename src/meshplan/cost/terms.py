@@ -172,7 +172,8 @@ class Terms:
         base, st = self.base, self.stack
         return layer_op_times(self.model, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu,
                               self.cal, self.rec.compute_dtype, self.e, st.kernels, weights_in_fp8=bool(g8),
-                              fp8_linears=st.fp8_linears, attention_kernel=st.attention_kernel)
+                              fp8_linears=st.fp8_linears, attention_kernel=st.attention_kernel,
+                              fp8_scaling=self.rec.fp8_scaling)
 
     @_cached
     def emb_ops(self, t: int, c: int, b: int) -> OpTimes:
@@ -224,7 +225,7 @@ class Terms:
         base, st = self.base, self.stack
         return layer_op_times(self.model, b, base.seq_len, t, c, bool(sp), base.attention, base.attention_flops, self.cluster.gpu,
                               self.cal, self.rec.compute_dtype, self.e, st.kernels, moe=True, ep=ep, fp8_linears=st.fp8_linears,
-                              attention_kernel=st.attention_kernel)
+                              attention_kernel=st.attention_kernel, fp8_scaling=self.rec.fp8_scaling)
 
     @_cached
     def moe_activations(self, t: int, c: int, b: int, sp: bool, mode: str) -> LayerActivations:

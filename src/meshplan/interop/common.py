@@ -99,6 +99,8 @@ def fp8_library(plan: TrainingPlan, led: Ledger, engine: str, native: str) -> No
     ``engine`` runs (``native``). Engines whose configs have no FP8 warn on the precision."""
     if plan.precision.precision == "fp8" and plan.stack.fp8_library != native:
         led.lose("fp8_linears", f"{engine}'s FP8 linears are {native}'s, not {plan.stack.fp8_library}'s; exported so")
+    if plan.precision.fp8_scaling != "tensorwise" and native != "torchao":
+        led.lose("precision.fp8_scaling", f"{engine}'s FP8 linears scale per tensor, not {plan.precision.fp8_scaling}; exported so")
 
 
 def tp_backward(plan: TrainingPlan, led: Ledger, engine: str, native: bool) -> None:

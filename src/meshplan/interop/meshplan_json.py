@@ -39,6 +39,7 @@ def parse(text: str) -> ParseResult:
         fields["layer_split"] = tuple(plan["layer_split"])
         fields["rank_order"] = tuple(plan["rank_order"])
         fields["precision"] = {k: plan[k] for k in RECIPE_KEYS}
+        fields["precision"]["fp8_scaling"] = plan.get("fp8_scaling", "tensorwise")  # written since row-wise FP8
         fields["stack"] = {k: v for k, v in plan["stack"].items() if k != "overrides"}
     except (KeyError, TypeError) as exc:
         raise InputError("plan", f"a meshplan estimate JSON without plan.{exc}: write it with `meshplan estimate --json`") from None

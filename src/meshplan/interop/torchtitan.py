@@ -26,7 +26,9 @@ keeps the ``--parallelism.*`` and ``--training.*`` overrides. Mapping (warnings 
   ``quantize.linear.float8.enable_fsdp_float8_all_gather`` with
   ``precompute_float8_dynamic_scale_for_fsdp`` (read from that section or, before JobConfig v0.2,
   from ``[float8]``; it applies where FSDP runs, and without the precomputed scales the per-weight
-  amax all-reduces are noted, not modelled). Its FP8 linears are torchao's (``fp8_linears``
+  amax all-reduces are noted, not modelled). fp8_scaling → ``quantize.linear.float8.recipe_name``
+  (``rowwise``, ``rowwise_with_gw_hp``; tensorwise leaves it out, which torchtitan needs for the FP8
+  all-gather and which reads as tensorwise). Its FP8 linears are torchao's (``fp8_linears``
   transformer-engine warns).
 * tp_comm_overlap → ``parallelism.enable_async_tensor_parallel``, which is torch's micro-pipelined TP
   (``tp_overlap_kind = "micro-pipeline"``; Megatron's userbuffers kind has no torchtitan
@@ -186,6 +188,8 @@ def sections(model: ModelSpec, plan: TrainingPlan, version: str = "0.2") -> tupl
         out.setdefault("model", {})["converters"] = [FLOAT8[0]]
         if p.stack.fsdp_fp8_all_gather:
             out[FLOAT8[0]] = dict.fromkeys(FP8_GATHER, True)
+        if p.precision.fp8_scaling != "tensorwise":
+            out[FLOAT8[0]] = {"recipe_name": p.precision.fp8_scaling}
 
     par: dict[str, Any] = {}
     if p.zero == 0 or p.dp * p.cp == 1:
@@ -331,8 +335,9 @@ def registry_sections(tokens: list[str]) -> tuple[list[str], dict[str, dict[str,
     if config is not None:
         name = REGISTRY.get(config)
         out["model"] = {"name": str(pairs.get("--module", "llama3")), "flavor": TT_MODELS[name][1] if name else config}
-        if config in REGISTRY_FLOAT8:
+        if config in REGISTRY_FLOAT8:  # Float8LinearConverter.Config(): recipe_name "rowwise", 0.3's default
             out["model"]["converters"] = [FLOAT8[0]]
+            out["quantize"] = {"linear": {"float8": {"recipe_name": "rowwise"}}}
     return rest, out
 
 
@@ -484,11 +489,10 @@ def parse(text: str, toml: bool = False) -> ParseResult:
     prec = choice("training.mixed_precision_param", param, {"bfloat16": "bf16", "float32": "fp32"})
     conv = mdl.get("converters", [])
     conv = [c.strip() for c in conv.split(",")] if isinstance(conv, str) else [str(c) for c in conv]
-    if any(c in FLOAT8 for c in conv):
-        prec = "fp8"
-        _check_fp8_recipe(s)
-        f.update(_read_fp8_gather(s, fsdp, notes))
     f["precision"] = {"precision": prec, "grad_dtype": "fp32"}
+    if any(c in FLOAT8 for c in conv):
+        f["precision"].update(precision="fp8", fp8_scaling=_read_fp8_recipe(s))
+        f.update(_read_fp8_gather(s, fsdp, notes))
     f.update(_read_kernels(s, notes))
     if f["kernels"] == "eager" and f["tp_comm_overlap"]:
         notes.append("tp_comm_overlap: torchtitan refuses async TP without the blocks compiled (compile.enable, \"model\" in compile.components)")
@@ -509,22 +513,25 @@ def _float8_section(s: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-#: torchao Float8 recipes meshplan models (cost/float8.py: tensorwise dynamic scaling, one amax
-#: per tensor); torchtitan's ``recipe_name`` absent means tensorwise.
-FP8_RECIPES = ("tensorwise",)
+#: torchtitan's ``recipe_name`` → meshplan's ``fp8_scaling`` (torchao ``Float8LinearRecipeName``);
+#: absent, torchtitan 0.2 builds ``Float8LinearConfig()``, tensorwise
+FP8_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise_with_gw_hp"}
 
 
-def _check_fp8_recipe(s: dict[str, dict[str, Any]]) -> None:
-    """Refuse a Float8 recipe other than tensorwise: torchao's ``rowwise`` and
-    ``rowwise_with_gw_hp`` scale each row of every operand (one amax per row, the ``_scaled_mm``
-    row-wise kernel; torchao ``Float8LinearRecipeName``), which cost/float8.py does not model."""
-    recipe = _float8_section(s).get("recipe_name")
-    if recipe is None or recipe in FP8_RECIPES:
-        return
+def _read_fp8_recipe(s: dict[str, dict[str, Any]]) -> str:
+    """``fp8_scaling`` from the Float8 options' ``recipe_name``; torchtitan refuses a recipe name
+    together with the FSDP FP8 all-gather ("using `float8_config.enable_fsdp_float8_all_gather`
+    together with `float8_config.recipe_name` is not supported"), and so does this."""
+    opts = _float8_section(s)
+    recipe = opts.get("recipe_name")
     where = "quantize.linear.float8" if "quantize" in s else "float8"
-    raise InputError(f"{where}.recipe_name", f"{brief(recipe)} is not modelled: meshplan models tensorwise FP8 scaling (one scale "
-                     "per tensor); row-wise scaling (torchao's rowwise and rowwise_with_gw_hp: one scale per row, the row-wise "
-                     "_scaled_mm) is not; leave recipe_name out or set it to tensorwise")
+    if recipe is None:
+        return "tensorwise"
+    scaling = choice(f"{where}.recipe_name", recipe, FP8_RECIPES)
+    if as_bool(f"{where}.{FP8_GATHER[0]}", opts.get(FP8_GATHER[0], False)):
+        raise InputError(f"{where}.{FP8_GATHER[0]}", f"torchtitan refuses it together with recipe_name ({brief(recipe)}): "
+                         "leave recipe_name out for tensorwise scaling with FP8 all-gathers")
+    return scaling
 
 
 def _read_fp8_gather(s: dict[str, dict[str, Any]], fsdp: bool, notes: list[str]) -> dict[str, Any]:

@@ -11,7 +11,10 @@ for what 0.3 reads:
 * FP8: the Float8 linears are ``model_registry(converters=...)`` of the registry function, which no
   flag sets: torchtitan's ``llama3_405b`` carries them, ``llama3_8b`` and ``llama3_70b`` do not; a
   plan whose precision differs from its registry function's is warned (``precision.precision``).
-  ``[quantize.linear.float8]`` and its FSDP FP8 all-gather are gone: ``fsdp_fp8_all_gather`` warns.
+  0.3's ``Float8LinearConverter`` scales row-wise (``recipe_name``: ``rowwise``, its default, or
+  ``rowwise_with_gw_hp``), so ``llama3_405b`` reads as ``fp8_scaling rowwise`` and a plan with
+  another recipe warns (``precision.fp8_scaling``). ``[quantize.linear.float8]`` and its FSDP FP8
+  all-gather are gone: ``fsdp_fp8_all_gather`` warns.
 * recompute → the ``activation-checkpoint:none|full|selective`` subcommand, always written (last on
   the line) so that the registry function's own choice (selective for 8B, full for 70B) never
   replaces the plan's; 0.3's selective is op-level SAC.
@@ -48,6 +51,9 @@ def _registry(model: ModelSpec, plan: TrainingPlan, led: Ledger) -> list[str]:
         has = "builds Float8 linears" if config in REGISTRY_FLOAT8 else "builds no Float8 linears"
         led.lose("precision.precision", f"torchtitan 0.3's {config or 'registry'} config {has} and no flag changes it "
                                         f"(model_registry converters); export with --to torchtitan@0.2 or edit the registry function")
+    if fp8 and config in REGISTRY_FLOAT8 and plan.precision.fp8_scaling != "rowwise":
+        led.lose("precision.fp8_scaling", f"torchtitan 0.3's {config} config builds Float8LinearConverter.Config() "
+                                          f"(recipe_name 'rowwise'), not {plan.precision.fp8_scaling}: edit the registry function")
     if fp8 and plan.stack.fsdp_fp8_all_gather:
         led.lose("fsdp_fp8_all_gather", "torchtitan 0.3 has no FSDP FP8 all-gather option (0.2's quantize.linear.float8.enable_fsdp_float8_all_gather)")
     if config is None:

@@ -37,14 +37,29 @@ DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 AXES = ("tp", "cp", "pp", "dp")
 
 
+#: FP8 scaling recipes (torchao's ``Float8LinearRecipeName``; :mod:`meshplan.cost.float8`):
+#: one scale per tensor, one per row of every operand, or per row with the weight-gradient GEMM
+#: in 16 bits
+FP8_SCALINGS = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
 class PrecisionRecipe(Spec):
-    """Dtypes of weights, gradients and optimizer state."""
+    """Dtypes of weights, gradients and optimizer state, and how FP8 GEMM operands are scaled
+    (``fp8_scaling``, precision fp8 only: :data:`FP8_SCALINGS`)."""
 
     precision: Literal["fp32", "bf16", "fp16", "fp8"] = "bf16"
     grad_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     master_weights: bool = True
     grad_fp32_copy: bool = False
     optimizer: Literal["adam", "sgd"] = "adam"
+    fp8_scaling: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+
+    @model_validator(mode="after")
+    def _check_scaling(self) -> "PrecisionRecipe":
+        if self.fp8_scaling != "tensorwise" and self.precision != "fp8":
+            raise ValueError(f"fp8_scaling {self.fp8_scaling} scales FP8 GEMM operands: it needs precision fp8 "
+                             f"(got {self.precision})")
+        return self
 
     @property
     def weight_bytes(self) -> int:

@@ -171,6 +171,11 @@ PLAN_RULES: tuple[PlanRule, ...] = (
              lambda model, p: model.is_moe and p.stack.fsdp_fp8_all_gather,
              lambda model, p: "FP8 all-gather is modelled for dense models (torchao's Float8Linear blocks); "
                               "turn it off for a mixture-of-experts model"),
+    PlanRule("fp8_scaling_library", "fp8_scaling", "row-wise FP8 scaling is torchao's Float8 linears' (compiled or eager kernels)",
+             lambda model, p: p.precision.fp8_scaling != "tensorwise" and p.stack.fp8_library != "torchao",
+             lambda model, p: f"fp8_scaling {p.precision.fp8_scaling} is torchao's recipe; the plan's FP8 linears are "
+                              f"{p.stack.fp8_library}'s, which scale per tensor: use fp8_scaling tensorwise, or "
+                              "fp8_linears torchao on the compiled or eager kernels"),
     PlanRule("recompute_layers_moe", "recompute_layers", "recompute of some layers per stage is modelled for dense models",
              lambda model, p: model.is_moe and p.recompute_layers is not None,
              lambda model, p: f"recompute_layers ({p.recompute_layers}) is modelled for dense models; {model.name} is a mixture "

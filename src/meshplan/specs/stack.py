@@ -224,9 +224,9 @@ RULES: tuple[Rule, ...] = (
     Rule("fsdp_head_in_root", lambda s, p: _torch_fsdp2(s, p) and p.pp == 1, False,
          "FSDP2's root unit: zero 3 on the compiled or eager kernels, pp 1"),
     Rule("fsdp_fp8_all_gather", lambda s, p: _torch_fsdp2(s, p) and p.shard_degree > 1 and p.precision.precision == "fp8"
-         and s.fp8_library == "torchao", False,
+         and s.fp8_library == "torchao" and p.precision.fp8_scaling == "tensorwise", False,
          "FP8 all-gathers are torch's FSDP2 gathering torchao's Float8 linears: zero 3 sharded over more than one rank, "
-         "precision fp8, compiled or eager kernels"),
+         "precision fp8 scaled per tensor (torchao gathers row-wise scaled weights in 16 bits), compiled or eager kernels"),
     Rule("pipeline_runtime", lambda s, p: p.pp > 1 and p.schedule in _RUNTIME_SCHEDULES.get(s.pipeline_runtime, LOCKSTEP_SCHEDULES)
          and not (s.pipeline_runtime == "blocking" and p.schedule == "interleaved" and p.grad_accum % p.pp),
          "dependency",

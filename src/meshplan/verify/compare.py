@@ -1,6 +1,6 @@
 """Side-by-side rows: what torch measured, what meshplan predicts, the difference, the tolerance.
 
-Tolerances are fixed by what each quantity is (issue 6), never per run:
+Tolerances are fixed by what each quantity is, never per run:
 
 ==========================================  ===========
 quantity                                    tolerance

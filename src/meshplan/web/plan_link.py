@@ -32,7 +32,8 @@ def _other_options(plan: TrainingPlan, key: str) -> dict[str, Any]:
     """The options that give field ``key`` of ``plan`` (one not of :data:`LAYOUT`)."""
     r = plan.precision
     if key == "precision":
-        return {"precision": r.precision, "grad_dtype": r.grad_dtype, "master_weights": r.master_weights, "grad_fp32_copy": r.grad_fp32_copy}
+        return {"precision": r.precision, "grad_dtype": r.grad_dtype, "master_weights": r.master_weights, "grad_fp32_copy": r.grad_fp32_copy,
+                "fp8_scaling": r.fp8_scaling}
     if key in ("layer_split", "rank_order"):
         value = getattr(plan, key)
         return {key: ",".join(str(x) for x in value)} if value is not None else {}
