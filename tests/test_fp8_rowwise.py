@@ -81,19 +81,30 @@ def test_a_layer_under_each_recipe():
     assert rw.bwd_memory > tw.bwd_memory > gw.bwd_memory
 
 
-def test_torchao_published_speedups_of_the_three_recipes():
+GRAND_TETON = "name: h100-grand-teton\nbase: h100-sxm-80gb\nhbm_gib: 96\nhbm_gbps: 2400\npower_watts: 500\n"
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm-80gb", "grand-teton"])
+def test_torchao_published_speedups_of_the_three_recipes(gpu, tmp_path):
     """torchao's float8 README (v0.10-v0.13, docs/source/workflows/training.md): torchtitan,
     Llama 3 8B on 8 H100s, batch 1 x 8,192 tokens per GPU, torch.compile, FSDP2, op-level SAC;
     median tokens/s 6,150 in bf16, 7,689.5 tensorwise with FP8 all-gathers (1.250x), 6,768
-    row-wise with 16-bit all-gathers (1.100x). No constant was set from these rows."""
-    base = ("--model", "llama3-8b", "--gpus", "8", "--stack", "torchtitan-2024", "--zero", "3", "--recompute", "op",
+    row-wise with 16-bit all-gathers (1.100x). Which H100 is not stated: the 700 W HBM3 part gives
+    1.238x and 1.100x, Meta's 500 W HBM2e one (whose bf16 step meshplan puts 4 % under the
+    published one, the SXM's 19 %) 1.214x and 1.065x, the casts' bytes dearer at 2.4 TB/s. No
+    constant was set from these rows."""
+    if gpu == "grand-teton":
+        gpu = str(tmp_path / "gt.yaml")
+        Path(gpu).write_text(GRAND_TETON)
+    base = ("--model", "llama3-8b", "--gpu", gpu, "--gpus", "8", "--stack", "torchtitan-2024", "--zero", "3", "--recompute", "op",
             "--seq-len", "8192", "--global-batch", "8")
     bf16 = run_json(*base)["time"]["step_s"]
     tw = run_json(*base, "--precision", "fp8", "--set", "fsdp_fp8_all_gather=true")["time"]["step_s"]
     rw = run_json(*base, "--precision", "fp8", "--fp8-scaling", "rowwise")["time"]["step_s"]
-    assert bf16 / tw == pytest.approx(7689.5 / 6150, rel=0.02)  # 1.238 predicted
-    assert bf16 / rw == pytest.approx(6768 / 6150, rel=0.02)  # 1.100 predicted
+    assert bf16 / tw == pytest.approx(7689.5 / 6150, rel=0.035)
+    assert bf16 / rw == pytest.approx(6768 / 6150, rel=0.035)
     assert rw / tw == pytest.approx(7689.5 / 6768, rel=0.02)
+    assert 8192 / bf16 == pytest.approx(6150, rel=0.05 if "gt.yaml" in gpu else 0.25)
     # FSDP2 gathers row-wise weights in 16 bits: the switch does not apply, and is said so
     gathered = run_json(*base, "--precision", "fp8", "--fp8-scaling", "rowwise", "--set", "fsdp_fp8_all_gather=true")
     assert gathered["time"]["step_s"] == rw and gathered["plan"]["stack"]["fsdp_fp8_all_gather"] is False
@@ -186,3 +197,14 @@ def test_the_70b_tp8_comparison_as_docs_accuracy_quotes_it():
                         for prec in (("bf16",), ("fp8",), ("fp8", "--fp8-scaling", "rowwise")))
         got += [round(bf16 / tw, 3), round(bf16 / rw, 3)]
     assert got == [1.209, 1.142, 1.204, 1.130]
+
+
+def test_explain_names_the_recipe():
+    code, out, _ = run_cli("explain", "--figure", "layer", "--model", "llama3-8b", "--gpus", "8", "--stack", "torchtitan", "--zero", "3",
+                           "--precision", "fp8", "--fp8-scaling", "rowwise", "--seq-len", "8192", "--global-batch", "8")
+    assert code == 0 and "FP8        torchao linears, rowwise scaling: six row-wise casts per linear" in out
+    code, out, _ = run_cli("explain", "--figure", "layer", "--model", "llama3-8b", "--gpus", "8", "--stack", "megatron-core",
+                           "--precision", "fp8", "--seq-len", "8192", "--global-batch", "8")
+    assert code == 0 and "Transformer Engine linears, tensorwise scaling" in out
+    code, out, _ = run_cli("explain", "--figure", "layer", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "8192", "--global-batch", "8")
+    assert code == 0 and "FP8  " not in out

@@ -110,6 +110,17 @@ def _stored_mode(p: TrainingPlan, split: tuple[int, ...]) -> str:
     return f"{p.recompute} recompute"
 
 
+def _fp8_rows(p: TrainingPlan) -> tuple[tuple[str, str], ...]:
+    """The FP8 linears' library and scaling recipe, whose casts the memory-bound time holds."""
+    rec = p.precision
+    if rec.precision != "fp8":
+        return ()
+    library = "Transformer Engine" if p.stack.fp8_library == "transformer-engine" else "torchao"
+    casts = {"tensorwise": "one cast per operand", "rowwise": "six row-wise casts per linear, backward outputs rescaled",
+             "rowwise_with_gw_hp": "four casts per linear, the weight-gradient GEMM in 16 bits"}[rec.fp8_scaling]
+    return (("FP8", f"{library} linears, {rec.fp8_scaling} scaling: {casts} (in memory-bound; meshplan.cost.float8)"),)
+
+
 def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str, str], ...]:
     """The flash attention's kernel and its rates, η(L) = η∞·L/(L + L₀) forward / backward."""
     if p.attention != "flash":
@@ -274,6 +285,7 @@ def derivations(est, ops: OpTimes, la, tp_one: float, p2p: float, lt,
         (("GEMMs", f"{fmt_seconds(ops.fwd_gemm)} / {fmt_seconds(ops.bwd_gemm)}"),
          ("attention", f"{fmt_seconds(ops.fwd_attention)} / {fmt_seconds(ops.bwd_attention)}"),
          ("memory-bound", f"{fmt_seconds(ops.fwd_memory)} / {fmt_seconds(ops.bwd_memory)}"),)
+        + _fp8_rows(p)
         + _attention_kernel_rows(p, est.calibration)
         + (("TP comm", f"{fmt_seconds(2 * tp_one)} per direction ({'AG+RS' if p.sequence_parallel else 'all-reduce'} x 2"
                        + ("; the backward also re-gathers the input projections' inputs"
