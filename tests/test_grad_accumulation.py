@@ -9,10 +9,10 @@ import pytest
 
 from meshplan.catalog import load_gpu, load_model, load_stack
 from meshplan.cost import collectives as coll
-from meshplan.cost.grad_accumulation import grad_accumulation_bytes, grad_accumulation_share
+from meshplan.cost.grad_accumulation import accumulation_kind, grad_accumulation_bytes, grad_accumulation_share
 from meshplan.cost.kernel_time import memory_time
 from meshplan.cost.params import embedding_params_per_rank, head_params_per_rank, layer_params_per_rank
-from meshplan.cost.terms import Terms
+from meshplan.cost.terms import Terms, grad_accumulate_per_micro_batch
 from meshplan.estimate import estimate
 from meshplan.specs.hardware import ClusterSpec
 from meshplan.specs.plan import PrecisionRecipe, TrainingPlan
@@ -41,6 +41,29 @@ def test_share_of_the_micro_batches_that_run_a_pass():
     m = np.array([1, 2, 240])
     assert np.array_equal(grad_accumulation_share("autograd", m), np.array([0.0, 0.5, 239 / 240]))
     assert np.array_equal(grad_accumulation_share("buffer", m), np.ones(3))
+
+
+def test_fsdp2_accumulates_unsharded_into_its_reduce_dtype():
+    """torch's FSDP2 under torch's pipeline schedules (``fsdp_accumulate_unsharded``): each later
+    micro-batch reads the bf16 gradient and the fp32 accumulator and writes it back, 2 + 2·4 = 10
+    bytes; the first copies the gradient up, 2 + 4 = 6, a 0.6 share of a pass. With the
+    parameters' own reduce dtype FSDP2 leaves it to autograd."""
+    assert grad_accumulation_bytes("fsdp2", 2, 4) == 10
+    assert grad_accumulation_share("fsdp2", 1, 2, 4) == 0.6 and grad_accumulation_share("fsdp2", 8, 2, 4) == (7 + 0.6) / 8
+    stack = load_stack("torchtitan")
+    plan = TrainingPlan.of(pp=4, dp=2, zero=3, global_batch=16, seq_len=4096, stack=stack, fsdp_accumulate_unsharded=True,
+                           pp_buffers="per-micro-batch", overlap_grad_reduce=False)
+    assert plan.stack.grad_accumulation == "fused"  # the field's rule: sharded gradients; FSDP2's own pass instead
+    assert accumulation_kind(plan.stack, 2, 4) == "fsdp2" and accumulation_kind(plan.stack, 2, 2) == "autograd"
+    model, cluster = load_model("llama3-8b"), ClusterSpec.of(load_gpu("h100-sxm-80gb"), 8)
+    terms = Terms(model, cluster, plan, plan.stack)
+    layer, _, emb, head = terms.grad_accumulation_passes(1, 4, 1)
+    assert layer == memory_time(10 * layer_params_per_rank(model, 1), terms.cluster.gpu, terms.cal)
+    kept = plan.replace(fsdp_accumulate_unsharded=False)  # per-micro-batch reduce-scatters: a shard, not charged
+    assert accumulation_kind(kept.stack, 2, 4) == "fused"
+    m = plan.num_microbatches
+    assert m == 8
+    assert grad_accumulate_per_micro_batch(terms, 1, 4, 1, m) == pytest.approx(tuple(x * 7.6 / 8 for x in (layer, 0.0, emb, head)))
 
 
 def _plan(stack: str, fp16: bool = False, **fields) -> TrainingPlan:

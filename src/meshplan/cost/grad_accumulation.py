@@ -13,6 +13,9 @@ buffer      a hook adds the fresh gradient into the           w + 2·g          
             contiguous ``main_grad`` buffer, then frees it
 autograd    ``AccumulateGrad`` adds each later gradient into  3·w                     (m − 1)/m
             ``.grad`` in place (the first one becomes it)
+fsdp2       FSDP2 adds each later gradient into its           w + 2·g                 (m − 1 + φ)/m
+            unsharded accumulator in the reduce dtype; the    (the first: w + g)      φ = (w + g)/(w + 2·g)
+            first is copied up into it
 ==========  ===============================================  ======================  ===========
 
 w: bytes of a weight as the GEMMs use it (the gradient autograd produces has its dtype); g: bytes
@@ -37,10 +40,21 @@ Sources, per kind:
   its fp16/ZeRO-1 optimizers read ``.grad`` after the last; torch's DDP under ``no_sync`` and
   torch.distributed.pipelining alike.
 
-The stack's rule applies it where the gradients are held whole through the step (ZeRO 0 or 1, or a shard group of one):
-ZeRO-2 and FSDP reduce-scatter each micro-batch's gradients and accumulate a 1/d shard, and FSDP2's
-own unsharded accumulation under torch's pipeline schedules (``to_accumulated_grad_if_needed``) is
-not charged.
+* ``fsdp2``: not a value of the field but what torch's FSDP2 runs where it keeps the gradients
+  unsharded through the step (``fsdp_accumulate_unsharded``: torch.distributed.pipelining with
+  FSDP2, which turns the gradient sync off until the last micro-batch). After each micro-batch's
+  backward, ``FSDPParamGroup.post_backward`` calls ``accumulate_unsharded_grad_if_needed``
+  (``unsharded_accumulated_grad += unsharded_param.grad``, then the gradient freed) and
+  ``to_accumulated_grad_if_needed``, which on the first micro-batch copies the w-byte gradient up
+  into a g-byte accumulator when the reduce dtype differs (``unsharded_grad.to(self.reduce_dtype)``:
+  torchtitan's ``mixed_precision_reduce = "float32"`` under bf16 parameters)
+  (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``, ``_fsdp_param_group.py``). With the
+  reduce dtype the parameters' own, it returns early and autograd accumulates in ``.grad``: the
+  ``autograd`` kind (:func:`accumulation_kind`).
+
+The stack's rule applies ``grad_accumulation`` where the gradients are held whole through the step
+(ZeRO 0 or 1, or a shard group of one); ZeRO-2 and FSDP reduce-scatter each micro-batch's
+gradients and accumulate a 1/d shard, not charged, except FSDP2 holding them unsharded (above).
 """
 
 from __future__ import annotations
@@ -51,19 +65,34 @@ from typing import Any
 GRAD_ACCUMULATION_KINDS = ("fused", "buffer", "autograd")
 
 
+def accumulation_kind(stack: Any, weight_bytes: int, grad_bytes: int) -> str:
+    """The accumulation a plan's step runs: FSDP2's own where it holds the gradients unsharded
+    through the step (``fsdp_accumulate_unsharded``, as the stack applies to the plan), ``fsdp2``
+    into a wider reduce dtype, ``autograd`` into the parameters' own; else the stack's
+    ``grad_accumulation``."""
+    if stack.fsdp_accumulate_unsharded:
+        return "fsdp2" if grad_bytes != weight_bytes else "autograd"
+    return stack.grad_accumulation
+
+
 def grad_accumulation_bytes(kind: str, weight_bytes: int, grad_bytes: int) -> int:
     """HBM bytes per parameter of one accumulation pass of ``kind`` (module table): 0 fused,
-    w + 2·g for Megatron-LM v2.x's ``main_grad`` buffer, 3·w for autograd's in-place add."""
-    if kind not in GRAD_ACCUMULATION_KINDS:
+    w + 2·g for Megatron-LM v2.x's ``main_grad`` buffer and FSDP2's accumulator, 3·w for
+    autograd's in-place add."""
+    if kind not in GRAD_ACCUMULATION_KINDS + ("fsdp2",):
         raise ValueError(f"grad_accumulation must be one of {', '.join(GRAD_ACCUMULATION_KINDS)}, not {kind!r}")
-    return {"fused": 0, "buffer": weight_bytes + 2 * grad_bytes, "autograd": 3 * weight_bytes}[kind]
+    return {"fused": 0, "buffer": weight_bytes + 2 * grad_bytes, "fsdp2": weight_bytes + 2 * grad_bytes,
+            "autograd": 3 * weight_bytes}[kind]
 
 
-def grad_accumulation_share(kind: str, microbatches: Any) -> Any:
-    """The share of a step's ``microbatches`` (m; a number or an array over plans) that run a pass:
-    every one for the buffer, all but the first, (m − 1)/m, for autograd, none when fused."""
-    if kind == "buffer":
-        return microbatches / microbatches
-    if kind == "autograd":
-        return (microbatches - 1) / microbatches
-    return 0 * microbatches
+def grad_accumulation_share(kind: str, microbatches: Any, weight_bytes: int = 2, grad_bytes: int = 4) -> Any:
+    """The passes per micro-batch of a step's ``microbatches`` (m; a number or an array over plans):
+    (m − 1 + φ)/m, φ the first micro-batch's fraction of a pass: 1 for the buffer (every one), 0
+    for autograd (all but the first), (w + g)/(w + 2·g) for FSDP2's first copy up into its
+    accumulator (``weight_bytes`` w, ``grad_bytes`` g); none when fused."""
+    if kind == "fused":
+        return 0 * microbatches
+    first = {"buffer": 1.0, "autograd": 0.0}.get(kind)
+    if first is None:
+        first = (weight_bytes + grad_bytes) / (weight_bytes + 2 * grad_bytes)
+    return (microbatches - 1 + first) / microbatches

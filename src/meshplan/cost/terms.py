@@ -34,7 +34,7 @@ from meshplan.cost.fsdp_copies import fp8_gather_saving, fsdp2_step_copy_times, 
 from meshplan.cost.moe import (
     alltoall_times, expert_dp_placements, expert_group_placements, expert_tp_time, moe_fsdp_layer_times, rank_expert_params,
 )
-from meshplan.cost.grad_accumulation import grad_accumulation_bytes, grad_accumulation_share
+from meshplan.cost.grad_accumulation import accumulation_kind, grad_accumulation_bytes, grad_accumulation_share
 from meshplan.cost.kernel_time import memory_time
 from meshplan.cost.params import (
     embedding_params_per_rank, head_params_per_rank, largest_layer_params, layer_params_per_rank, rank_params,
@@ -276,7 +276,8 @@ class Terms:
         """Seconds of one pass of the stack's ``grad_accumulation`` over a rank's gradients
         (:mod:`meshplan.cost.grad_accumulation`): (a dense layer's, an MoE layer's, the embedding's,
         the final norm and LM head's)."""
-        per = grad_accumulation_bytes(self.stack.grad_accumulation, self.rec.weight_bytes, self.rec.grad_bytes)
+        per = grad_accumulation_bytes(accumulation_kind(self.stack, self.rec.weight_bytes, self.rec.grad_bytes),
+                                      self.rec.weight_bytes, self.rec.grad_bytes)
         if not per:
             return (0.0, 0.0, 0.0, 0.0)
         model, gpu, cal = self.model, self.cluster.gpu, self.cal
@@ -454,5 +455,6 @@ def grad_accumulate_per_micro_batch(terms: "Terms", t: int, pp: int, ep: int, mi
     """Seconds per micro-batch of the stack's gradient accumulation (:mod:`meshplan.cost.grad_accumulation`):
     one pass over a rank's gradients times the share of the step's ``microbatches`` that run it
     (a number or an array over plans): (a dense layer's, an MoE layer's, the embedding's, the head's)."""
-    share = grad_accumulation_share(terms.stack.grad_accumulation, microbatches)
+    w, g = terms.rec.weight_bytes, terms.rec.grad_bytes
+    share = grad_accumulation_share(accumulation_kind(terms.stack, w, g), microbatches, w, g)
     return tuple(x * share for x in terms.grad_accumulation_passes(t, pp, ep))

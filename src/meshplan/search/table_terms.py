@@ -12,7 +12,7 @@ import numpy as np
 
 from meshplan.cost.compose import LayerTimes, layer_times
 from meshplan.cost.fsdp_copies import root_unit_applies
-from meshplan.cost.grad_accumulation import grad_accumulation_share
+from meshplan.cost.grad_accumulation import accumulation_kind, grad_accumulation_share
 from meshplan.cost.terms import KernelTerms, MicroBatchComm, MoeKernelTerms, Terms, UnitComm, layer_time_args, moe_layer_time_args
 from meshplan.search.rows import Digits, code_rows, digit, distinct_rows, gather, gather_distinct, slices_by
 from meshplan.search.space import RECOMPUTE, PlanTable
@@ -120,7 +120,8 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float
         layer_stored = np.where(moe_working > working, moe["kernel"][:, MOE_FIELDS.index("act_stored")], layer_stored)
         working = np.maximum(working, moe_working)
     passes = gather(terms.grad_accumulation_passes, cols("t p ep"), 4)
-    acc = passes * grad_accumulation_share(stack.grad_accumulation, table.num_microbatches[at])[:, None]
+    w, g = terms.rec.weight_bytes, terms.rec.grad_bytes
+    acc = passes * grad_accumulation_share(accumulation_kind(stack, w, g), table.num_microbatches[at], w, g)[:, None]
     lt, lt_moe = _layer_times(table, at, stack, model, row["fsdp"] > 0, k, cm, moe, shares, acc.T)
     return TableTerms(
         kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
