@@ -76,6 +76,13 @@ def test_a_layer_under_each_recipe():
     g = len(projection_gemms(LLAMA8B, 8192, 1, "fused"))  # the casts' GEMMs: a shared input cast once
     assert g == 4
     assert rw.fwd_memory - tw.fwd_memory == pytest.approx(-2 * g * cal.kernel_overhead, rel=1e-9)
+    # the weight-gradient GEMMs the backward TP collectives hide behind: 16-bit ones under gw_hp
+    from meshplan.cost.compute import input_projection_backward
+
+    ipb = [input_projection_backward(LLAMA8B, 8192, 8, "compiled", H100, cal, *prec) for prec in
+           (("bf16", 2), ("fp8", 2, "rowwise"), ("fp8", 2, "rowwise_with_gw_hp"))]
+    assert ipb[2][0][1] == ipb[0][0][1] > ipb[1][0][1] and ipb[2][1][1] == ipb[0][1][1]
+    assert ipb[2][0][0] == ipb[1][0][0] < ipb[0][0][0]  # the input gradients stay FP8
     # six casts a GEMM against tensorwise's three; rowwise_with_gw_hp casts nothing for the
     # weight gradient, copies neither of its operands, and moves less than tensorwise
     assert rw.bwd_memory > tw.bwd_memory > gw.bwd_memory

@@ -34,13 +34,15 @@ def test_bytes_per_parameter_of_one_pass():
 
 
 def test_share_of_the_micro_batches_that_run_a_pass():
-    assert grad_accumulation_share("buffer", 1) == 1 and grad_accumulation_share("buffer", 8) == 1
+    assert grad_accumulation_share("buffer", 1, 2, 4) == 1 and grad_accumulation_share("buffer", 8, 2, 4) == 1
     # the first micro-batch's gradient becomes .grad: nothing to add at m = 1
-    assert grad_accumulation_share("autograd", 1) == 0 and grad_accumulation_share("autograd", 8) == 7 / 8
-    assert grad_accumulation_share("fused", 8) == 0
+    assert grad_accumulation_share("autograd", 1, 2, 4) == 0 and grad_accumulation_share("autograd", 8, 2, 4) == 7 / 8
+    assert grad_accumulation_share("fused", 8, 2, 4) == 0
     m = np.array([1, 2, 240])
-    assert np.array_equal(grad_accumulation_share("autograd", m), np.array([0.0, 0.5, 239 / 240]))
-    assert np.array_equal(grad_accumulation_share("buffer", m), np.ones(3))
+    assert np.array_equal(grad_accumulation_share("autograd", m, 2, 4), np.array([0.0, 0.5, 239 / 240]))
+    assert np.array_equal(grad_accumulation_share("buffer", m, 2, 4), np.ones(3))
+    with pytest.raises(ValueError, match="no accumulation kind 'hooked'"):
+        grad_accumulation_share("hooked", 8, 2, 4)
 
 
 def test_fsdp2_accumulates_unsharded_into_its_reduce_dtype():
@@ -61,6 +63,10 @@ def test_fsdp2_accumulates_unsharded_into_its_reduce_dtype():
     assert layer == memory_time(10 * layer_params_per_rank(model, 1), terms.cluster.gpu, terms.cal)
     kept = plan.replace(fsdp_accumulate_unsharded=False)  # per-micro-batch reduce-scatters: a shard, not charged
     assert accumulation_kind(kept.stack, 2, 4) == "fused"
+    # Megatron-Core's own FSDP is not torch's FSDP2: its stack's kind stands
+    megatron = TrainingPlan.of(pp=4, dp=2, zero=3, global_batch=16, seq_len=4096, stack=load_stack("megatron-core"),
+                               fsdp_accumulate_unsharded=True)
+    assert megatron.stack.fsdp_accumulate_unsharded and accumulation_kind(megatron.stack, 2, 4) == megatron.stack.grad_accumulation
     m = plan.num_microbatches
     assert m == 8
     assert grad_accumulate_per_micro_batch(terms, 1, 4, 1, m) == pytest.approx(tuple(x * 7.6 / 8 for x in (layer, 0.0, emb, head)))

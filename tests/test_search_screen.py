@@ -187,15 +187,20 @@ def test_screen_does_not_depend_on_how_plans_are_batched(name, gpus, monkeypatch
     assert (table.pp == 1).any() and (table.pp > 1).any() and len(table) > 1000
 
 
-@pytest.mark.parametrize("buffers", ["in-flight", "per-micro-batch"])
-def test_screen_of_several_global_batches_is_each_batch_s_own(buffers):
+@pytest.mark.parametrize("buffers,stack", [("in-flight", "megatron-core"), ("per-micro-batch", "megatron-core"),
+                                           ("per-micro-batch", "torchtitan")])
+def test_screen_of_several_global_batches_is_each_batch_s_own(buffers, stack):
     """With ``--batch-range`` the table holds several global batches: plans that differ only in
     the batch share every term but the micro-batch count (the live activations, per-micro-batch
     pipeline buffers, busy time), so the engine must keep them apart. Each plan's memory, worst
     rank and bound equal those of the same plan screened in its own batch's table, and
-    ``estimate``'s memory on a sample."""
+    ``estimate``'s memory on a sample; on torchtitan's stack the gradient accumulation's passes
+    (autograd's, FSDP2's) depend on m too."""
     model, cluster = load_model("llama3-8b"), ClusterSpec.of(H100, 16)
-    base = TrainingPlan.of(global_batch=64, seq_len=4096, pp_buffers=buffers)
+    # torchtitan's plans as its pipelines run them: FSDP2 keeping the gradients unsharded
+    base = TrainingPlan.of(global_batch=64, seq_len=4096, stack=load_stack(stack), pp_buffers=buffers, **(
+        dict(pp=2, dp=8, zero=3, fsdp_accumulate_unsharded=True) if stack == "torchtitan" else {}))
+    assert base.stack.fsdp_accumulate_unsharded == (stack == "torchtitan")
     limits = SearchLimits(max_micro_batch=2, max_vpp=3, hsdp=True, tp_comm_overlap=BOTH)
     table = enumerate_plans(model, 16, cluster.gpus_per_node, 4096, (32, 64, 128), limits)
     assert set(table.global_batch.tolist()) == {32, 64, 128}

@@ -118,7 +118,8 @@ def _fp8_rows(p: TrainingPlan) -> tuple[tuple[str, str], ...]:
     library = "Transformer Engine" if p.stack.fp8_library == "transformer-engine" else "torchao"
     casts = {"tensorwise": "one cast per operand", "rowwise": "six row-wise casts per linear, backward outputs rescaled",
              "rowwise_with_gw_hp": "four casts per linear, the weight-gradient GEMM in 16 bits"}[rec.fp8_scaling]
-    return (("FP8", f"{library} linears, {rec.fp8_scaling} scaling: {casts} (in memory-bound; meshplan.cost.float8)"),)
+    where = "meshplan.cost.compute.fp8_cast_bytes" if library == "Transformer Engine" else "meshplan.cost.float8"
+    return (("FP8", f"{library} linears, {rec.fp8_scaling} scaling: {casts} (in memory-bound; {where})"),)
 
 
 def _attention_kernel_rows(p: TrainingPlan, cal: Calibration) -> tuple[tuple[str, str], ...]:

@@ -41,7 +41,7 @@ from meshplan.presets import Preset, get_preset, preset_names
 from meshplan.specs.base import input_error_from
 from meshplan.specs.hardware import ClusterSpec, GPUSpec
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.plan import AXES, PrecisionRecipe, TrainingPlan, ep_span_note
+from meshplan.specs.plan import AXES, FP8_SCALINGS, PrecisionRecipe, TrainingPlan, ep_span_note
 from meshplan.specs.stack import BEHAVIOUR_FIELDS, DEFAULT_STACK, Stack
 from meshplan.specs.validate import check_plan
 from meshplan.units import GBPS, parse_count
@@ -102,7 +102,7 @@ PLAN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "grad_dtype": (Optional[Literal["fp32", "bf16", "fp16"]], _opt("--grad-dtype", "Gradient dtype. (default: fp32)", P_MEMORY)),
     "master_weights": (Optional[bool], _opt("--master-weights/--no-master-weights", "fp32 master copy of low-precision weights. (default: on)", P_MEMORY)),
     "grad_fp32_copy": (Optional[bool], _opt("--grad-fp32-copy/--no-grad-fp32-copy", "Optimizer keeps an fp32 copy of low-precision gradients. (default: off)", P_MEMORY)),
-    "fp8_scaling": (Optional[Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]], _opt("--fp8-scaling", "FP8 scaling recipe with --precision fp8: one scale per tensor; rowwise, one per row of every GEMM operand (torchao's recipe, torchtitan's default); rowwise_with_gw_hp, the same with the weight-gradient GEMM in 16 bits. (default: tensorwise)", P_MEMORY)),
+    "fp8_scaling": (Optional[Literal[FP8_SCALINGS]], _opt("--fp8-scaling", "FP8 scaling recipe with --precision fp8: one scale per tensor; rowwise, one per row of every GEMM operand (torchao's recipe, torchtitan 0.3's default); rowwise_with_gw_hp, the same with the weight-gradient GEMM in 16 bits. (default: tensorwise)", P_MEMORY)),
     "attention": (Optional[Literal["flash", "materialized"]], _opt("--attention", "Attention kernel: flash (no s² scores stored) or materialized. (default: flash)", P_MEMORY)),
     "attention_flops": (Optional[Literal["causal", "full"]], _opt("--attention-flops", "Count causal (half) or full s² attention FLOPs. (default: causal)", P_MEMORY)),
     "tp_comm_overlap": (Optional[bool], _opt("--tp-comm-overlap/--no-tp-comm-overlap", "Overlap TP communication with the GEMMs, as the stack does it (--set tp_comm_overlap). (default: the stack's)", P_STACK)),

@@ -311,17 +311,22 @@ def layer_op_times(
 
 
 def input_projection_backward(model: ModelSpec, tokens: float, tp: int, kernels: str, gpu: GPUSpec, cal: Calibration,
-                              compute_dtype: str, act_bytes: int) -> tuple[tuple[float, float], tuple[float, float]]:
+                              compute_dtype: str, act_bytes: int,
+                              fp8_scaling: str = "tensorwise") -> tuple[tuple[float, float], tuple[float, float]]:
     """(input-gradient, weight-gradient) seconds of the GEMMs that read the attention block's and
     the MLP block's input (:data:`INPUT_PROJECTIONS`: QKV, gate|up or fc1; MLA's q_a and kv_a), one
     micro-batch of ``tokens`` on one TP rank, the pair the block's backward TP collectives run behind
-    (:mod:`meshplan.cost.tp_backward`); the MLP's pair is a dense MLP's."""
+    (:mod:`meshplan.cost.tp_backward`); the MLP's pair is a dense MLP's. ``rowwise_with_gw_hp``
+    (``fp8_scaling``) runs the weight-gradient GEMMs in 16 bits, as :func:`layer_op_times` does."""
     peak, cal_g = gpu.peak(compute_dtype), gemm_calibration(cal, compute_dtype)
     ge = gemm_operand_bytes(compute_dtype, act_bytes)
+    w16 = compute_dtype == "fp8" and fp8_scaling == "rowwise_with_gw_hp"
     blocks = {False: [0.0, 0.0], True: [0.0, 0.0]}
     for name, (M, N, K) in projection_gemms(model, tokens, tp, kernels):
         if name in INPUT_PROJECTIONS:
             _, dgrad, wgrad = _gemm_fwd_bwd(M, N, K, gpu, cal_g, peak, ge, act_bytes)
+            if w16:
+                wgrad = _gemm_fwd_bwd(M, N, K, gpu, cal, gpu.peak("bf16"), gemm_operand_bytes("bf16", act_bytes), act_bytes)[2]
             pair = blocks[name in MLP_GEMM_NAMES]
             pair[0] += dgrad
             pair[1] += wgrad

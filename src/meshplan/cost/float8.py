@@ -69,8 +69,8 @@ the input-gradient GEMM stays:
 with one cast (three kernels) per GEMM forward and one recomputed.
 
 **Row-wise scaling** (``fp8_scaling``: torchao's ``rowwise`` and ``rowwise_with_gw_hp`` recipes,
-``Float8LinearConfig.from_recipe_name``; the only recipes of torchtitan's Float8 linears since
-it left ``JobConfig``). Each operand gets one scale per row along its GEMM's reduction axis
+``Float8LinearConfig.from_recipe_name``; torchtitan 0.3.0's ``Float8LinearConverter`` offers these
+two only, ``rowwise`` by default). Each operand gets one scale per row along its GEMM's reduction axis
 (``ScalingGranularity.AXISWISE``): ``torch.amax(torch.abs(x), dim)``, one read of ``e`` bytes
 per element, then the cast, read ``e`` and write ``1`` — ``2e + 1`` bytes, two kernels. A scale
 along one axis cannot serve the other, so ``matmul_with_hp_or_float8_args`` saves the 16-bit

@@ -65,12 +65,19 @@ from typing import Any
 GRAD_ACCUMULATION_KINDS = ("fused", "buffer", "autograd")
 
 
+#: the kinds whose passes per micro-batch depend on the step's micro-batches m
+BATCH_DEPENDENT_KINDS = ("autograd", "fsdp2")
+
+#: φ: the first micro-batch's fraction of a pass (module table); FSDP2's is (w + g)/(w + 2·g)
+_FIRST_PASS = {"buffer": 1.0, "autograd": 0.0}
+
+
 def accumulation_kind(stack: Any, weight_bytes: int, grad_bytes: int) -> str:
-    """The accumulation a plan's step runs: FSDP2's own where it holds the gradients unsharded
-    through the step (``fsdp_accumulate_unsharded``, as the stack applies to the plan), ``fsdp2``
-    into a wider reduce dtype, ``autograd`` into the parameters' own; else the stack's
-    ``grad_accumulation``."""
-    if stack.fsdp_accumulate_unsharded:
+    """The accumulation a plan's step runs: torch's FSDP2's own where it holds the gradients
+    unsharded through the step (``fsdp_accumulate_unsharded`` on the compiled or eager kernels,
+    as the stack applies to the plan), ``fsdp2`` into a wider reduce dtype, ``autograd`` into the
+    parameters' own; else the stack's ``grad_accumulation``."""
+    if stack.fsdp_accumulate_unsharded and stack.kernels != "fused":
         return "fsdp2" if grad_bytes != weight_bytes else "autograd"
     return stack.grad_accumulation
 
@@ -85,14 +92,17 @@ def grad_accumulation_bytes(kind: str, weight_bytes: int, grad_bytes: int) -> in
             "autograd": 3 * weight_bytes}[kind]
 
 
-def grad_accumulation_share(kind: str, microbatches: Any, weight_bytes: int = 2, grad_bytes: int = 4) -> Any:
+def grad_accumulation_share(kind: str, microbatches: Any, weight_bytes: int, grad_bytes: int) -> Any:
     """The passes per micro-batch of a step's ``microbatches`` (m; a number or an array over plans):
     (m − 1 + φ)/m, φ the first micro-batch's fraction of a pass: 1 for the buffer (every one), 0
     for autograd (all but the first), (w + g)/(w + 2·g) for FSDP2's first copy up into its
     accumulator (``weight_bytes`` w, ``grad_bytes`` g); none when fused."""
     if kind == "fused":
         return 0 * microbatches
-    first = {"buffer": 1.0, "autograd": 0.0}.get(kind)
-    if first is None:
+    if kind == "fsdp2":
         first = (weight_bytes + grad_bytes) / (weight_bytes + 2 * grad_bytes)
+    elif kind in _FIRST_PASS:
+        first = _FIRST_PASS[kind]
+    else:
+        raise ValueError(f"no accumulation kind {kind!r} (fused, buffer, autograd, fsdp2)")
     return (microbatches - 1 + first) / microbatches

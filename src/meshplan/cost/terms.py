@@ -273,9 +273,10 @@ class Terms:
 
     @_cached
     def grad_accumulation_passes(self, t: int, pp: int, ep: int) -> tuple[float, float, float, float]:
-        """Seconds of one pass of the stack's ``grad_accumulation`` over a rank's gradients
-        (:mod:`meshplan.cost.grad_accumulation`): (a dense layer's, an MoE layer's, the embedding's,
-        the final norm and LM head's)."""
+        """Seconds of one pass of the plan's gradient accumulation over a rank's gradients
+        (:func:`meshplan.cost.grad_accumulation.accumulation_kind`: the stack's ``grad_accumulation``,
+        or FSDP2's own): (a dense layer's, an MoE layer's, the embedding's, the final norm and LM
+        head's)."""
         per = grad_accumulation_bytes(accumulation_kind(self.stack, self.rec.weight_bytes, self.rec.grad_bytes),
                                       self.rec.weight_bytes, self.rec.grad_bytes)
         if not per:
@@ -298,7 +299,8 @@ class Terms:
         tokens = b * self.base.seq_len / c
         act_msg = tokens * model.hidden * self.e
         ag, rs, ar = (coll.collective_time(op, act_msg, pl.tp, cluster, cal) for op in ("all_gather", "reduce_scatter", "all_reduce"))
-        attn, mlp = input_projection_backward(model, tokens, t, self.stack.kernels, cluster.gpu, cal, self.rec.compute_dtype, self.e)
+        attn, mlp = input_projection_backward(model, tokens, t, self.stack.kernels, cluster.gpu, cal, self.rec.compute_dtype, self.e,
+                                              self.rec.fp8_scaling)
         (x_attn, moved), (x_mlp, _) = (block_backward_tp(bool(sp), ag, rs, ar, *g) for g in (attn, mlp))
         return x_attn, x_mlp, moved
 

@@ -70,7 +70,7 @@ from meshplan.interop.common import (
 from meshplan.interop.torchtitan_ac import activation_checkpoint_section, read_activation_checkpoint
 from meshplan.pipeline.stages import default_layer_split
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.plan import TrainingPlan
+from meshplan.specs.plan import FP8_SCALINGS, TrainingPlan
 
 SOURCE = "pytorch/torchtitan torchtitan/config/job_config.py, JobConfig of v0.2"
 #: catalog model → torchtitan's (``model.name``, ``model.flavor``, 0.3 ``config_registry`` function)
@@ -515,7 +515,7 @@ def _float8_section(s: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 #: torchtitan's ``recipe_name`` → meshplan's ``fp8_scaling`` (torchao ``Float8LinearRecipeName``);
 #: absent, torchtitan 0.2 builds ``Float8LinearConfig()``, tensorwise
-FP8_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise_with_gw_hp"}
+FP8_RECIPES = {name: name for name in FP8_SCALINGS}
 
 
 def _read_fp8_recipe(s: dict[str, dict[str, Any]]) -> str:

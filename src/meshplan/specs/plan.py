@@ -52,7 +52,7 @@ class PrecisionRecipe(Spec):
     master_weights: bool = True
     grad_fp32_copy: bool = False
     optimizer: Literal["adam", "sgd"] = "adam"
-    fp8_scaling: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    fp8_scaling: Literal[FP8_SCALINGS] = "tensorwise"
 
     @model_validator(mode="after")
     def _check_scaling(self) -> "PrecisionRecipe":

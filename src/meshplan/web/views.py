@@ -23,6 +23,7 @@ from meshplan.learn import TOPICS
 from meshplan.pipeline.simulate import RUNTIMES
 from meshplan.presets import PRESETS
 from meshplan.search.run import OBJECTIVES
+from meshplan.specs.plan import FP8_SCALINGS
 from meshplan.specs.rules import REASONS
 from meshplan.web.calc_api import calculators
 
@@ -60,7 +61,7 @@ CHOICES = (
     ("recompute", "recompute", ("none", "selective", "op", "full")),
     ("zero", "ZeRO stage", ("0", "1", "2", "3")),
     ("precision", "precision", ("bf16", "fp16", "fp8", "fp32")),
-    ("fp8_scaling", "FP8 scaling (with fp8)", ("tensorwise", "rowwise", "rowwise_with_gw_hp")),
+    ("fp8_scaling", "FP8 scaling (with fp8)", FP8_SCALINGS),
     ("sequence_parallel", "sequence parallel", ("true", "false")),
     ("grad_dtype", "gradient dtype", ("fp32", "bf16", "fp16")),
     ("master_weights", "fp32 master weights", ("true", "false")),
