@@ -164,6 +164,24 @@ def test_torchtitan03_fp8_and_expert_tp_are_refused_by_name(model_name):
     assert "--parallelism.expert_tensor_parallel_degree 2" in export("torchtitan@0.2", qwen, moe).text
 
 
+def test_torchtitan03_float8_converter_is_row_wise_as_read():
+    """0.3's Float8LinearConverter offers the row-wise recipes only, ``rowwise`` by default: what the
+    llama3_405b registry function builds and meshplan reads from it (``fp8_scaling``)."""
+    _torchtitan03()
+    import typing
+
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+
+    from meshplan.interop import detect, parse_text
+    from meshplan.specs.plan import FP8_SCALINGS
+
+    field = Float8LinearConverter.Config.__dataclass_fields__["recipe_name"]
+    assert set(typing.get_args(field.type)) == {"rowwise", "rowwise_with_gw_hp"} < set(FP8_SCALINGS)
+    assert Float8LinearConverter.Config().recipe_name == "rowwise"
+    words = "--module llama3 --config llama3_405b --parallelism.data_parallel_shard_degree 8 --training.local_batch_size 1"
+    assert parse_text(words, detect(words, "plan")).plan["precision"]["fp8_scaling"] == "rowwise"
+
+
 class _Mpu:
     def __init__(self, dp: int):
         self.dp = dp
