@@ -252,7 +252,7 @@ def runs():
 
 def test_torchtitan_405b_interleaved_row_runs_in_lockstep(runs):
     """torch 1963fc8's ScheduleInterleaved1F1B is a PipelineScheduleMulti: lockstep costs the row
-    about 0.56 s (27.47 → 28.03 s against a published 32.0 s); the 1F1B row (Schedule1F1B, single
+    about 0.56 s (28.15 → 28.70 s against a published 32.0 s); the 1F1B row (Schedule1F1B, single
     stage) is dependency-driven."""
     il, one = runs["torchtitan_405b_512gpu_3d_interleaved"], runs["torchtitan_405b_512gpu_3d_1f1b"]
     assert il.plan.stack.pipeline_runtime == "lockstep" and one.plan.stack.pipeline_runtime == "dependency"
@@ -261,7 +261,7 @@ def test_torchtitan_405b_interleaved_row_runs_in_lockstep(runs):
     lock = estimate(il.model, il.cluster, il.plan).time
     dep = estimate(il.model, il.cluster, il.plan.replace(**{"pipeline_runtime": "dependency"})).time
     assert 0.45 < lock.step_s - dep.step_s < 0.60
-    assert lock.step_s == pytest.approx(28.03, abs=0.15)
+    assert lock.step_s == pytest.approx(28.70, abs=0.15)
     assert lock.step_s - dep.step_s == pytest.approx(lock.makespan_s - dep.makespan_s, abs=1e-9)
     assert estimate(one.model, one.cluster, one.plan.replace(**{"pipeline_runtime": "lockstep"})).time.step_s \
         == estimate(one.model, one.cluster, one.plan).time.step_s
