@@ -12,7 +12,7 @@ from meshplan.cost.calibration import Calibration
 from meshplan.cost.compute import ATTENTION_KERNEL_NAMES, OpTimes, attention_kernel_of, attention_rates
 from meshplan.cost.contention import NCCL_CTAS, tp_overlap_ctas
 from meshplan.cost.fsdp_copies import fp8_gather_saving, runs_fsdp2
-from meshplan.cost.grad_accumulation import accumulation_kind, grad_accumulation_bytes, grad_accumulation_share
+from meshplan.cost.grad_accumulation import grad_accumulation_bytes
 from meshplan.cost.params import layer_params_per_rank, layer_tensors_per_rank
 from meshplan.cost.partial_recompute import recomputed_fraction
 from meshplan.cost.variability import THROUGHPUT_CV, expected_max_z, straggler_factor
@@ -149,13 +149,13 @@ def grad_accumulation_rows(est, terms) -> list[Derivation]:
     step's (:mod:`meshplan.cost.grad_accumulation`); none when the GEMMs fuse it or the rule set it
     aside."""
     p, rec = est.plan, est.plan.precision
-    kind = accumulation_kind(p.stack, rec.weight_bytes, rec.grad_bytes)
+    kind = terms.accumulation
     per = grad_accumulation_bytes(kind, rec.weight_bytes, rec.grad_bytes)
     if not per:
         return []
     dense, moe, _, _ = terms.grad_accumulation_passes(p.tp, p.pp, p.ep)
     m = p.num_microbatches
-    share = grad_accumulation_share(kind, m, rec.weight_bytes, rec.grad_bytes)
+    share = terms.accumulation_share(m)
     how = {"buffer": f"w + 2·g = {rec.weight_bytes} + 2·{rec.grad_bytes} (main_grad.add_ after every micro-batch)",
            "fsdp2": f"w + 2·g = {rec.weight_bytes} + 2·{rec.grad_bytes} (FSDP2's unsharded accumulator in the reduce dtype; "
                     f"the first micro-batch copies up, w + g)",

@@ -21,7 +21,7 @@ from meshplan.cost.activations import compiled_loss
 from meshplan.cost.attention import attention_kernel_of, flash_attention_times
 from meshplan.cost.calibration import Calibration, gemm_calibration
 from meshplan.cost.cp_exchange import sdpa_kv_heads
-from meshplan.cost.float8 import torchao_float8_passes
+from meshplan.cost.float8 import torchao_float8_passes, weight_grad_16bit
 from meshplan.cost.kernel_time import gemm_operand_bytes, gemm_time, memory_time
 from meshplan.cost.params import (
     MLA_NAMES,
@@ -292,7 +292,7 @@ def layer_op_times(
     ge = gemm_operand_bytes(compute_dtype, e)
     fg, bi, bw = _gemm_times(gemms, grouped, gpu, cal, cal_g, peak, ge, e)
     peak16 = gpu.peak("bf16") if compute_dtype == "fp8" else peak  # attention stays 16-bit
-    if compute_dtype == "fp8" and fp8_scaling == "rowwise_with_gw_hp":
+    if weight_grad_16bit(compute_dtype, fp8_scaling):
         bw = _gemm_times(gemms, grouped, gpu, cal, cal, peak16, gemm_operand_bytes("bf16", e), e)[2]
     fa, ba = _attention_core_times(model, micro_batch, seq_len, tp, cp, attention, kernels, attention_kernel, gpu, cal, peak16, e)
     fm, bm = _elementwise_times(model, tokens, tp, sequence_parallel, kernels, moe, named, gpu, cal, e)
@@ -320,7 +320,7 @@ def input_projection_backward(model: ModelSpec, tokens: float, tp: int, kernels:
     (``fp8_scaling``) runs the weight-gradient GEMMs in 16 bits, as :func:`layer_op_times` does."""
     peak, cal_g = gpu.peak(compute_dtype), gemm_calibration(cal, compute_dtype)
     ge = gemm_operand_bytes(compute_dtype, act_bytes)
-    w16 = compute_dtype == "fp8" and fp8_scaling == "rowwise_with_gw_hp"
+    w16 = weight_grad_16bit(compute_dtype, fp8_scaling)
     blocks = {False: [0.0, 0.0], True: [0.0, 0.0]}
     for name, (M, N, K) in projection_gemms(model, tokens, tp, kernels):
         if name in INPUT_PROJECTIONS:

@@ -135,6 +135,12 @@ class Float8Passes:
     recompute_kernels: int
 
 
+def weight_grad_16bit(compute_dtype: str, scaling: str) -> bool:
+    """Whether an FP8 layer runs its weight-gradient GEMMs in 16 bits: ``rowwise_with_gw_hp``
+    (``ScalingType.DISABLED`` for both operands of that GEMM, module docstring)."""
+    return compute_dtype == "fp8" and scaling == "rowwise_with_gw_hp"
+
+
 def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int, weights_in_fp8: bool = False,
                           scaling: str = "tensorwise", compiled: bool = True) -> Float8Passes:
     """The passes of the module docstring for GEMMs (M, N, K) with ``e``-byte operands;
@@ -144,7 +150,7 @@ def torchao_float8_passes(gemms: list[tuple[float, float, float]], e: int, weigh
     if scaling != "tensorwise":
         if weights_in_fp8:
             raise ValueError(f"FSDP2 gathers {scaling} weights in 16 bits, not in FP8")
-        return _rowwise_passes(gemms, e, scaling == "rowwise_with_gw_hp", not compiled)
+        return _rowwise_passes(gemms, e, weight_grad_16bit("fp8", scaling), not compiled)
     cast, copy = 2 * e + 1, 2  # amax read + cast read and write; FP8 read and write
     inputs = sum(M * K for M, _, K in gemms)
     operands = sum(M * K + K * N for M, N, K in gemms)

@@ -271,14 +271,23 @@ class Terms:
         return (coll.collective_time("send_recv", message / pl.tp.size, pl.pp, cluster, cal)
                 + coll.collective_time("all_gather", message, pl.tp, cluster, cal))
 
+    @property
+    def accumulation(self) -> str:
+        """The plan's gradient accumulation kind (:func:`meshplan.cost.grad_accumulation.accumulation_kind`:
+        the stack's ``grad_accumulation``, or FSDP2's own)."""
+        return accumulation_kind(self.stack, self.rec.weight_bytes, self.rec.grad_bytes)
+
+    def accumulation_share(self, microbatches):
+        """Passes of :attr:`accumulation` per micro-batch of a step of ``microbatches`` (a number or
+        an array over plans; :func:`meshplan.cost.grad_accumulation.grad_accumulation_share`)."""
+        return grad_accumulation_share(self.accumulation, microbatches, self.rec.weight_bytes, self.rec.grad_bytes)
+
     @_cached
     def grad_accumulation_passes(self, t: int, pp: int, ep: int) -> tuple[float, float, float, float]:
-        """Seconds of one pass of the plan's gradient accumulation over a rank's gradients
-        (:func:`meshplan.cost.grad_accumulation.accumulation_kind`: the stack's ``grad_accumulation``,
-        or FSDP2's own): (a dense layer's, an MoE layer's, the embedding's, the final norm and LM
+        """Seconds of one pass of the plan's gradient accumulation (:attr:`accumulation`) over a
+        rank's gradients: (a dense layer's, an MoE layer's, the embedding's, the final norm and LM
         head's)."""
-        per = grad_accumulation_bytes(accumulation_kind(self.stack, self.rec.weight_bytes, self.rec.grad_bytes),
-                                      self.rec.weight_bytes, self.rec.grad_bytes)
+        per = grad_accumulation_bytes(self.accumulation, self.rec.weight_bytes, self.rec.grad_bytes)
         if not per:
             return (0.0, 0.0, 0.0, 0.0)
         model, gpu, cal = self.model, self.cluster.gpu, self.cal
@@ -454,9 +463,8 @@ def moe_layer_time_args(dense: dict, km, moe_units, expert_tp, grad_accumulate=0
 
 
 def grad_accumulate_per_micro_batch(terms: "Terms", t: int, pp: int, ep: int, microbatches) -> tuple:
-    """Seconds per micro-batch of the stack's gradient accumulation (:mod:`meshplan.cost.grad_accumulation`):
+    """Seconds per micro-batch of the plan's gradient accumulation (:mod:`meshplan.cost.grad_accumulation`):
     one pass over a rank's gradients times the share of the step's ``microbatches`` that run it
     (a number or an array over plans): (a dense layer's, an MoE layer's, the embedding's, the head's)."""
-    w, g = terms.rec.weight_bytes, terms.rec.grad_bytes
-    share = grad_accumulation_share(accumulation_kind(terms.stack, w, g), microbatches, w, g)
+    share = terms.accumulation_share(microbatches)
     return tuple(x * share for x in terms.grad_accumulation_passes(t, pp, ep))

@@ -12,7 +12,7 @@ import numpy as np
 
 from meshplan.cost.compose import LayerTimes, layer_times
 from meshplan.cost.fsdp_copies import root_unit_applies
-from meshplan.cost.grad_accumulation import BATCH_DEPENDENT_KINDS, accumulation_kind, grad_accumulation_share
+from meshplan.cost.grad_accumulation import BATCH_DEPENDENT_KINDS
 from meshplan.cost.terms import KernelTerms, MicroBatchComm, MoeKernelTerms, Terms, UnitComm, layer_time_args, moe_layer_time_args
 from meshplan.search.rows import Digits, code_rows, digit, distinct_rows, gather, gather_distinct, slices_by
 from meshplan.search.space import RECOMPUTE, PlanTable
@@ -89,8 +89,7 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float
     _, outer_of_mesh = distinct_rows(outer)
     # (autograd's and FSDP2's gradient accumulation cost (m − 1 + φ)/m of a pass a micro-batch,
     # φ < 1: m, so the global batch, splits their rows)
-    w, g = terms.rec.weight_bytes, terms.rec.grad_bytes
-    by_batch = [D.digit("gb")] if accumulation_kind(stack, w, g) in BATCH_DEPENDENT_KINDS else []
+    by_batch = [D.digit("gb")] if terms.accumulation in BATCH_DEPENDENT_KINDS else []
     at, lt_inv = code_rows([(outer_of_mesh.take(mesh_inv), int(outer_of_mesh.max()) + 1), D.digit("b"), D.digit("sp"), D.digit("rc"),
                             D.digit("tpo"), *by_batch])
     row = {name: x[at] for name, x in dict(t=t, c=c, p=p, d=d, ds=ds, b=b, ep=ep, sp=sp, zero=zero, rc=rc, fsdp=fsdp, g8=g8).items()}
@@ -121,7 +120,7 @@ def table_terms(table: PlanTable, terms: Terms, shares: tuple[float, tuple[float
         layer_stored = np.where(moe_working > working, moe["kernel"][:, MOE_FIELDS.index("act_stored")], layer_stored)
         working = np.maximum(working, moe_working)
     passes = gather(terms.grad_accumulation_passes, cols("t p ep"), 4)
-    acc = passes * grad_accumulation_share(accumulation_kind(stack, w, g), table.num_microbatches[at], w, g)[:, None]
+    acc = passes * terms.accumulation_share(table.num_microbatches[at])[:, None]
     lt, lt_moe = _layer_times(table, at, stack, model, row["fsdp"] > 0, k, cm, moe, shares, acc.T)
     return TableTerms(
         kernel=kernel, kid=kernel_of_lt.take(lt_inv), mb=mb, mb_of_lt=mb_of_lt,
