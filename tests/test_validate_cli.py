@@ -66,7 +66,7 @@ def test_json_is_the_library_report(report):
     assert (code, err) == (0, "")
     assert out.count("\n") == 1
     d = json.loads(out)
-    assert set(d) == {"set", "rows", "groups", "overall", "precisions", "source_precisions", "buckets", "generations", "stacks", "worst", "interval_coverage"} and d["set"] == "visible"
+    assert set(d) == {"set", "rows", "groups", "overall", "precisions", "source_precisions", "buckets", "generations", "stacks", "series", "series_drift", "worst", "interval_coverage"} and d["set"] == "visible"
     assert [r["id"] for r in d["rows"]] == [r.id for r in report.rows]
     assert len(d["rows"]) == 55
     for row, lib in zip(d["rows"], report.rows):

@@ -170,7 +170,7 @@ def _model(r: dict[str, Any]):
         return gpt_model(f"mpt-{spec['mpt']}", layers, hidden, heads, MPT_VOCAB, r["seq_len"], dropout=False,
                          source=HELDOUT_SOURCES[r["group"]])
     layers, hidden, heads, vocab = spec["gpt"]
-    return gpt_model(r["id"], layers, hidden, heads, vocab, r["seq_len"], source=HELDOUT_SOURCES[r["group"]])
+    return gpt_model(spec.get("name", r["id"]), layers, hidden, heads, vocab, r["seq_len"], source=HELDOUT_SOURCES[r["group"]])
 
 
 def _foundry_plan(r: dict[str, Any]) -> tuple[TrainingPlan, list[str]]:

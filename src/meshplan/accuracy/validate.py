@@ -17,7 +17,9 @@ an FP8 row of the same layout differ only in the GEMMs' format, so their split i
 The signed bias of a group G of predicted rows is the mean signed error,
 ``bias(G) = (1/|G|) · Σ_{i∈G} (ŷ_i − y_i) / y_i`` (ŷ the predicted step, y the published one), beside
 ``MAPE(G) = (1/|G|) · Σ |ŷ_i − y_i| / y_i``; both are given per source, overall, per scale bucket,
-per GPU generation and per stack profile (:mod:`meshplan.accuracy.groups` defines the groups).
+per GPU generation and per stack profile (:mod:`meshplan.accuracy.groups` defines the groups);
+and along each scaling series, one layout at several GPU counts, the scaling efficiency published
+and predicted and the error's drift per doubling of the GPU count (:mod:`meshplan.accuracy.series`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Iterable, Optional
 from meshplan.accuracy.groups import bucket_order, gpu_generation, scale_bucket, stack_family
 from meshplan.accuracy.mapping import map_runs
 from meshplan.accuracy.runs import MappedRun
+from meshplan.accuracy.series import DriftSummary, SeriesSummary, drift_summary, scaling_series, series_key
 from meshplan.estimate import estimate
 from meshplan.units import GiB
 
@@ -55,6 +58,8 @@ class RunResult:
     family: Optional[str] = None  # its stack family (meshplan.accuracy.groups.stack_family)
     generation: Optional[str] = None  # the GPU generation (A100, H100, H200, ...)
     run_set: str = "visible"  # the set the run belongs to: visible | held-out
+    series: Optional[str] = None  # its scaling series (meshplan.accuracy.series.series_key)
+    tokens: Optional[int] = None  # tokens a step: global batch x sequence length
     breakdown: dict[str, float] = field(default_factory=dict)  # predicted step, seconds by part
     assumptions: list[str] = field(default_factory=list)
     formula: str = ""
@@ -84,6 +89,7 @@ class ValidationReport:
     buckets: dict[str, GroupSummary] = field(default_factory=dict)  # predicted rows by scale bucket (GPU count)
     generations: dict[str, GroupSummary] = field(default_factory=dict)  # predicted rows by GPU generation
     stacks: dict[str, GroupSummary] = field(default_factory=dict)  # predicted rows by stack profile
+    series: dict[str, SeriesSummary] = field(default_factory=dict)  # one layout at several GPU counts
 
     def supported(self) -> list[RunResult]:
         return [r for r in self.rows if r.status == "ok"]
@@ -106,8 +112,14 @@ class ValidationReport:
             "precisions": {k: asdict(g) for k, g in self.precisions.items()},
             "source_precisions": {k: asdict(g) for k, g in self.source_precisions.items()},
             **{name: {k: asdict(g) for k, g in getattr(self, name).items()} for name in BREAKDOWNS},
+            "series": {k: asdict(s) for k, s in self.series.items()},
+            "series_drift": asdict(self.drift()),
             "worst": [r.id for r in self.worst],
         }
+
+    def drift(self) -> DriftSummary:
+        """The drift of the error along the report's scaling series (:mod:`meshplan.accuracy.series`)."""
+        return drift_summary(self.series)
 
 
 def _mean(xs: list[float]) -> Optional[float]:
@@ -142,6 +154,7 @@ def predict(run: MappedRun) -> RunResult:
     res.precision = run.plan.precision.precision
     res.stack, res.family = run.plan.stack.name, stack_family(run.plan.stack)
     res.generation = gpu_generation(run.cluster.gpu.name)
+    res.series, res.tokens = series_key(run), run.plan.global_batch * run.plan.seq_len
     res.predicted_step_s = est.time.step_s
     res.predicted_mem_gib = est.peak_bytes / GiB
     res.predicted_mfu = est.mfu
@@ -191,7 +204,7 @@ def validate_runs(
     precisions, source_precisions = precision_summaries(rows)
     return ValidationReport(rows=rows, groups=groups, overall=summarize("overall", rows), worst=ranked[:worst],
                             run_set=run_set, precisions=precisions, source_precisions=source_precisions,
-                            **breakdowns(rows))
+                            series=scaling_series(rows), **breakdowns(rows))
 
 
 #: the report's breakdowns beyond source and precision: its field → the row's label, in the order shown

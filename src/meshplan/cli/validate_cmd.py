@@ -17,7 +17,9 @@ Outputs: rich tables (default), ``--json`` (``ValidationReport.to_dict()``, noth
 stdout), ``--markdown`` (tables for the docs), and ``--out`` a predicted-vs-published scatter on
 log–log axes with the y = x line and a ±10 % band: ``.svg`` written here without dependencies (one
 marker per run, with a ``<title>`` tooltip naming it), ``.png`` with matplotlib (the ``plot``
-extra, imported only then).
+extra, imported only then). Beside the sources, the signed bias per scale bucket, GPU generation
+and stack (:mod:`meshplan.cli.validate_bias`), and the scaling series, one layout at several GPU
+counts, with ``--series-out`` their picture (:mod:`meshplan.cli.validate_series`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from meshplan.accuracy.coverage import coverage
 from meshplan.accuracy.interval import LEVEL, check_level, residuals_json, residuals_of
 from meshplan.cli.validate_bias import breakdown_markdown, breakdown_tables, bucket_line, coverage_lines, pct as _pct
 from meshplan.cli.pipeline_cmd import _out_path
+from meshplan.cli.validate_series import drift_line, series_markdown, series_out_path, series_table, write_series_plot
 from meshplan.errors import InputError
 from meshplan.pyplot import pyplot, save_figure
 
@@ -192,7 +195,7 @@ def precision_table(report: ValidationReport) -> Table:
     return t
 
 
-def print_human(report: ValidationReport, wrote: Optional[Path], cov: dict) -> None:
+def print_human(report: ValidationReport, wrote: list[Path], cov: dict) -> None:
     out = render.console(180)
     for line in _headline(report):
         out.print(line, markup=False)
@@ -214,6 +217,11 @@ def print_human(report: ValidationReport, wrote: Optional[Path], cov: dict) -> N
         out.print(precision_table(report))
     for table in breakdown_tables(report):
         out.print(table)
+    series = series_table(report)
+    if series is not None:
+        out.print(series)
+        out.print(drift_line(report), markup=False)
+        out.print()
     for line in coverage_lines(cov):
         out.print(line, markup=False)
     if report.worst:
@@ -228,9 +236,9 @@ def print_human(report: ValidationReport, wrote: Optional[Path], cov: dict) -> N
         out.print()
         out.print(f"One run in full, with its assumptions: meshplan estimate --preset {report.worst[0].id} "
                   "(any run id above; explain and search take it too)", markup=False)
-    if wrote is not None:
+    for path in wrote:
         out.print()
-        out.print(f"wrote {wrote}", markup=False)
+        out.print(f"wrote {path}", markup=False)
 
 
 # ---- Markdown -----------------------------------------------------------------------------------
@@ -274,6 +282,7 @@ def markdown(report: ValidationReport, cov: Optional[dict] = None) -> str:
         lines += ["", f"### {PRECISION_TITLE}", ""]
         lines += _md_table(["rows of", "predicted", "step MAPE", "bias", "max \\|error\\|"], _precision_rows(report), {1, 2, 3, 4})
     lines += breakdown_markdown(report, _md_table)
+    lines += series_markdown(report, _md_table)
     if cov is not None:
         head, *methods = coverage_lines(cov)
         lines += ["", "### Prediction interval coverage", "", _md(head), ""] + [f"- {_md(m.strip())}" for m in methods]
@@ -500,6 +509,7 @@ def validate(
     source: Annotated[Optional[list[str]], typer.Option("--source", help="Only these sources (repeat, or a comma list), e.g. korthikanti22,llama3. Names: "
                                                         + ", ".join(mapped_sources()) + ".", show_default=False)] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Write a predicted-vs-published scatter (log–log, y = x and ±10% band): .svg, or .png (needs matplotlib, the 'plot' extra).", show_default=False)] = None,
+    series_out: Annotated[Optional[str], typer.Option("--series-out", help="Write the scaling series' picture: each series' step error against its GPU count (one layout at several counts), .svg.", show_default=False)] = None,
     markdown_out: Annotated[bool, typer.Option("--markdown", help="Print the report as Markdown tables (per run, MAPE per source, unsupported runs) and nothing else.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (the report: rows, groups, overall, worst) and nothing else.")] = False,
     run_set: Annotated[str, typer.Option("--set", help="Which runs: visible (the ground truth the calibration was checked against), held-out (published runs no constant was set from), or all.")] = "visible",
@@ -519,7 +529,7 @@ def validate(
         missing = [g for g in sources if g not in in_set]
         if missing:
             raise InputError("source", f"{', '.join(missing)} has no run in the {run_set} set (use --set all)")
-    path, level = _out_path(out), check_level(interval)
+    path, level, series_path = _out_path(out), check_level(interval), series_out_path(series_out)
     residuals_path = _residuals_path(write_residuals)
     report = build_report(sources, run_set)
     rows = report.rows if run_set == "all" and sources is None else all_rows()
@@ -528,13 +538,15 @@ def validate(
         write_text(residuals_path, residuals_json(rows), replace=True)
     if path is not None:
         write_plot(report, path)
+    if series_path is not None:
+        write_series_plot(report, series_path, COLORS)
     if json_out:
         typer.echo(json.dumps({**report.to_dict(), "interval_coverage": cov}, allow_nan=False))
         return
     if markdown_out:
         typer.echo(markdown(report, cov))
         return
-    print_human(report, path, cov)
+    print_human(report, [p for p in (path, series_path) if p is not None], cov)
     if residuals_path is not None:
         typer.echo(f"wrote {residuals_path} ({len(residuals_of(rows))} runs)")
 
