@@ -17,10 +17,10 @@ from meshplan.accuracy.validate import RunResult
 from meshplan.cli import validate_cmd
 
 
-def _row(run: str, series: str, gpus: int, tokens: int, published: float, predicted: float, group: str = "src") -> RunResult:
-    return RunResult(id=run, run_id=run, group=group, source=group, gpu="h100-sxm-80gb", gpus=gpus, status="ok",
+def _row(run: str, series: str, gpus: int, tokens: int, published: float, predicted: float, label: str = "") -> RunResult:
+    return RunResult(id=run, run_id=run, group="src", source="src", gpu="h100-sxm-80gb", gpus=gpus, status="ok",
                      published_step_s=published, predicted_step_s=predicted, error=(predicted - published) / published,
-                     series=series, tokens=tokens)
+                     series_id=series, series=label or series, tokens=tokens)
 
 
 def test_efficiency_drift_and_kind_by_hand():
@@ -51,9 +51,12 @@ def test_series_groups_orders_and_skips():
         _row("a8-again", "A", 8, 1000, 10.0, 9.0),
         replace(_row("c8", "C", 8, 1000, 10.0, 9.0), status="unsupported"),
         _row("c16", "C", 16, 2000, 10.0, 9.0),
+        _row("d8", "D", 8, 1000, 10.0, 9.0, label="B"),  # another series whose label reads as B's
+        _row("d64", "D", 64, 1000, 10.0, 9.0, label="B"),
     ]
     series = scaling_series(rows)
-    assert list(series) == ["B"]
+    assert list(series) == ["B", "B (2)"]
+    assert (series["B (2)"].rows, series["B (2)"].kind, series["B (2)"].drift_per_doubling) == (["d8", "d64"], "strong", 0.0)
     b = series["B"]
     assert (b.rows, b.gpus, b.tokens, b.kind) == (["b8", "b16", "b32"], [8, 16, 32], [1000, 2000, 4000], "weak")
     assert b.errors == pytest.approx([0.0, 10 / 10.5 - 1, 10 / 11 - 1], rel=1e-15)
@@ -61,8 +64,10 @@ def test_series_groups_orders_and_skips():
     assert b.predicted_efficiency == pytest.approx(1.0, rel=1e-15)
     # E_pred / E_pub = (1 + e0) / (1 + e1), exactly (module docstring)
     assert b.predicted_efficiency / b.published_efficiency == pytest.approx((1 + b.errors[0]) / (1 + b.errors[-1]), rel=1e-14)
-    d = drift_summary(series)
+    d = drift_summary({"B": b})
     assert (d.series, d.fast) == (1, 1) and d.mean == d.median == b.drift_per_doubling < 0
+    d = drift_summary(series)
+    assert (d.series, d.fast, d.median) == (2, 1, b.drift_per_doubling / 2)
     assert drift_summary({}).series == 0 and drift_summary({}).mean is None
 
 
@@ -82,10 +87,14 @@ def test_the_validated_runs_series(validated_all):
     titan = [s for s in series.values() if s.group == "torchtitan"]
     assert sorted(s.rows[0] for s in titan) == [
         "torchtitan_8b_8gpu_fsdp", "torchtitan_8b_8gpu_fsdp_compile", "torchtitan_8b_8gpu_fsdp_compile_fp8"]
+    # the 70B rows with and without AsyncTP read alike in the label but differ in the stack: not one series
+    tp = validated_all.row("torchtitan_70b_256gpu_2d"), validated_all.row("torchtitan_70b_256gpu_2d_asynctp")
+    assert tp[0].series == tp[1].series and tp[0].series_id != tp[1].series_id
     for s in series.values():
         assert s.gpus == sorted(set(s.gpus)) and len(s.gpus) >= 2
         rows = [validated_all.row(r) for r in s.rows]
-        assert len({r.series for r in rows}) == 1 and len({r.group for r in rows}) == 1
+        assert len({r.series_id for r in rows}) == 1 and {r.series for r in rows} == {s.label}
+        assert len({r.group for r in rows}) == 1
         assert s.errors == [r.error for r in rows]
     d = validated_all.drift()
     assert (d.series, d.fast) == (29, 23)

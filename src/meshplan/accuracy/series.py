@@ -24,20 +24,25 @@ is, and **mixed** otherwise.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 
-def series_key(run: Any) -> str:
-    """The series a supported :class:`~meshplan.accuracy.runs.MappedRun` belongs to, as its label, which names every field the
-    series holds fixed: everything but the data-parallel width (module docstring)."""
+def series_key(run: Any) -> tuple[str, str]:
+    """(key, label) of the series a supported :class:`~meshplan.accuracy.runs.MappedRun` belongs
+    to. The key holds everything but the data-parallel width (module docstring): the source, the
+    GPU, the whole model and the whole plan, its stack included, less ``dp`` and ``global_batch``
+    (a digest of them). The label names the fields a reader tells series apart by."""
     m, p = run.model, run.plan
+    fixed = [run.group, run.cluster.gpu.model_dump(), m.model_dump(), p.model_dump(exclude={"dp", "global_batch"})]
+    key = hashlib.sha256(json.dumps(fixed, sort_keys=True, default=str).encode()).hexdigest()[:16]
     layout = f"TP{p.tp} CP{p.cp} PP{p.pp}" + (f" VP{p.vpp}" if p.vpp > 1 else "") + (f" EP{p.ep}" if p.ep > 1 else "")
     recompute = "" if p.recompute == "none" else f", {p.recompute} recompute"
-    label = (f"{run.group}: {m.name} ({m.n_layers} layers), {p.precision.precision}, seq {p.seq_len:,}, {layout}, "
-             f"micro-batch {p.micro_batch}{recompute}, {p.stack.name} {p.stack.kernels}, {run.cluster.gpu.name}")
-    return label
+    return key, (f"{run.group}: {m.name} ({m.n_layers} layers), {p.precision.precision}, seq {p.seq_len:,}, {layout}, "
+                 f"micro-batch {p.micro_batch}{recompute}, {p.stack.name} {p.stack.kernels}, {run.cluster.gpu.name}")
 
 
 @dataclass
@@ -82,14 +87,16 @@ def scaling_kind(tokens: list[int], gpus: list[int]) -> str:
 
 
 def scaling_series(rows: list[Any]) -> dict[str, SeriesSummary]:
-    """The series of the predicted rows (:class:`~meshplan.accuracy.validate.RunResult`) with a
-    published step that span two GPU counts or more, in first-seen order. Rows at a GPU count a series already holds keep the first one seen."""
+    """The series of the predicted rows (:class:`~meshplan.accuracy.validate.RunResult`, grouped
+    by ``series_id``) with a published step that span two GPU counts or more, by label in
+    first-seen order; a row at a GPU count its series already holds is left out (the first one
+    seen is kept), and a label two series share gets its order of appearance, `` (2)``."""
     by: dict[str, list[Any]] = {}
     for r in rows:
-        if r.status == "ok" and r.series and r.error is not None:
-            by.setdefault(r.series, []).append(r)
+        if r.status == "ok" and r.series_id and r.error is not None:
+            by.setdefault(r.series_id, []).append(r)
     out: dict[str, SeriesSummary] = {}
-    for label, members in by.items():
+    for members in by.values():
         points: dict[int, Any] = {}
         for r in members:
             points.setdefault(r.gpus, r)
@@ -98,13 +105,18 @@ def scaling_series(rows: list[Any]) -> dict[str, SeriesSummary]:
         ordered = [points[n] for n in sorted(points)]
         first, last = ordered[0], ordered[-1]
         ends = (first.tokens, last.tokens), (first.gpus, last.gpus)
-        gpus, tokens = [r.gpus for r in ordered], [r.tokens for r in ordered]
+        gpus, tokens, errors = [r.gpus for r in ordered], [r.tokens for r in ordered], [r.error for r in ordered]
+        label = first.series
+        for k in range(2, len(out) + 2):
+            if label not in out:
+                break
+            label = f"{first.series} ({k})"
         out[label] = SeriesSummary(
             label=label, group=first.group, rows=[r.id for r in ordered], gpus=gpus, tokens=tokens,
-            errors=[r.error for r in ordered], kind=scaling_kind(tokens, gpus),
+            errors=errors, kind=scaling_kind(tokens, gpus),
             published_efficiency=efficiency(ends[0], (first.published_step_s, last.published_step_s), ends[1]),
             predicted_efficiency=efficiency(ends[0], (first.predicted_step_s, last.predicted_step_s), ends[1]),
-            drift_per_doubling=drift(gpus, [r.error for r in ordered]),
+            drift_per_doubling=drift(gpus, errors),
         )
     return out
 

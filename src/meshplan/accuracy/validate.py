@@ -58,7 +58,8 @@ class RunResult:
     family: Optional[str] = None  # its stack family (meshplan.accuracy.groups.stack_family)
     generation: Optional[str] = None  # the GPU generation (A100, H100, H200, ...)
     run_set: str = "visible"  # the set the run belongs to: visible | held-out
-    series: Optional[str] = None  # its scaling series (meshplan.accuracy.series.series_key)
+    series: Optional[str] = None  # its scaling series' label (meshplan.accuracy.series.series_key)
+    series_id: Optional[str] = None  # and its key: runs alike in all but the data-parallel width share it
     tokens: Optional[int] = None  # tokens a step: global batch x sequence length
     breakdown: dict[str, float] = field(default_factory=dict)  # predicted step, seconds by part
     assumptions: list[str] = field(default_factory=list)
@@ -154,7 +155,7 @@ def predict(run: MappedRun) -> RunResult:
     res.precision = run.plan.precision.precision
     res.stack, res.family = run.plan.stack.name, stack_family(run.plan.stack)
     res.generation = gpu_generation(run.cluster.gpu.name)
-    res.series, res.tokens = series_key(run), run.plan.global_batch * run.plan.seq_len
+    (res.series_id, res.series), res.tokens = series_key(run), run.plan.global_batch * run.plan.seq_len
     res.predicted_step_s = est.time.step_s
     res.predicted_mem_gib = est.peak_bytes / GiB
     res.predicted_mfu = est.mfu
