@@ -113,7 +113,7 @@ def svg_series(report: ValidationReport, palette: tuple[str, ...]) -> str:
     def py(e: float) -> float:
         return T + (e1 - e) / (e1 - e0) * PH
 
-    d = report.drift()
+    subtitle = f"{report.drift().series} series (one layout, more GPUs); a falling line: meshplan scales it better than measured"
     o = [
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:.0f}" height="{H:.0f}" viewBox="0 0 {W:.0f} {H:.0f}" '
@@ -121,7 +121,7 @@ def svg_series(report: ValidationReport, palette: tuple[str, ...]) -> str:
         f"<title>{escape(TITLE)}</title>",
         f'<rect x="0" y="0" width="{W:.0f}" height="{H:.0f}" fill="white"/>',
         f'<text x="{L}" y="26" font-size="16" font-weight="bold">meshplan: step-time error along each scaling series</text>',
-        f'<text x="{L}" y="46" fill="#444">{escape(f"{d.series} series (one layout, more GPUs); a falling line: meshplan scales it better than measured")}</text>',
+        f'<text x="{L}" y="46" fill="#444">{escape(subtitle)}</text>',
         f'<text class="drift" x="{L}" y="62" fill="#444">{escape(drift_line(report))}</text>',
         f'<rect class="band" x="{L}" y="{py(0.1):.2f}" width="{PW}" height="{py(-0.1) - py(0.1):.2f}" fill="#999" '
         'fill-opacity="0.2"><title>±10% of the published step time</title></rect>',
@@ -145,7 +145,8 @@ def svg_series(report: ValidationReport, palette: tuple[str, ...]) -> str:
         pts = " ".join(f"{px(n):.2f},{py(e):.2f}" for n, e in zip(s.gpus, s.errors))
         tip = f"{s.label}: drift {points(s.drift_per_doubling)} per doubling"
         o.append(f'<polyline class="series" data-series={quoteattr(s.label)} points="{pts}" fill="none" '
-                 f'stroke="{color}" stroke-width="1.6" stroke-opacity="0.85"{dashes[s.group]}><title>{escape(tip)}</title></polyline>')
+                 f'stroke="{color}" stroke-width="1.6" stroke-opacity="0.85"{dashes[s.group]}>'
+                 f"<title>{escape(tip)}</title></polyline>")
         for run, n, e in zip(s.rows, s.gpus, s.errors):
             o.append(f'<circle class="point" data-run={quoteattr(run)} cx="{px(n):.2f}" cy="{py(e):.2f}" r="3.2" '
                      f'fill="{color}" stroke="#222" stroke-width="0.5"><title>{escape(f"{run}: {n:,} GPUs, error {pct(e)}")}'
