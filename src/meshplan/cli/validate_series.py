@@ -87,7 +87,7 @@ def series_out_path(value: Optional[str]) -> Optional[Path]:
 def _error_range(series: list[SeriesSummary]) -> tuple[float, float]:
     """The y range in whole tens of per cent holding every error and ±10 %."""
     errs = [e for s in series for e in s.errors] + [-0.1, 0.1]
-    return math.floor(min(errs) * 10 - 1e-9) / 10, math.ceil(max(errs) * 10 + 1e-9) / 10
+    return math.floor(min(errs) * 10 + 1e-9) / 10, math.ceil(max(errs) * 10 - 1e-9) / 10
 
 
 def svg_series(report: ValidationReport, palette: tuple[str, ...]) -> str:
