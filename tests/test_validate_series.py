@@ -128,6 +128,16 @@ def test_json_text_markdown_and_picture(validated_all, monkeypatch, tmp_path):
     assert 'data-run="mtnlg_530b_3360gpu"' in svg and "mtnlg_530b_3360gpu: 3,360 GPUs, error -21.5%" in svg
 
 
+def test_series_out_without_a_series_is_one_line(validated_all, monkeypatch, tmp_path):
+    none = replace(validated_all, series={})
+    monkeypatch.setattr(validate_cmd, "build_report", lambda sources=None, run_set="visible": none)
+    path = tmp_path / "s.svg"
+    assert_one_error(*run_cli("--series-out", str(path), "--set", "all"), "series-out: no scaling series")
+    assert not path.exists()
+    code, out, err = run_cli("--set", "all")
+    assert (code, err) == (0, "") and "Scaling series" not in out and "drift of the error" not in out
+
+
 def test_series_out_refuses_before_any_work(tmp_path):
     assert_one_error(*run_cli("--series-out", str(tmp_path / "a.png")), "series-out: must be a .svg file")
     existing = tmp_path / "b.svg"
