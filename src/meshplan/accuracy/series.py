@@ -5,9 +5,9 @@ The scale buckets of :mod:`meshplan.accuracy.groups` average runs of different s
 and layouts, so a bias that grows from bucket to bucket can come from *which* runs sit in the
 larger buckets as much as from scale itself. A series removes that: it is the predicted runs of
 one source that share everything but the data-parallel width (and so the GPU count and, perhaps,
-the global batch): the same GPU part, model (its layer count included), compute precision,
-sequence length, TP, CP, PP, virtual stages, EP, micro-batch, recompute and stack (profile and
-kernels) — :func:`series_key`. Along a series only what grows with the GPU count changes.
+the global batch): the same GPU, the same whole model and the same whole plan with its stack
+(compute precision, sequence length, TP, CP, PP, virtual stages, EP, micro-batch, recompute,
+kernels and every other setting) but for ``dp`` and ``global_batch`` — :func:`series_key`. Along a series only what grows with the GPU count changes.
 
 For a series whose smallest and largest GPU counts are N₀ and N₁, with T tokens a step and a step
 of t seconds, the throughput per GPU is T / (t·N), and the **scaling efficiency** from N₀ to N₁ is
