@@ -118,6 +118,11 @@ class ValidationReport:
             "worst": [r.id for r in self.worst],
         }
 
+    def of_set(self, run_set: str, worst: int = 5) -> "ValidationReport":
+        """The report of this report's rows of ``run_set`` (visible or held-out), as
+        ``validate_runs(run_set=...)`` gives it, without predicting them again."""
+        return report_of([r for r in self.rows if r.run_set == run_set], worst=worst, run_set=run_set)
+
     def drift(self) -> DriftSummary:
         """The drift of the error along the report's scaling series (:mod:`meshplan.accuracy.series`)."""
         return drift_summary(self.series)
@@ -197,6 +202,12 @@ def validate_runs(
 
     for r in rows:
         r.run_set = "held-out" if r.group in HELDOUT_SOURCES else "visible"
+    return report_of(rows, worst=worst, run_set=run_set)
+
+
+def report_of(rows: list[RunResult], *, worst: int = 5, run_set: str = "visible") -> ValidationReport:
+    """The report of already predicted ``rows`` (labelled ``run_set``): every summary of
+    :func:`validate_runs`, computed from the rows alone."""
     by_group: dict[str, list[RunResult]] = {}
     for r in rows:
         by_group.setdefault(r.group, []).append(r)
