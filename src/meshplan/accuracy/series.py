@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from statistics import mean, median
 from typing import Any, Optional
 
 
@@ -106,11 +107,9 @@ def scaling_series(rows: list[Any]) -> dict[str, SeriesSummary]:
         first, last = ordered[0], ordered[-1]
         ends = (first.tokens, last.tokens), (first.gpus, last.gpus)
         gpus, tokens, errors = [r.gpus for r in ordered], [r.tokens for r in ordered], [r.error for r in ordered]
-        label = first.series
-        for k in range(2, len(out) + 2):
-            if label not in out:
-                break
-            label = f"{first.series} ({k})"
+        label, k = first.series, 2
+        while label in out:
+            label, k = f"{first.series} ({k})", k + 1
         out[label] = SeriesSummary(
             label=label, group=first.group, rows=[r.id for r in ordered], gpus=gpus, tokens=tokens,
             errors=errors, kind=scaling_kind(tokens, gpus),
@@ -134,12 +133,10 @@ class DriftSummary:
 
 def drift_summary(series: dict[str, SeriesSummary]) -> DriftSummary:
     """Every series weighted alike (a series of 8 points counts as one of 2)."""
-    d = sorted(s.drift_per_doubling for s in series.values())
+    d = [s.drift_per_doubling for s in series.values()]
     if not d:
         return DriftSummary(0, None, None, 0)
-    mid = len(d) // 2
-    median = d[mid] if len(d) % 2 else (d[mid - 1] + d[mid]) / 2
-    return DriftSummary(len(d), sum(d) / len(d), median, sum(x < 0 for x in d))
+    return DriftSummary(len(d), mean(d), median(d), sum(x < 0 for x in d))
 
 
 __all__ = ["DriftSummary", "SeriesSummary", "drift", "drift_summary", "efficiency", "scaling_kind",

@@ -160,7 +160,7 @@ def predict(run: MappedRun) -> RunResult:
     res.precision = run.plan.precision.precision
     res.stack, res.family = run.plan.stack.name, stack_family(run.plan.stack)
     res.generation = gpu_generation(run.cluster.gpu.name)
-    (res.series_id, res.series), res.tokens = series_key(run), run.plan.global_batch * run.plan.seq_len
+    (res.series_id, res.series), res.tokens = series_key(run), run.plan.tokens_per_step
     res.predicted_step_s = est.time.step_s
     res.predicted_mem_gib = est.peak_bytes / GiB
     res.predicted_mfu = est.mfu
