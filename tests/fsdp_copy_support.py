@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 
 
 def on_two_ranks(worker) -> list:
@@ -28,18 +27,14 @@ def _two_rank_results() -> dict[str, list]:
     """Every worker of :func:`_workers` run in turn on the same two spawned ranks: per worker, what
     each rank put on ``out``, in rank order."""
     import multiprocessing as mp
-    import socket
+
+    import torch.distributed as dist
 
     names = _workers()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    socks = [socket.socket() for _ in names]
-    for sock in socks:  # all bound at once: a free port for each worker, none twice
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in socks]
-    for sock in socks:
-        sock.close()
-    procs = [ctx.Process(target=_run_workers, args=(r, 2, names, ports, out), daemon=True) for r in range(2)]
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)  # held here: no port to race for
+    procs = [ctx.Process(target=_run_workers, args=(r, 2, names, store.port, out), daemon=True) for r in range(2)]
     for proc in procs:
         proc.start()
     try:
@@ -65,9 +60,18 @@ class _Tagged:
         self.out.put((self.name, self.rank, value))
 
 
-def _run_workers(rank: int, world: int, names: list[str], ports: list[int], out) -> None:
-    for name, port in zip(names, ports):
+def _run_workers(rank: int, world: int, names: list[str], port: int, out) -> None:
+    for name in names:
         globals()[name](rank, world, port, _Tagged(out, name, rank))
+
+
+def _join(rank: int, world: int, port: int, name: str) -> None:
+    """This rank's gloo process group for worker ``name``, met through the parent's store under the
+    worker's own prefix (each worker starts a fresh group on the same store)."""
+    import torch.distributed as dist
+
+    store = dist.PrefixStore(name, dist.TCPStore("127.0.0.1", port, world, is_master=False))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
 
 
 #: two bias-free linears (64 → 128 → 64): units of 8,192 parameters each
@@ -83,8 +87,7 @@ def copy_records(rank: int, world: int, port: int, out) -> None:
 
     from meshplan.verify.comm import COPY_KIND, make_counter
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _join(rank, world, port, "copy_records")
     try:
         mesh = init_device_mesh("cpu", (world,))
         torch.manual_seed(0)
@@ -120,8 +123,7 @@ def gather_buffer_events(rank: int, world: int, port: int, out) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _join(rank, world, port, "gather_buffer_events")
     try:
         mesh = init_device_mesh("cpu", (world,))
         torch.manual_seed(0)
@@ -189,8 +191,7 @@ def fp8_gather_records(rank: int, world: int, port: int, out) -> None:
 
     from meshplan.verify.llama_block import Block, precompute_freqs_cis
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _join(rank, world, port, "fp8_gather_records")
     try:
         mesh = init_device_mesh("cpu", (world,))
         h, a, g, f = FP8_BLOCK

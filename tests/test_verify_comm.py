@@ -1,6 +1,8 @@
 """meshplan verify comm: every collective of one real step on gloo CPU processes against meshplan's
 communication model (needs torch + transformers). Two launches of spawned workers (world 2 and
-world 4) run all plans; each launch is bounded by a timeout so a hang cannot stall CI. The workers
+world 4) run all plans; each launch is bounded by a timeout so a hang cannot stall CI, and is
+started once more if a worker is killed from outside (the machine's out-of-memory killer; a rank
+failing on its own fails the test). The workers
 take the device: cpu (gloo) here, and cuda (NCCL, one process per GPU) where 4 GPUs are visible,
 the same tests with the same tolerances; the world-4 launch also runs verify memory's rank function
 on real tensors (the path --device cuda takes)."""
@@ -84,7 +86,8 @@ def runs(request):
         mla = [(MLA_MODEL, MLA_PLAN)] if jobs is WORLD2 else []
         extra = [(MEM_MODEL, MEM_PLAN)] if jobs is WORLD4 else []
         tasks = ["comm"] * (len(jobs) + len(mla)) + ["memory"] * len(extra)
-        results = launch.launch([(MODEL, p) for p in jobs.values()] + mla + extra, timeout=240, device=device, task=tasks)
+        results = launch.launch([(MODEL, p) for p in jobs.values()] + mla + extra, timeout=240, device=device, task=tasks,
+                                retries=1)
         out.update({name: predict.compare(MODEL, p, r) for (name, p), r in zip(jobs.items(), results)})
         out.setdefault("raw", {}).update(zip(jobs, results))
         if mla:

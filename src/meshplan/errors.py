@@ -2,6 +2,9 @@
 
 The CLI prints ``str(error)`` on one line and exits with status 2; the library raises it from
 every validation point, so callers never see a traceback for a mistake in what they wrote.
+:class:`RunFailed` is the other kind: the input was fine but a real run meshplan started (verify's
+workers) failed; the CLI prints what failed, the failing worker's own traceback after it, and
+exits with status 1.
 """
 
 from __future__ import annotations
@@ -29,3 +32,8 @@ class InputErrors(InputError):
 
     def __str__(self) -> str:
         return self.args[0]
+
+
+class RunFailed(RuntimeError):
+    """A real run that meshplan started did not finish: a worker's error (its traceback follows the
+    first line), lost workers, or a timeout. The first line of ``str()`` says which."""

@@ -34,7 +34,7 @@ from meshplan.cli.interop_cmd import export as export_command, import_ as import
 from meshplan.cli.learn_cmd import learn as learn_command
 from meshplan.cli.serve_cmd import serve as serve_command
 from meshplan.cost.params import count_params
-from meshplan.errors import InputError, InputErrors
+from meshplan.errors import InputError, InputErrors, RunFailed
 from meshplan.estimate import estimate as run_estimate
 from meshplan.estimate_report import extras, report_json
 from meshplan.explain import render as render_derivations
@@ -182,6 +182,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _fail(err.format_message())
     except typer.Abort:
         return _fail("aborted")
+    except RunFailed as err:  # not the input's fault: what failed, with the worker's traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # e.g. `meshplan models | head`
         sys.stderr.close()
         return 0
