@@ -158,15 +158,16 @@ def _run_workers(payload: list[tuple[dict, dict, str]], world: int, device: str,
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
-        del store
+        del store  # the rendezvous closes once no worker is left to use it
     return results
 
 
 def _raise_cause(what: str, errors: dict[int, str], procs: list, out) -> None:
     """Raise the failure's cause. For :data:`SETTLE_S` seconds (or until every worker has exited
-    and said all it had to say) the other ranks' errors are gathered; then the cause is the lowest rank whose error is its own
-    (not one of :data:`PEER_LOST`), else the first worker that died by a signal or without a word
-    (:class:`WorkersLost`), else the first error seen."""
+    and said all it had to say) the other ranks' errors are gathered; then the cause is the lowest
+    rank whose error is its own (not one of :data:`PEER_LOST`), else :class:`WorkersLost` naming
+    the first worker that died by a signal or without a word, else :class:`WorkersLost` saying that
+    every failing rank only lost its peer; each other rank's last line follows."""
     settle = time.monotonic() + SETTLE_S
     while time.monotonic() < settle:
         try:
