@@ -25,8 +25,25 @@ def _workers() -> list:
 @functools.cache
 def _two_rank_results() -> dict[str, list]:
     """Every worker of :func:`_workers` run in turn on the same two spawned ranks: per worker, what
-    each rank put on ``out``, in rank order."""
+    each rank put on ``out``, in rank order. A rank killed by a signal (the machine's out-of-memory
+    killer) starts both again once; a rank's own error (exit code 1) fails at once."""
+    import warnings
+
+    try:
+        return _run_two_ranks()
+    except _RankKilled as lost:
+        warnings.warn(f"{lost}: starting both ranks again", RuntimeWarning, stacklevel=2)
+        return _run_two_ranks()
+
+
+class _RankKilled(RuntimeError):
+    pass
+
+
+def _run_two_ranks() -> dict[str, list]:
     import multiprocessing as mp
+    import queue
+    import time
 
     import torch.distributed as dist
 
@@ -37,11 +54,21 @@ def _two_rank_results() -> dict[str, list]:
     procs = [ctx.Process(target=_run_workers, args=(r, 2, names, store.port, out), daemon=True) for r in range(2)]
     for proc in procs:
         proc.start()
+    got: dict[str, list] = {name: [None, None] for name in names}
+    pending, deadline = len(names) * len(procs), time.monotonic() + 240
     try:
-        got: dict[str, list] = {name: [None, None] for name in names}
-        for _ in range(len(names) * len(procs)):
-            name, rank, value = out.get(timeout=120)
+        while pending:
+            try:
+                name, rank, value = out.get(timeout=1.0)
+            except queue.Empty:
+                codes = [proc.exitcode for proc in procs]
+                if any(code is not None and code < 0 for code in codes):
+                    raise _RankKilled(f"two-rank workers: exit codes {codes}") from None
+                if any(code not in (None, 0) for code in codes) or time.monotonic() > deadline:
+                    raise RuntimeError(f"two-rank workers failed or hung (exit codes {codes}); their stderr says why") from None
+                continue
             got[name][rank] = value
+            pending -= 1
         return got
     finally:
         for proc in procs:
