@@ -2,8 +2,9 @@
 collective counted.
 
 How it runs: :func:`meshplan.verify.launch.launch` starts ``tp·pp·dp`` processes (``cp`` processes for context
-parallelism, which runs alone: :mod:`meshplan.verify.ring`), ``multiprocessing`` with *spawn*, a
-free port on 127.0.0.1, a wall-clock timeout after which every worker it started is killed. The
+parallelism, which runs alone: :mod:`meshplan.verify.ring`), ``multiprocessing`` with *spawn*,
+meeting at a store the launcher holds on 127.0.0.1, a wall-clock timeout after which every worker
+it started is killed. The
 processes run on CPU with gloo (the default), or with ``device="cuda"`` one per GPU with NCCL, rank
 r on GPU r (:mod:`meshplan.verify.device`): the same functions below run either way, the device
 threaded through them. Each worker builds the Hugging Face model of the spec for real on its device
