@@ -68,11 +68,12 @@ def test_a_killed_worker_starts_the_launch_again(monkeypatch):
     plan = TrainingPlan.of(dp=2, zero=0, seq_len=32, global_batch=2, precision=PrecisionRecipe(precision="fp32", grad_dtype="fp32"))
     monkeypatch.setattr(launch, "SETTLE_S", 1.0)
     killed: list[int] = []
+    others = {p.pid for p in multiprocessing.active_children()}  # this process's other children, if any
 
     def kill_one_worker() -> None:
         deadline = time.monotonic() + 60
         while not killed and time.monotonic() < deadline:
-            children = [p for p in multiprocessing.active_children() if p.pid is not None]
+            children = [p for p in multiprocessing.active_children() if p.pid is not None and p.pid not in others]
             if len(children) == 2:
                 time.sleep(0.3)  # spawned, still starting up: long before its first result
                 os.kill(children[-1].pid, signal.SIGKILL)
