@@ -7,7 +7,8 @@ larger buckets as much as from scale itself. A series removes that: it is the pr
 one source that share everything but the data-parallel width (and so the GPU count and, perhaps,
 the global batch): the same GPU, the same whole model and the same whole plan with its stack
 (compute precision, sequence length, TP, CP, PP, virtual stages, EP, micro-batch, recompute,
-kernels and every other setting) but for ``dp`` and ``global_batch`` — :func:`series_key`. Along a series only what grows with the GPU count changes.
+kernels and every other setting) but for ``dp`` and ``global_batch`` — :func:`series_key`. Along
+a series only what grows with the GPU count changes.
 
 For a series whose smallest and largest GPU counts are N₀ and N₁, with T tokens a step and a step
 of t seconds, the throughput per GPU is T / (t·N), and the **scaling efficiency** from N₀ to N₁ is
@@ -28,7 +29,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from statistics import mean, median
+from statistics import linear_regression, mean, median
 from typing import Any, Optional
 
 
@@ -71,12 +72,9 @@ def efficiency(tokens: tuple[float, float], steps: tuple[float, float], gpus: tu
 def drift(gpus: list[int], errors: list[float]) -> float:
     """Least-squares slope of ``errors`` over log₂ ``gpus``: error per doubling of the GPU count
     (needs two distinct GPU counts)."""
-    xs = [math.log2(n) for n in gpus]
-    xm, ym = sum(xs) / len(xs), sum(errors) / len(errors)
-    sxx = sum((x - xm) ** 2 for x in xs)
-    if sxx == 0:
+    if len(set(gpus)) < 2:
         raise ValueError("a drift needs two distinct GPU counts")
-    return sum((x - xm) * (y - ym) for x, y in zip(xs, errors)) / sxx
+    return linear_regression([math.log2(n) for n in gpus], errors).slope
 
 
 def scaling_kind(tokens: list[int], gpus: list[int]) -> str:
